@@ -1,0 +1,176 @@
+"""Parsing one turn of model text into tool calls or a final answer.
+
+This is the only place where model output is interpreted. Model output is
+untrusted: it is parsed (``json``, ``ast`` literals), never evaluated, and
+every problem becomes a human-readable message that the env shows the model
+as its observation instead of raising.
+
+Formats:
+
+* Qwen3 / Hermes tool calls, one JSON object per block::
+
+      <tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>
+
+* a final answer, optionally with ``\\boxed{...}`` inside::
+
+      <answer>\\boxed{42}</answer>
+
+Text inside ``<think>...</think>`` is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ToolCall",
+    "ParsedAction",
+    "parse_action",
+    "extract_boxed",
+    "strip_thinking",
+    "format_tool_call",
+]
+
+_THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One requested tool invocation: a function name and its JSON arguments."""
+
+    name: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"name": self.name, "arguments": dict(self.arguments)}, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class ParsedAction:
+    """What one turn of model text asks for.
+
+    Exactly one of these holds: ``errors`` is non-empty (the turn was
+    malformed), ``answer`` is not None (the episode should end), or
+    ``tool_calls`` is non-empty. ``text`` is the raw turn.
+    """
+
+    text: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    answer: str | None = None
+    errors: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def error_message(self) -> str:
+        """All problems as one observation text for the model."""
+        return "Error: " + " ".join(self.errors)
+
+
+def strip_thinking(text: str) -> str:
+    """Remove ``<think>...</think>`` spans (an unclosed one runs to the end)."""
+    return _THINK.sub("", text)
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` in ``text`` (braces balanced), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    i = start + len("\\boxed{")
+    depth = 1
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i:j]
+    return None
+
+
+def _parse_call_body(body: str, index: int) -> ToolCall | str:
+    """One ``<tool_call>`` body → ToolCall, or an error sentence."""
+    where = f"tool call #{index}"
+    try:
+        obj = json.loads(body.strip())
+    except json.JSONDecodeError as exc:
+        return f"{where} is not valid JSON ({exc.msg} at position {exc.pos})."
+    if not isinstance(obj, dict):
+        return f"{where} must be a JSON object with 'name' and 'arguments'."
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        return f"{where} has no 'name' string."
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):  # some models emit arguments as a JSON string
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            return f"{where}: 'arguments' is a string that is not valid JSON."
+    if not isinstance(args, dict):
+        return f"{where}: 'arguments' must be a JSON object."
+    return ToolCall(name=name, arguments=args)
+
+
+def parse_action(text: str, *, max_tool_calls: int | None = None, allow_answer: bool = True) -> ParsedAction:
+    """Parse one assistant turn.
+
+    Args:
+        text: the raw model output for this turn.
+        max_tool_calls: more calls than this in one turn is an error (None: no limit).
+        allow_answer: whether ``<answer>`` is a valid way to end the turn.
+
+    Returns:
+        A ParsedAction; malformed text yields ``errors`` and never raises.
+    """
+    if not isinstance(text, str):
+        return ParsedAction(text=repr(text), errors=(f"the action must be text, got {type(text).__name__}.",))
+    visible = strip_thinking(text)
+    errors: list[str] = []
+    calls: list[ToolCall] = []
+    for index, match in enumerate(_TOOL_CALL.finditer(visible), start=1):
+        parsed = _parse_call_body(match.group(1), index)
+        if isinstance(parsed, str):
+            errors.append(parsed)
+        else:
+            calls.append(parsed)
+    remainder = _TOOL_CALL.sub("", visible)
+    if "<tool_call>" in remainder:
+        errors.append("a <tool_call> tag is not closed with </tool_call>.")
+    answers = [m.group(1) for m in _ANSWER.finditer(remainder)]
+    if "<answer>" in _ANSWER.sub("", remainder):
+        errors.append("an <answer> tag is not closed with </answer>.")
+    answer: str | None = None
+    if answers:
+        if not allow_answer:
+            errors.append("an <answer> is not accepted here.")
+        else:
+            raw = answers[-1]
+            boxed = extract_boxed(raw)
+            answer = (boxed if boxed is not None else raw).strip()
+            if not answer:
+                errors.append("the <answer> is empty.")
+    if answer is not None and (calls or errors) and not errors:
+        errors.append("give either tool calls or a final <answer> in one turn, not both.")
+    if max_tool_calls is not None and len(calls) > max_tool_calls:
+        errors.append(f"at most {max_tool_calls} tool call(s) per turn, got {len(calls)}.")
+    if not errors and not calls and answer is None:
+        errors.append(
+            "no tool call or answer found. Call a tool with "
+            '<tool_call>{"name": ..., "arguments": {...}}</tool_call> or finish with <answer>...</answer>.'
+        )
+    if errors:
+        return ParsedAction(text=text, errors=tuple(errors))
+    return ParsedAction(text=text, tool_calls=tuple(calls), answer=answer)
+
+
+def format_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
+    """The canonical text of one tool call, as a policy should emit it."""
+    return "<tool_call>" + ToolCall(name, dict(arguments)).to_json() + "</tool_call>"

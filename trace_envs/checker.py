@@ -1,0 +1,190 @@
+"""check_branchable_env: Gymnasium's ``check_env`` plus the snapshot laws.
+
+Each law is a small ``check_*`` function that raises ``AssertionError`` with a
+message naming the law and the first difference. The test suite runs
+:func:`check_branchable_env` over every registered id, so a new env gets the
+laws for free. The actions used come from ``env.conformance_actions()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.utils.env_checker import check_env
+
+from trace_envs.core import BranchableEnv, Snapshot, Task, find_branchable
+from trace_envs.errors import ForeignSnapshotError
+
+__all__ = [
+    "check_branchable_env",
+    "check_gymnasium_api",
+    "check_replay",
+    "check_reuse",
+    "check_isolation",
+    "check_longevity",
+    "check_foreign_snapshot_refused",
+]
+
+Transition = tuple[str, float, bool, bool]
+
+
+def _play(env: Any, actions: Sequence[str]) -> list[Transition]:
+    """Step until the actions run out or the episode ends; return (obs, reward, terminated, truncated)."""
+    out: list[Transition] = []
+    for action in actions:
+        obs, reward, terminated, truncated, _ = env.step(action)
+        out.append((obs, float(reward), bool(terminated), bool(truncated)))
+        if terminated or truncated:
+            break
+    return out
+
+
+def _diff(law: str, expected: list[Transition], got: list[Transition]) -> str:
+    for i, (a, b) in enumerate(zip(expected, got)):
+        if a != b:
+            return f"{law}: turn {i + 1} differs:\n  expected {a!r:.300}\n  got      {b!r:.300}"
+    return f"{law}: {len(expected)} transitions expected, got {len(got)}"
+
+
+def _reset_to(env: Any, seed: int, task_id: str) -> None:
+    env.reset(seed=seed, options={"task_id": task_id})
+
+
+def _split(actions: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
+    """Prefix to play before the snapshot, branch A and a different branch B."""
+    cut = max(1, len(actions) // 2)
+    prefix, branch_a = list(actions[:cut]), list(actions[cut:]) or list(actions[:1])
+    branch_b = list(reversed(actions))
+    return prefix, branch_a, branch_b
+
+
+def check_replay(env: Any, actions: Sequence[str], seed: int, task_id: str) -> None:
+    """Law 1: restore, then the same actions give the same observations, rewards and flags."""
+    prefix, branch, _ = _split(actions)
+    _reset_to(env, seed, task_id)
+    _play(env, prefix)
+    snap = env.snapshot()
+    first = _play(env, branch)
+    env.restore(snap)
+    again = _play(env, branch)
+    assert first == again, _diff("replay", first, again)
+
+
+def check_reuse(env: Any, actions: Sequence[str], seed: int, task_id: str, times: int = 3) -> None:
+    """Law 2: one snapshot restored many times gives identical branches, and its digest never changes."""
+    prefix, branch, _ = _split(actions)
+    _reset_to(env, seed, task_id)
+    _play(env, prefix)
+    snap = env.snapshot()
+    digest = snap.digest()
+    runs = []
+    for _ in range(times):
+        env.restore(snap)
+        runs.append(_play(env, branch))
+    for run in runs[1:]:
+        assert run == runs[0], _diff("reuse", runs[0], run)
+    assert snap.digest() == digest, "reuse: restoring and stepping changed the snapshot"
+
+
+def check_isolation(env: Any, actions: Sequence[str], seed: int, task_id: str) -> None:
+    """Law 3: stepping a branch never changes a snapshot or another branch."""
+    prefix, branch_a, branch_b = _split(actions)
+    _reset_to(env, seed, task_id)
+    _play(env, prefix)
+    snap = env.snapshot()
+    digest = snap.digest()
+    reference = _play(env, branch_a)
+    env.restore(snap)
+    _play(env, branch_b)  # a different branch, which may change tool state
+    mid = env.snapshot()
+    env.restore(snap)
+    after_b = _play(env, branch_a)
+    assert after_b == reference, _diff("isolation (branch B leaked into branch A)", reference, after_b)
+    assert snap.digest() == digest, "isolation: stepping a branch changed the snapshot"
+    env.restore(mid)  # the other branch's snapshot is still intact after A ran again
+    mid.release()
+
+
+def check_longevity(env: Any, actions: Sequence[str], seed: int, task_id: str, other_seed: int) -> None:
+    """Law 4: a snapshot stays valid across later steps, restores and resets of its env."""
+    prefix, branch, _ = _split(actions)
+    _reset_to(env, seed, task_id)
+    _play(env, prefix)
+    snap = env.snapshot()
+    reference = _play(env, branch)
+    env.restore(snap)
+    _play(env, branch[:1])
+    env.reset(seed=other_seed)  # possibly another task
+    _play(env, actions[:1])
+    _reset_to(env, seed + 1, task_id)
+    env.restore(snap)
+    later = _play(env, branch)
+    assert later == reference, _diff("longevity", reference, later)
+
+
+def check_foreign_snapshot_refused(env: Any, seed: int, task_id: str, other_task_id: str | None) -> None:
+    """Law 5: snapshots of another env id, configuration or task are refused with a clear error."""
+    _reset_to(env, seed, task_id)
+    snap = env.snapshot()
+    foreign = [
+        replace(snap, env_id="trace_envs/SomeOtherEnv-v0"),
+        replace(snap, config_key=snap.config_key + "|other"),
+        replace(snap, task=Task(task_id=snap.task_id, prompt=snap.task.prompt + " (edited)", data=snap.task.data)),
+    ]
+    if other_task_id is not None:
+        _reset_to(env, seed, other_task_id)
+        foreign.append(snap)  # a snapshot of task_id while the env holds other_task_id
+    for bad in foreign:
+        try:
+            env.restore(bad)
+        except ForeignSnapshotError as exc:
+            assert str(exc), "foreign snapshot: the error has no message"
+        else:
+            raise AssertionError(f"foreign snapshot accepted: {bad!r}")
+    try:
+        env.restore("not a snapshot")
+    except Exception as exc:  # noqa: BLE001 - any clear error is fine, but it must be an error
+        assert str(exc), "restore(non-snapshot): the error has no message"
+    else:
+        raise AssertionError("restore() accepted a non-Snapshot")
+
+
+def check_gymnasium_api(env: gym.Env) -> None:
+    """Law 6: Gymnasium's own ``check_env`` passes."""
+    check_env(env.unwrapped, skip_render_check=False)
+
+
+def check_branchable_env(
+    env: gym.Env,
+    *,
+    seed: int = 0,
+    task_id: str | None = None,
+    actions: Sequence[str] | None = None,
+) -> None:
+    """Run every law on ``env`` (a BranchableEnv, possibly wrapped); raise AssertionError on the first failure.
+
+    Args:
+        seed: the reset seed used for every episode.
+        task_id: the task to test on (default: the first of the env's task set).
+        actions: turns that change the env's state (default: ``env.conformance_actions()``
+            after resetting to the task).
+    """
+    branchable = find_branchable(env)
+    base: BranchableEnv = env.unwrapped  # type: ignore[assignment]
+    ids = base.tasks.ids()
+    task_id = task_id if task_id is not None else ids[0]
+    other_task_id = next((t for t in ids if t != task_id), None)
+    if actions is None:
+        _reset_to(branchable, seed, task_id)
+        actions = base.conformance_actions()
+    assert len(actions) >= 2, "check_branchable_env needs at least two actions"
+    check_replay(branchable, actions, seed, task_id)
+    check_reuse(branchable, actions, seed, task_id)
+    check_isolation(branchable, actions, seed, task_id)
+    check_longevity(branchable, actions, seed, task_id, other_seed=seed + 17)
+    check_foreign_snapshot_refused(branchable, seed, task_id, other_task_id)
+    check_gymnasium_api(env)
+    assert isinstance(base.snapshot(), Snapshot)

@@ -1,0 +1,54 @@
+"""The small exception hierarchy of trace_envs.
+
+Model output never raises: malformed actions become observations. These errors
+are for programming mistakes by the *caller* (wrong snapshot, unknown task,
+bad configuration) and for resources that ran out.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TraceEnvError",
+    "TaskNotFoundError",
+    "InvalidTaskError",
+    "SnapshotError",
+    "ForeignSnapshotError",
+    "SnapshotLimitError",
+    "SandboxError",
+    "ResetNeededError",
+]
+
+
+class TraceEnvError(Exception):
+    """Base class of every error raised by trace_envs."""
+
+
+class TaskNotFoundError(TraceEnvError, KeyError):
+    """`reset(options={"task_id": ...})` named a task the env's task set does not hold."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidTaskError(TraceEnvError, ValueError):
+    """A user task passed as `options={"task": {...}}` lacks fields or has wrong types."""
+
+
+class ResetNeededError(TraceEnvError, RuntimeError):
+    """`step()` or `snapshot()` was called before `reset()` or after the episode ended."""
+
+
+class SnapshotError(TraceEnvError):
+    """A snapshot cannot be taken or restored."""
+
+
+class ForeignSnapshotError(SnapshotError, ValueError):
+    """The snapshot belongs to another env id, another configuration or another task."""
+
+
+class SnapshotLimitError(SnapshotError, RuntimeError):
+    """Too many live snapshots hold resources (processes); release some first."""
+
+
+class SandboxError(TraceEnvError, RuntimeError):
+    """The code sandbox cannot be started or controlled (not raised for user code failures)."""
