@@ -20,6 +20,7 @@ Text inside ``<think>...</think>`` is ignored.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Mapping
@@ -174,3 +175,143 @@ def parse_action(text: str, *, max_tool_calls: int | None = None, allow_answer: 
 def format_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
     """The canonical text of one tool call, as a policy should emit it."""
     return "<tool_call>" + ToolCall(name, dict(arguments)).to_json() + "</tool_call>"
+
+
+# ---------------------------------------------------------------------------
+# BFCL's Python-style call lists: ``[func(a=1), other("x", b=[1, 2])]``.
+#
+# The text is parsed with ``ast`` and every argument goes through
+# ``ast.literal_eval`` on its own node, so only literals (str, bytes, numbers,
+# bool, None, tuples, lists, dicts, sets) are accepted. Names, attributes,
+# calls, subscripts, comprehensions, lambdas and ``*``/``**`` unpacking are
+# refused, as are function names that are dotted or start with "_". Nothing is
+# ever evaluated.
+
+__all__ += ["PythonCall", "ParsedCallList", "parse_call_list", "looks_like_call_list"]
+
+_FENCE = re.compile(r"^```[A-Za-z0-9_+-]*\s*\n?(.*?)\n?\s*```$", re.DOTALL)
+_CALL_START = re.compile(r"^\[?\s*[A-Za-z_][\w.]*\s*\(")
+
+
+@dataclass(frozen=True)
+class PythonCall:
+    """One call of a Python-style call list: a plain function name, literal positional and keyword arguments."""
+
+    name: str
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_source(self) -> str:
+        """The call as Python source, e.g. ``cd(folder='document')`` (literals rendered with ``repr``)."""
+        parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        return f"{self.name}({', '.join(parts)})"
+
+
+@dataclass(frozen=True)
+class ParsedCallList:
+    """The calls of a Python-style call list, or the reasons it was refused.
+
+    ``errors`` non-empty means nothing of the text may be executed (a list is
+    accepted or refused as a whole). An empty list ``[]`` parses to no calls and no errors.
+    """
+
+    text: str
+    calls: tuple[PythonCall, ...] = ()
+    errors: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def error_message(self) -> str:
+        """All problems as one observation text for the model."""
+        return "Error: " + " ".join(self.errors)
+
+
+def _unfence(text: str) -> str:
+    stripped = strip_thinking(text).strip()
+    match = _FENCE.match(stripped)
+    return (match.group(1) if match else stripped).strip()
+
+
+def looks_like_call_list(text: str) -> bool:
+    """Whether ``text`` (thinking removed, an optional Markdown code fence stripped) is an attempt at a call list.
+
+    True when it starts with ``[`` followed by ``name(`` (or with ``name(`` alone), or is exactly ``[]``.
+    Plain prose does not match, so a reply without calls can be told apart from a malformed call list.
+    """
+    if not isinstance(text, str):
+        return False
+    body = _unfence(text)
+    return bool(_CALL_START.match(body)) or body.replace(" ", "") == "[]"
+
+
+def _literal(node: ast.expr, where: str) -> tuple[bool, Any]:
+    try:
+        return True, ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+        return False, f"{where} is not a literal (only strings, numbers, booleans, None, lists, tuples, dicts and sets are accepted)."
+
+
+def _call_from_node(node: ast.expr, index: int) -> PythonCall | str:
+    where = f"call #{index}"
+    if not isinstance(node, ast.Call):
+        return f"{where} is not a function call."
+    if not isinstance(node.func, ast.Name):
+        return f"{where}: the function must be a plain name like func(...), not an expression."
+    name = node.func.id
+    if name.startswith("_"):
+        return f"{where}: function names starting with '_' are not callable."
+    args: list[Any] = []
+    for i, arg in enumerate(node.args, start=1):
+        if isinstance(arg, ast.Starred):
+            return f"{where} ({name}): *-unpacking is not accepted."
+        ok, value = _literal(arg, f"{where} ({name}): positional argument {i}")
+        if not ok:
+            return value
+        args.append(value)
+    kwargs: dict[str, Any] = {}
+    for kw in node.keywords:
+        if kw.arg is None:
+            return f"{where} ({name}): **-unpacking is not accepted."
+        if kw.arg in kwargs:
+            return f"{where} ({name}): argument {kw.arg!r} is given twice."
+        ok, value = _literal(kw.value, f"{where} ({name}): argument {kw.arg!r}")
+        if not ok:
+            return value
+        kwargs[kw.arg] = value
+    return PythonCall(name=name, args=tuple(args), kwargs=kwargs)
+
+
+def parse_call_list(text: str) -> ParsedCallList:
+    """Parse BFCL's Python-style call list, e.g. ``[cd(folder='docs'), ls(a=True)]``.
+
+    Thinking spans and a Markdown code fence around the list are removed;
+    a single call without brackets is accepted, as BFCL's decoder does.
+    Never raises and never evaluates: malformed or non-literal input yields ``errors``.
+    """
+    if not isinstance(text, str):
+        return ParsedCallList(text=repr(text), errors=(f"the action must be text, got {type(text).__name__}.",))
+    body = _unfence(text)
+    if not body.startswith("["):
+        body = "[" + body
+    if not body.endswith("]"):
+        body = body + "]"
+    try:
+        tree = ast.parse(body, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        detail = exc.msg if isinstance(exc, SyntaxError) else type(exc).__name__
+        return ParsedCallList(text=text, errors=(f"the call list is not valid Python syntax ({detail}).",))
+    if not isinstance(tree.body, ast.List):
+        return ParsedCallList(text=text, errors=("expected a list of calls like [func(a=1), other(b='x')].",))
+    calls: list[PythonCall] = []
+    errors: list[str] = []
+    for index, node in enumerate(tree.body.elts, start=1):
+        parsed = _call_from_node(node, index)
+        if isinstance(parsed, str):
+            errors.append(parsed)
+        else:
+            calls.append(parsed)
+    if errors:
+        return ParsedCallList(text=text, errors=tuple(errors))
+    return ParsedCallList(text=text, calls=tuple(calls))
