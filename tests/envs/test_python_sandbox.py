@@ -1,0 +1,146 @@
+"""The sandbox on its own: persistence, fork-copies, limits and hostile code."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from trace_envs.errors import SnapshotError, SnapshotLimitError
+from trace_envs.python_tool.sandbox import Sandbox, SandboxConfig, SandboxCrashed
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    box = Sandbox(SandboxConfig(timeout_s=2.0, kill_grace_s=1.0, cpu_s=3, memory_mb=1024, output_chars=1000))
+    yield box
+    box.close()
+
+
+@pytest.fixture
+def fresh(sandbox):
+    sandbox.thaw(sandbox.base)
+    sandbox.seed(0)
+    return sandbox
+
+
+def test_reports_isolation_layers(sandbox):
+    assert any("rlimits" in layer for layer in sandbox.isolation)
+    assert any("audit-hook" in layer for layer in sandbox.isolation)
+    if os.geteuid() == 0:  # the OS-level layers are expected where the host is root on Linux
+        assert "network-namespace" in sandbox.isolation
+        assert any(layer.startswith("uid-drop") for layer in sandbox.isolation)
+
+
+def test_state_persists_across_cells(fresh):
+    assert fresh.run("x = 20").ok
+    assert fresh.run("def f(y):\n    return x + y").ok
+    assert fresh.run("f(22)").output.strip() == "42"
+
+
+def test_errors_keep_the_interpreter(fresh):
+    result = fresh.run("x = 1\n1 / 0")
+    assert not result.ok and "ZeroDivisionError" in result.output and "_server.py" not in result.output
+    assert fresh.run("x").output.strip() == "1"
+    assert "SyntaxError" in fresh.run("def (").output
+    assert "SystemExit" in fresh.run("raise SystemExit(3)").output
+    assert fresh.run("x").ok
+
+
+def test_frozen_copy_is_exact_and_reusable(fresh):
+    fresh.run("import random\nvalues = [1]\nopen('f.txt', 'w').write('a')")
+    frozen = fresh.freeze()
+    runs = []
+    for tag in ("b", "c"):
+        fresh.thaw(frozen)
+        runs.append(fresh.run(f"values.append(2)\nopen('f.txt', 'a').write('{tag}')\n"
+                              "(values, random.random(), open('f.txt').read())").output)
+    assert runs[0].split("'")[0] == runs[1].split("'")[0]  # same list and same random draw
+    assert "'ab'" in runs[0] and "'ac'" in runs[1]  # each branch has its own files
+    fresh.thaw(frozen)
+    assert fresh.run("values, open('f.txt').read()").output.strip() == "([1], 'a')"
+    frozen.release()
+    with pytest.raises(SnapshotError):
+        fresh.thaw(frozen)
+
+
+def test_infinite_loop_times_out(fresh):
+    start = time.monotonic()
+    result = fresh.run("while True:\n    pass")
+    assert not result.ok and "limit" in result.output
+    assert time.monotonic() - start < 5
+    assert fresh.run("1 + 1").output.strip() == "2"
+
+
+def test_loop_that_swallows_the_alarm_is_killed(fresh):
+    with pytest.raises(SandboxCrashed):
+        fresh.run("import signal\nfor s in (signal.SIGALRM, signal.SIGXCPU):\n"
+                  "    signal.signal(s, signal.SIG_IGN)\nwhile True:\n    pass")
+    fresh.thaw(fresh.base)  # the host survives and a new interpreter works
+    assert fresh.run("2 + 2").output.strip() == "4"
+
+
+def test_memory_bomb(fresh):
+    result = fresh.run("blob = bytearray(8 * 1024**3)")
+    assert not result.ok and "MemoryError" in result.output
+    assert fresh.run("'alive'").ok
+
+
+def test_fork_bomb_and_subprocesses_are_refused(fresh):
+    result = fresh.run("import os\nwhile True:\n    os.fork()")
+    assert not result.ok and "not allowed" in result.output
+    assert not fresh.run("import subprocess; subprocess.run(['true'])").ok
+    assert fresh.process_count() <= 3 + len(fresh._frozen)
+
+
+def test_writing_outside_the_work_dir(fresh):
+    for target in ("/tmp/trace_gym_escape.txt", "/etc/trace_gym_escape", "../escape.txt"):
+        result = fresh.run(f"open({target!r}, 'w').write('x')")
+        assert not result.ok and ("not allowed" in result.output or "Error" in result.output), result.output
+    assert not os.path.exists("/tmp/trace_gym_escape.txt")
+    assert fresh.run("open('inside.txt', 'w').write('ok')").ok
+
+
+def test_network_is_refused(fresh):
+    result = fresh.run("import socket\ns = socket.create_connection(('127.0.0.1', 22), timeout=1)")
+    assert not result.ok
+
+
+def test_killing_the_parent_leaves_host_intact(fresh):
+    result = fresh.run("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)")
+    assert not result.ok
+    assert fresh.run("'still here'").ok
+
+
+def test_huge_output_is_capped(fresh):
+    result = fresh.run("print('y' * 100_000_000)")
+    assert result.ok and len(result.output) == 1000 and result.truncated_chars > 99_000_000
+
+
+def test_dead_interpreter_raises_crash_not_host_exit(fresh):
+    with pytest.raises(SandboxCrashed):
+        fresh.run("import os\nos._exit(1)")
+    fresh.thaw(fresh.base)
+    assert fresh.run("3").output.strip() == "3"
+
+
+def test_snapshot_cap():
+    with Sandbox(SandboxConfig(max_frozen=2, max_processes=16)) as box:
+        box.thaw(box.base)
+        held = [box.freeze(), box.freeze()]
+        with pytest.raises(SnapshotLimitError):
+            box.freeze()
+        held.pop().release()
+        assert box.freeze() is not None
+
+
+def test_close_frees_every_process():
+    box = Sandbox()
+    box.thaw(box.base)
+    frozen = [box.freeze() for _ in range(3)]
+    keeper = box._keeper.pid
+    assert box.process_count() == 5
+    box.close()
+    assert not os.path.exists(f"/proc/{keeper}")
+    assert all(f.released for f in frozen)
