@@ -1,0 +1,427 @@
+"""BFCL-v0: BFCL v4 multi-turn function calling on bfcl-eval's executable backends."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trace_envs.actions import (
+    PythonCall,
+    format_tool_call,
+    looks_like_call_list,
+    parse_action,
+    parse_call_list,
+    strip_thinking,
+)
+from trace_envs.core import BranchableEnv, Task, TaskSet, TurnResult
+from trace_envs.errors import InvalidTaskError
+from trace_envs.function_calling.backends import Backends, CallOutcome
+from trace_envs.function_calling.schemas import function_doc_to_tool
+from trace_envs.function_calling.scoring import GroundTruth, TurnCheck, check_turn
+from trace_envs.tasks.bfcl import entry_to_task, load_bfcl_tasks, load_function_docs, normalize_category
+
+__all__ = ["BFCLEnv", "SYSTEM_PROMPT", "ADDED_FUNCTIONS_PROMPT", "MAX_STEPS_PER_TURN"]
+
+#: BFCL's MAXIMUM_STEP_LIMIT: more steps than this in one user turn force-quits the episode (a failure).
+MAX_STEPS_PER_TURN = 20
+
+#: BFCL's message for the turn that reveals held-back functions (DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC).
+ADDED_FUNCTIONS_PROMPT = "I have updated some more functions you can choose from. What about now?"
+
+SYSTEM_PROMPT = (
+    "You are an expert in composing functions. You are given a question and a set of possible functions. "
+    "Based on the question, you will need to make one or more function/tool calls to achieve the purpose. "
+    "If none of the functions can be used, point it out. If the given question lacks the parameters required "
+    "by the function, also point it out.\n\n"
+    "Call functions with one <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call> block per call, "
+    "or with a Python-style list [func_name1(param=value), func_name2(param=value)]. Arguments must be "
+    "literal values. You will see the results of your calls.\n\n"
+    "At each turn, you should try your best to complete the tasks requested by the user within the current "
+    "turn. Continue to output functions to call until you have fulfilled the user's request to the best of "
+    "your ability. Once you have no more functions to call, reply without any function call: the system will "
+    "consider the current turn complete and proceed to the next turn or task."
+)
+
+_TRUTH_CACHE_SIZE = 32
+
+
+@dataclass(frozen=True, eq=False)
+class _BFCLState:
+    """Snapshot payload: the pickled backends plus the turn bookkeeping; immutable."""
+
+    backends: bytes
+    user_turn: int
+    steps_in_turn: int
+    calls_in_turn: int
+    results: tuple[str, ...]
+    checks: tuple[TurnCheck, ...]
+
+    def digest(self) -> str:
+        rest = repr((self.user_turn, self.steps_in_turn, self.calls_in_turn, self.results, self.checks))
+        return hashlib.sha256(self.backends + rest.encode()).hexdigest()
+
+
+class BFCLEnv(BranchableEnv):
+    """BFCL v4 multi-turn function calling (``trace_envs/BFCL-v0``).
+
+    **Description.** One episode is one BFCL multi-turn entry of the chosen
+    category (200 each). The user's questions arrive one at a time. Within a
+    user turn the agent makes function calls and sees their results; a step
+    without any call ends the user turn and the next question arrives (the end
+    of the last user turn ends the episode). The functions run on bfcl-eval's
+    own executable backends (file system, messaging, posting, tickets, trading,
+    travel booking, vehicle control, math), imported from the installed
+    package (``pip install --no-deps bfcl-eval mpmath``); each env owns its instances.
+
+    **Tools.** ``env.tools``: the involved classes' function docs as JSON
+    schemas in OpenAI function format (BFCL's ``dict`` → ``object``, ``float``
+    → ``number`` ...). In ``multi_turn_miss_func`` the held-back functions are
+    absent (and refused if called) until the turn the data names in
+    ``missed_function``; that turn's user message lists the new functions'
+    schemas followed by BFCL's "I have updated some more functions ..." and
+    ``info["new_tools"]`` names them, so an agent re-renders its tools.
+    As in BFCL's executor, a held-back function called before its reveal
+    still runs (one ground truth, ``multi_turn_miss_func_49``, relies on it);
+    ``refuse_held_back=True`` refuses such calls instead.
+
+    **Action format.** One step is the model's text for one assistant turn
+    (``<think>`` spans ignored), either
+
+    * Qwen3/Hermes blocks, several per step:
+      ``<tool_call>{"name": "cd", "arguments": {"folder": "document"}}</tool_call>``, or
+    * BFCL's Python-style list: ``[cd(folder='document'), mkdir(dir_name='temp')]``
+      (a single call without brackets and a Markdown code fence are accepted).
+
+    Calls are parsed with ``json`` / ``ast`` (literal arguments only) and
+    dispatched to the backend methods directly, never evaluated. A step with no
+    call (plain text, or ``[]``) ends the user turn. A malformed step (broken
+    JSON, non-literal arguments, ``__import__(...)``, attribute access,
+    ``_private`` names) runs nothing and its observation says what was wrong.
+
+    **Observation.** The opening observation is the first user question. After
+    a step with calls: the call results (role "tool"), as BFCL renders them
+    (a ``str`` as is, a ``dict`` as JSON, exceptions as "Error during
+    execution: ..."); with several calls, one ``[i] name: result`` line each.
+    Unknown functions and bad arguments give "Error: ..." results. After a
+    turn-ending step: the next user question (role "user"); after the last one:
+    the empty string. ``info["calls"]`` holds each call's name, arguments and
+    result; ``info["user_turn"]`` the current user turn.
+
+    **Reward.** 0 until the episode ends; then 1 if BFCL's multi-turn checker
+    would accept the conversation, else 0: for every user turn with a
+    non-empty ground truth, the model made a call in the turn, the public
+    state (attributes not starting with "_") of every involved backend equals
+    the state after executing the ground truth of turns 0..t from the same
+    start, and the ground-truth results of the turn are among all the model's
+    results so far (see :mod:`trace_envs.function_calling.scoring`).
+    ``info["turn_checks"]`` reports each turn (also after each turn:
+    ``info["turn_check"]``); ``info["valid"]`` the verdict.
+
+    **Episode end.** ``terminated`` when the last user turn ends, or when a user
+    turn exceeds ``max_steps_per_turn`` steps (BFCL's force quit: reward 0,
+    ``info["force_quit"]``). ``truncated`` after ``max_turns`` steps in all.
+
+    **Snapshot contents.** The backend instances, pickled (a deep copy that
+    keeps private attributes, the file system's current directory and the
+    backends' private ``random.Random`` generators), the user-turn index, the
+    step and call counts of the current user turn, every call result so far
+    and the finished turns' checks; plus the transcript and env RNG (base
+    class). Restoring unpickles a fresh copy, so a snapshot is reusable.
+
+    **Arguments.**
+        category: "multi_turn_base" (default), "multi_turn_long_context",
+            "multi_turn_miss_func" or "multi_turn_miss_param" ("base" etc. also accepted).
+        tasks: a TaskSet to use instead of the category's 200 entries (tasks made by
+            :func:`trace_envs.tasks.bfcl.entry_to_task`).
+        max_steps_per_turn: BFCL's per-user-turn step limit (20).
+        refuse_held_back: refuse calls to miss_func's held-back functions before their reveal
+            (default False: run them, as BFCL does).
+        max_turns: steps per episode before truncation (default 160).
+        render_mode, max_action_chars, max_observation_chars: as :class:`BranchableEnv`;
+            observations longer than ``max_observation_chars`` are cut (the checks use the full results).
+
+    ``reset(options={"task_id": "multi_turn_base_0"})`` picks an entry;
+    ``options={"task": {...}}`` runs a BFCL-format entry of the caller's
+    (``question``, ``initial_config``, ``involved_classes``, ``ground_truth``,
+    optional ``id``, ``missed_function``, ``long_context``).
+    """
+
+    env_id = "trace_envs/BFCL-v0"
+
+    def __init__(
+        self,
+        *,
+        category: str = "multi_turn_base",
+        tasks: TaskSet | None = None,
+        max_steps_per_turn: int = MAX_STEPS_PER_TURN,
+        refuse_held_back: bool = False,
+        max_turns: int = 160,
+        render_mode: str | None = None,
+        max_action_chars: int = 200_000,
+        max_observation_chars: int = 200_000,
+    ) -> None:
+        self.category = normalize_category(category)
+        if max_steps_per_turn < 1:
+            raise ValueError(f"max_steps_per_turn must be >= 1, got {max_steps_per_turn}")
+        super().__init__(
+            tasks=tasks if tasks is not None else load_bfcl_tasks(self.category),
+            max_turns=max_turns,
+            render_mode=render_mode,
+            max_action_chars=max_action_chars,
+            max_observation_chars=max_observation_chars,
+        )
+        self.max_steps_per_turn = max_steps_per_turn
+        self.refuse_held_back = refuse_held_back
+        self._backends: Backends | None = None
+        self._user_turn = 0
+        self._steps_in_turn = 0
+        self._calls_in_turn = 0
+        self._results: list[str] = []
+        self._checks: list[TurnCheck] = []
+        self._truth_cache: OrderedDict[str, GroundTruth] = OrderedDict()
+
+    # ----------------------------------------------------------------- public
+    @property
+    def system_prompt(self) -> str:
+        return SYSTEM_PROMPT
+
+    @property
+    def config_key(self) -> str:
+        return (f"{super().config_key}|category={self.category}|max_steps_per_turn={self.max_steps_per_turn}"
+                f"|refuse_held_back={self.refuse_held_back}")
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """JSON schemas (OpenAI function format) of the functions available now; [] before reset."""
+        if self._task is None:
+            return []
+        return [function_doc_to_tool(doc) for doc in self._available_docs()]
+
+    @property
+    def user_turn(self) -> int:
+        """Index of the current user turn (equals the number of user turns once the episode is over)."""
+        return self._user_turn
+
+    @property
+    def num_user_turns(self) -> int:
+        return len(self.task.data["questions"])
+
+    def ground_truth(self) -> GroundTruth:
+        """The current task's ground truth, executed (calls, results and states per user turn)."""
+        return self._ground_truth(self.task)
+
+    def ground_truth_actions(self, *, style: str = "python", end_text: str = "Done.") -> list[str]:
+        """Steps that replay the current task's ground truth: per user turn, one step with its calls
+        (omitted when the turn's ground truth is empty), then ``end_text`` to end the turn.
+
+        ``style`` is "python" (``[f(a=1)]``) or "json" (``<tool_call>`` blocks).
+        """
+        actions: list[str] = []
+        for turn in self.ground_truth().turns:
+            if turn.calls:
+                actions.append(render_calls(self._keywords(turn.calls) if style == "json" else turn.calls,
+                                            style=style))
+            actions.append(end_text)
+        return actions
+
+    def conformance_actions(self) -> list[str]:
+        """The ground truth, turns alternating between both call formats, plus a state-changing variant
+        (the first turn's calls again, which repeat their effect or now fail) before the last turn ends."""
+        actions: list[str] = []
+        turns = self.ground_truth().turns
+        first = next((t.calls for t in turns if t.calls), ())
+        for index, turn in enumerate(turns):
+            if turn.calls:
+                style = "python" if index % 2 == 0 else "json"
+                actions.append(render_calls(self._keywords(turn.calls) if style == "json" else turn.calls,
+                                            style=style))
+            if index == len(turns) - 1 and first:
+                actions.append(render_calls(self._keywords(first), style="json"))
+            actions.append("Done.")
+        return actions
+
+    def make_task(self, spec: Mapping[str, Any]) -> Task:
+        """A BFCL-format entry (``question``, ``initial_config``, ``involved_classes``, ``ground_truth``,
+        optional ``id``, ``missed_function``, ``long_context``) → Task; validated, including its ground truth."""
+        if not isinstance(spec, Mapping):
+            raise InvalidTaskError("options['task'] must be a mapping in BFCL's entry format")
+        entry = dict(spec)
+        if "id" not in entry:
+            blob = json.dumps(entry, sort_keys=True, default=str).encode()
+            entry["id"] = "user-" + hashlib.sha256(blob).hexdigest()[:10]
+        task = entry_to_task(entry, str(entry.get("category", self.category)))
+        self._ground_truth(task)  # fails early on unknown classes or non-literal ground truth
+        return task
+
+    # ------------------------------------------------------------ subclassing
+    def _start_episode(self, task: Task) -> str:
+        self._ground_truth(task)
+        data = task.data
+        self._backends = Backends.load(data["involved_classes"], data["initial_config"],
+                                       long_context=bool(data.get("long_context", False)))
+        self._user_turn = 0
+        self._steps_in_turn = 0
+        self._calls_in_turn = 0
+        self._results = []
+        self._checks = []
+        return self._question(0)
+
+    def _run_turn(self, action: str) -> TurnResult:
+        calls, error = self._parse(action)
+        if error is not None:
+            self._steps_in_turn += 1
+            return self._limit_or(TurnResult(error, role="user", info=self._turn_info(parse_error=error)))
+        if calls:
+            assert self._backends is not None
+            docs = self._available_docs() if self.refuse_held_back else load_function_docs(
+                self.task.data["involved_classes"])
+            allowed = {str(d["name"]) for d in docs}
+            outcomes = [self._backends.call(c.name, c.args, c.kwargs, allowed=allowed) for c in calls]
+            self._results.extend(o.result for o in outcomes)
+            self._steps_in_turn += 1
+            self._calls_in_turn += len(outcomes)
+            observation = self._clip(render_outcomes(outcomes))
+            return self._limit_or(TurnResult(observation, role="tool",
+                                             info=self._turn_info(calls=[o.as_dict() for o in outcomes])))
+        return self._end_user_turn()
+
+    def _capture_state(self) -> _BFCLState:
+        assert self._backends is not None
+        return _BFCLState(
+            backends=self._backends.freeze(),
+            user_turn=self._user_turn,
+            steps_in_turn=self._steps_in_turn,
+            calls_in_turn=self._calls_in_turn,
+            results=tuple(self._results),
+            checks=tuple(self._checks),
+        )
+
+    def _restore_state(self, payload: _BFCLState) -> None:
+        self._backends = Backends.thaw(payload.backends)
+        self._user_turn = payload.user_turn
+        self._steps_in_turn = payload.steps_in_turn
+        self._calls_in_turn = payload.calls_in_turn
+        self._results = list(payload.results)
+        self._checks = list(payload.checks)
+
+    # -------------------------------------------------------------- internals
+    def _ground_truth(self, task: Task) -> GroundTruth:
+        key = task.fingerprint
+        truth = self._truth_cache.get(key)
+        if truth is None:
+            truth = GroundTruth.compute(task)
+            self._truth_cache[key] = truth
+            while len(self._truth_cache) > _TRUTH_CACHE_SIZE:
+                self._truth_cache.popitem(last=False)
+        else:
+            self._truth_cache.move_to_end(key)
+        return truth
+
+    def _keywords(self, calls: Sequence[PythonCall]) -> list[PythonCall]:
+        """The calls with positional arguments turned into keywords (for the JSON format)."""
+        if self._backends is None:
+            raise RuntimeError("call reset() first")
+        return [PythonCall(c.name, (), self._backends.with_keywords(c.name, c.args, c.kwargs)) for c in calls]
+
+    def _reveal_turns(self) -> dict[int, list[str]]:
+        return {int(k): list(v) for k, v in self.task.data.get("missed_function", {}).items()}
+
+    def _available_docs(self) -> list[dict[str, Any]]:
+        """BFCL's order: the docs of the involved classes minus held-back ones, then each revealed group appended."""
+        docs = load_function_docs(self.task.data["involved_classes"])
+        reveals = self._reveal_turns()
+        held = {name for names in reveals.values() for name in names}
+        available = [d for d in docs if d["name"] not in held]
+        by_name = {d["name"]: d for d in docs}
+        for turn in sorted(reveals):
+            if turn <= self._user_turn:
+                available.extend(by_name[n] for n in reveals[turn] if n in by_name)
+        return available
+
+    def _question(self, turn: int) -> str:
+        messages = self.task.data["questions"][turn]
+        text = "\n\n".join(str(m.get("content", "")) for m in messages if m.get("role", "user") == "user")
+        added = self._reveal_turns().get(turn)
+        if added:
+            by_name = {d["name"]: d for d in load_function_docs(self.task.data["involved_classes"])}
+            schemas = [function_doc_to_tool(by_name[n]) for n in added if n in by_name]
+            prefix = json.dumps(schemas, ensure_ascii=False) + "\n" + ADDED_FUNCTIONS_PROMPT
+            text = prefix + ("\n\n" + text if text else "")
+        return text
+
+    def _parse(self, action: str) -> tuple[list[PythonCall], str | None]:
+        """(calls, None), or ([], error observation). No calls and no error means the user turn ends."""
+        if not isinstance(action, str):
+            return [], f"Error: the action must be text, got {type(action).__name__}."
+        visible = strip_thinking(action)
+        if "<tool_call>" in visible or "</tool_call>" in visible:
+            parsed = parse_action(action)
+            if not parsed.ok:
+                return [], parsed.error_message()
+            return [PythonCall(c.name, (), dict(c.arguments)) for c in parsed.tool_calls], None
+        if looks_like_call_list(visible):
+            listed = parse_call_list(visible)
+            if not listed.ok:
+                return [], listed.error_message()
+            return list(listed.calls), None
+        return [], None
+
+    def _limit_or(self, result: TurnResult) -> TurnResult:
+        """``result``, or BFCL's force quit when the user turn has run over its step limit."""
+        if self._steps_in_turn <= self.max_steps_per_turn:
+            return result
+        note = f"Step limit ({self.max_steps_per_turn}) of this user turn exceeded: the episode ends."
+        info = dict(result.info, force_quit=True, valid=False, turn_checks=[c.as_dict() for c in self._checks])
+        return TurnResult(self._clip(result.observation + "\n\n" + note), reward=0.0, terminated=True,
+                          role=result.role, info=info)
+
+    def _end_user_turn(self) -> TurnResult:
+        assert self._backends is not None
+        truth = self.ground_truth().turns[self._user_turn]
+        check = check_turn(self._user_turn, truth, self._backends, calls_in_turn=self._calls_in_turn,
+                           all_results=self._results)
+        self._checks.append(check)
+        self._user_turn += 1
+        self._steps_in_turn = 0
+        self._calls_in_turn = 0
+        if self._user_turn >= self.num_user_turns:
+            valid = all(c.valid for c in self._checks)
+            info = self._turn_info(turn_check=check.as_dict(), turn_checks=[c.as_dict() for c in self._checks],
+                                   valid=valid, force_quit=False)
+            return TurnResult("", reward=float(valid), terminated=True, role="user", info=info)
+        new_tools = self._reveal_turns().get(self._user_turn, [])
+        info = self._turn_info(turn_check=check.as_dict(), new_tools=list(new_tools))
+        return TurnResult(self._clip(self._question(self._user_turn)), role="user", info=info)
+
+    def _turn_info(self, **extra: Any) -> dict[str, Any]:
+        return {"category": self.category, "user_turn": self._user_turn, "num_user_turns": self.num_user_turns,
+                **extra}
+
+    def _clip(self, text: str) -> str:
+        limit = self.observation_space.max_length
+        if len(text) <= limit:
+            return text
+        note = f"\n... [observation truncated: {len(text) - limit} more characters]"
+        return text[: max(0, limit - len(note))] + note
+
+
+def render_calls(calls: Sequence[PythonCall], *, style: str = "python") -> str:
+    """Calls as one step of model text: ``[f(a=1), g('x')]`` or ``<tool_call>`` blocks (keyword arguments only)."""
+    if style == "python":
+        return "[" + ", ".join(c.to_source() for c in calls) + "]"
+    if style == "json":
+        if any(c.args for c in calls):
+            raise ValueError("JSON tool calls take keyword arguments only; use style='python' for positional ones")
+        return "\n".join(format_tool_call(c.name, dict(c.kwargs)) for c in calls)
+    raise ValueError(f"style must be 'python' or 'json', got {style!r}")
+
+
+def render_outcomes(outcomes: Sequence[CallOutcome]) -> str:
+    """The observation text of one step's calls."""
+    if len(outcomes) == 1:
+        return outcomes[0].result
+    return "\n".join(f"[{i}] {o.name}: {o.result}" for i, o in enumerate(outcomes, start=1))

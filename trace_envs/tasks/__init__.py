@@ -1,0 +1,1 @@
+"""Task loaders: real data sets (read from local files) and the offline default task sets."""
