@@ -1,0 +1,107 @@
+"""HotpotQA as WikiQA tasks, read with ``datasets``.
+
+On a machine with the hub: ``load_hotpotqa("hotpot_qa", config="distractor",
+split="validation")``. Offline, from a local file in HotpotQA's format (the
+official JSON list, or JSONL): ``load_hotpotqa("path/to/hotpot_dev.json")``.
+
+Record fields used: ``_id``/``id``, ``question``, ``answer``, ``type``
+("bridge"/"comparison"), ``level``, ``supporting_facts`` and ``context``.
+Both the official list form (``[[title, sent_id], ...]``, ``[[title,
+[sentences]], ...]``) and the hub's columnar form (``{"title": [...],
+"sent_id": [...]}``, ``{"title": [...], "sentences": [[...]]}``) are read.
+
+:func:`hotpotqa_corpus` turns the records' context paragraphs into corpus
+passages (one per title, de-duplicated), so the distractor setting can be
+searched with any retriever backend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from trace_envs.core import Task, TaskSet
+from trace_envs.errors import InvalidTaskError
+
+__all__ = ["load_hotpotqa", "hotpotqa_records", "record_to_task", "hotpotqa_corpus"]
+
+
+def _pairs(field: Any, second: str) -> list[tuple[str, Any]]:
+    """Normalise supporting_facts / context to [(title, x), ...] from either layout."""
+    if isinstance(field, Mapping):
+        return list(zip(field.get("title", []), field.get(second, [])))
+    return [(str(item[0]), item[1]) for item in field or []]
+
+
+def hotpotqa_records(
+    source: str | Path,
+    *,
+    split: str = "validation",
+    config: str = "distractor",
+    limit: int | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Records from a local JSON/JSONL file or a hub data set name, through ``datasets``."""
+    try:
+        import datasets
+    except ImportError as exc:  # pragma: no cover - depends on the [data] extra
+        raise ImportError("reading HotpotQA needs `datasets` (pip install 'trace-gym[data]')") from exc
+    path = Path(source)
+    if path.suffix in (".json", ".jsonl") or path.exists():
+        if not path.is_file():
+            raise FileNotFoundError(f"HotpotQA file {path} does not exist")
+        dataset = datasets.load_dataset("json", data_files=str(path), split="train")
+    else:
+        dataset = datasets.load_dataset(str(source), config, split=split)
+    for i, record in enumerate(dataset):
+        if limit is not None and i >= limit:
+            break
+        yield dict(record)
+
+
+def record_to_task(record: Mapping[str, Any]) -> Task:
+    """One HotpotQA record -> a WikiQA Task (``data``: question, answers, type, level, supporting titles)."""
+    question, answer = record.get("question"), record.get("answer")
+    if not isinstance(question, str) or not isinstance(answer, str):
+        raise InvalidTaskError(f"HotpotQA record needs 'question' and 'answer' strings: {str(record)[:160]}")
+    rid = record.get("_id", record.get("id")) or hashlib.sha256(question.encode()).hexdigest()[:12]
+    facts = _pairs(record.get("supporting_facts"), "sent_id")
+    titles = list(dict.fromkeys(t for t, _ in facts))
+    return Task(
+        task_id=f"hotpotqa-{rid}",
+        prompt=question,
+        data={
+            "question": question,
+            "answers": [answer],
+            "type": str(record.get("type", "")),
+            "level": str(record.get("level", "")),
+            "supporting_titles": titles,
+            "supporting_facts": [[t, int(s)] for t, s in facts],
+            "queries": titles,
+        },
+    )
+
+
+def load_hotpotqa(
+    source: str | Path,
+    *,
+    split: str = "validation",
+    config: str = "distractor",
+    limit: int | None = None,
+) -> TaskSet:
+    """HotpotQA questions as a TaskSet named ``hotpotqa:<file or name>``."""
+    tasks = [record_to_task(r) for r in hotpotqa_records(source, split=split, config=config, limit=limit)]
+    return TaskSet(tasks, name=f"hotpotqa:{Path(str(source)).name}:{split}")
+
+
+def hotpotqa_corpus(records: Iterable[Mapping[str, Any]]) -> Iterator[dict[str, str]]:
+    """Context paragraphs as ``{"id","title","text"}`` passages, one per distinct title."""
+    seen: set[str] = set()
+    for record in records:
+        for title, sentences in _pairs(record.get("context"), "sentences"):
+            if title in seen:
+                continue
+            seen.add(title)
+            text = "".join(sentences) if isinstance(sentences, list) else str(sentences)
+            yield {"id": title, "title": title, "text": text.strip()}
