@@ -1,0 +1,338 @@
+"""Grading final math answers: is a predicted answer equivalent to the gold one?
+
+:func:`grade_answer` decides in three stages, cheapest first:
+
+1. **Normalised text.** Both sides go through :func:`normalize_answer`
+   (``<answer>``/``\\boxed{}`` unwrapping, ``$``, ``\\left``/``\\right``, spacing,
+   ``\\dfrac``→``\\frac``, plain numbers to a canonical rational). Equal → True.
+2. **Plain numbers are compared exactly.** When both sides are plain numerals
+   (integers, decimals, ``p/q``, ``\\frac{p}{q}``, thousands separators), the
+   verdict is exact rational equality: ``0.5 == 1/2 == \\frac{1}{2}``,
+   ``42 == 42.0``, but ``0.333333 != 1/3``.
+3. **Symbolic equivalence with math_verify** (LaTeX and plain-expression
+   extraction) for everything else: ``2^{10}`` vs ``1024``, ``\\frac{\\sqrt2}{2}``
+   vs ``\\sqrt{2}/2``, sets, intervals, ``x^2+1`` vs ``1+x^2``. math_verify's own
+   rules apply here, e.g. ``x = 3`` is accepted for the gold ``3`` (an
+   assignment to a single variable counts as its right-hand side) and a decimal
+   matches a non-rational value to 6 decimals (``3.141593`` for ``\\pi``).
+
+Contracts:
+
+* ``grade_answer`` never raises: non-strings, empty text, garbage and huge
+  inputs give ``False``.
+* Time is bounded. Inputs longer than :data:`MAX_SYMBOLIC_CHARS`, nested deeper
+  than :data:`MAX_NESTING`, or holding expressions that explode in size (power
+  towers, huge exponents, factorials or binomials of big numbers) skip stage 3.
+  Stage 3 runs in a short-lived helper thread with a deadline (``timeout_s``):
+  the caller gets ``False`` when it passes, and the helper is stopped with an
+  asynchronous exception. math_verify's ``signal.alarm`` timeouts are not used
+  (they only work on the main thread and would clobber a caller's own
+  ``SIGALRM``), so ``grade_answer`` is safe from any thread. A single C-level
+  operation (one giant integer power) cannot be interrupted; the structural
+  screen exists to keep those out.
+* Thread-safe: no shared mutable state besides math_verify's/sympy's caches.
+
+math_verify and sympy are imported on first use, never at module import.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import re
+import threading
+from fractions import Fraction
+from typing import Any
+
+from trace_envs.actions import extract_boxed
+
+__all__ = [
+    "grade_answer",
+    "normalize_answer",
+    "parse_plain_number",
+    "MAX_SYMBOLIC_CHARS",
+    "MAX_NESTING",
+]
+
+#: Longer (normalised) answers are only compared as text.
+MAX_SYMBOLIC_CHARS = 400
+#: Deeper bracket nesting is only compared as text (sympy parsing is slow on deep nesting).
+MAX_NESTING = 12
+#: Plain-number literals longer than this are compared exactly but never handed to sympy.
+_MAX_NUMERAL_DIGITS = 2000
+#: Largest exponent / factorial argument / binomial argument allowed into sympy.
+_MAX_EXPONENT = 10_000
+_MAX_FACTORIAL = 2_000
+_MAX_COMBINATORIAL_LITERAL = 100_000
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_INT = r"\d+|\d{1,3}(?:,\d{3})+"
+_DECIMAL = re.compile(rf"^([+-]?)({_INT})?(?:\.(\d+))?$")
+_FRACTION = re.compile(r"^([+-]?)(\d+)/(\d+)$")
+_LATEX_FRACTION = re.compile(r"^([+-]?)\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}$")
+_LATEX_FRACTION_SHORT = re.compile(r"^([+-]?)\\frac(\d)(\d)$")
+_TEXT_WRAPPER = re.compile(r"^\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}$")
+_DANGEROUS_WORDS = re.compile(r"binom|choose|factorial|Gamma|gamma|\\prod|\\sum|!")
+_INT_LITERAL = re.compile(r"\d+")
+_SPACE_BETWEEN_WORDS = re.compile(r"(?<=[A-Za-z0-9]) (?=[A-Za-z0-9])")
+
+
+# ----------------------------------------------------------------- normalising
+def normalize_answer(text: Any) -> str:
+    """A canonical text form of a final answer, for exact comparison.
+
+    Takes the last ``<answer>...</answer>`` and then the last ``\\boxed{...}``
+    if present; drops ``$``, ``\\left``/``\\right``, LaTeX spacing commands,
+    ``^\\circ``, ``\\%``-escapes, all whitespace and a trailing period; maps
+    ``\\dfrac``/``\\tfrac`` to ``\\frac`` and unwraps a lone ``\\text{...}``.
+    A plain number becomes its canonical rational: ``"42.0"`` → ``"42"``,
+    ``"0.50"`` → ``"1/2"``, ``"\\frac{6}{4}"`` → ``"3/2"``, ``"1,000"`` → ``"1000"``.
+    Non-strings give ``""``. Never raises.
+    """
+    if not isinstance(text, str):
+        return ""
+    s = _unwrap(text)
+    for old, new in (
+        ("\\dfrac", "\\frac"), ("\\tfrac", "\\frac"), ("\\left", ""), ("\\right", ""),
+        ("\\!", ""), ("\\,", ""), ("\\;", ""), ("\\:", ""), ("\\ ", ""), ("~", ""),
+        ("^\\circ", ""), ("^{\\circ}", ""), ("\\%", "%"), ("$", ""),
+    ):
+        s = s.replace(old, new)
+    s = _SPACE_BETWEEN_WORDS.sub("\x00", " ".join(s.split()))  # keep "\\pi r" apart from "\\pir"
+    s = s.replace(" ", "").replace("\x00", " ").rstrip(".")
+    wrapped = _TEXT_WRAPPER.match(s)
+    if wrapped:
+        s = wrapped.group(1).strip()
+    number = parse_plain_number(s)
+    if number is not None:
+        return _format_fraction(number)
+    return s
+
+
+def _unwrap(text: str) -> str:
+    """The last ``<answer>`` body, then the last ``\\boxed{}`` body in it, stripped."""
+    answers = _ANSWER_TAG.findall(text)
+    s = answers[-1] if answers else text
+    boxed = extract_boxed(s)
+    return (boxed if boxed is not None else s).strip()
+
+
+def parse_plain_number(text: str) -> Fraction | None:
+    """The exact value of a plain numeral, or None.
+
+    Plain numerals: ``12``, ``-3``, ``+7``, ``1,000`` (thousands separators),
+    ``0.25``, ``.5``, ``3/7``, ``\\frac{3}{7}``, ``\\frac37``. Surrounding whitespace is ignored;
+    inner whitespace makes a text not plain (``"4 2"`` is not 42). A zero
+    denominator, or more than 2000 characters, gives None.
+    """
+    if not isinstance(text, str):
+        return None
+    s = text.strip()
+    if not s or len(s) > _MAX_NUMERAL_DIGITS:
+        return None
+    for pattern in (_FRACTION, _LATEX_FRACTION, _LATEX_FRACTION_SHORT):
+        m = pattern.match(s)
+        if m:
+            sign, num, den = m.groups()
+            if int(den) == 0:
+                return None
+            value = Fraction(int(num), int(den))
+            return -value if sign == "-" else value
+    m = _DECIMAL.match(s)
+    if m and (m.group(2) or m.group(3)):
+        sign, whole, frac = m.groups()
+        whole = (whole or "0").replace(",", "")
+        value = Fraction(int(whole))
+        if frac:
+            value += Fraction(int(frac), 10 ** len(frac))
+        return -value if sign == "-" else value
+    return None
+
+
+def _format_fraction(value: Fraction) -> str:
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+
+
+# ------------------------------------------------------------------ screening
+def _nesting_depth(s: str) -> int:
+    depth = best = 0
+    for ch in s:
+        if ch in "({[":
+            depth += 1
+            best = max(best, depth)
+        elif ch in ")}]":
+            depth = max(0, depth - 1)
+    return best
+
+
+def _operand_after(s: str, i: int) -> str:
+    """The operand that starts at ``s[i]``: a balanced group or a run of word characters."""
+    while i < len(s) and s[i] == " ":
+        i += 1
+    if i < len(s) and s[i] in "({[":
+        depth = 0
+        for j in range(i, len(s)):
+            if s[j] in "({[":
+                depth += 1
+            elif s[j] in ")}]":
+                depth -= 1
+                if depth == 0:
+                    return s[i + 1 : j]
+        return s[i + 1 :]
+    j = i
+    if j < len(s) and s[j] in "+-":
+        j += 1
+    while j < len(s) and (s[j].isalnum() or s[j] in "._\\"):
+        j += 1
+    return s[i:j]
+
+
+def _magnitude(expr: str) -> int:
+    """A crude upper estimate of an operand's size: the product of its integer literals."""
+    product = 1
+    for literal in _INT_LITERAL.findall(expr):
+        if len(literal) > 12:
+            return 10**13
+        product *= max(1, int(literal))
+        if product > 10**13:
+            return product
+    return product
+
+
+def _explosive(s: str) -> bool:
+    """Whether sympy might build or evaluate a gigantic number from ``s``."""
+    for m in re.finditer(r"\^|\*\*", s):
+        exponent = _operand_after(s, m.end())
+        if "^" in exponent or "**" in exponent or "!" in exponent or _magnitude(exponent) > _MAX_EXPONENT:
+            return True
+    if _DANGEROUS_WORDS.search(s):
+        for m in re.finditer(r"!", s):
+            before = s[: m.start()].rstrip()
+            if before.endswith((")", "}", "]")):
+                return True  # a factorial of a compound expression: not worth the risk
+            digits = re.search(r"(\d+)$", before)
+            if digits and (len(digits.group(1)) > 6 or int(digits.group(1)) > _MAX_FACTORIAL):
+                return True
+        if any(len(x) > 6 or int(x) > _MAX_COMBINATORIAL_LITERAL for x in _INT_LITERAL.findall(s)):
+            return True
+    return False
+
+
+def _symbolic_ok(s: str) -> bool:
+    return 0 < len(s) <= MAX_SYMBOLIC_CHARS and _nesting_depth(s) <= MAX_NESTING and not _explosive(s)
+
+
+# ------------------------------------------------------------------ deadlines
+class _GradingTimeout(BaseException):
+    """Raised asynchronously in a helper thread whose deadline passed (BaseException: libraries
+    that swallow ``Exception`` must not swallow it)."""
+
+
+_TIMED_OUT = object()
+
+
+def _call_with_deadline(fn: Any, seconds: float) -> Any:
+    """``fn()`` in a daemon helper thread; its value, or ``_TIMED_OUT`` after ``seconds``.
+
+    A helper that overruns is sent :class:`_GradingTimeout` (delivered between
+    bytecodes) and abandoned; it only runs ``fn``, so a late exception cannot
+    land anywhere else. Exceptions raised by ``fn`` are returned as ``_TIMED_OUT``
+    too (the caller treats both as "not verified").
+    """
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException:  # noqa: BLE001 - the helper must never print a traceback
+            box["failed"] = True
+
+    helper = threading.Thread(target=target, name="grade-answer", daemon=True)
+    helper.start()
+    helper.join(seconds)
+    if helper.is_alive():
+        if helper.ident is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(helper.ident), ctypes.py_object(_GradingTimeout))
+        return _TIMED_OUT
+    return box.get("value", _TIMED_OUT)
+
+
+# ----------------------------------------------------------------- math_verify
+_quiet_lock = threading.Lock()
+_quieted = False
+
+
+class _DropTimeoutWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+def _math_verify() -> Any:
+    """Import math_verify (first use) and silence its 'timeout disabled' warning: we bound time ourselves."""
+    global _quieted
+    import math_verify
+
+    with _quiet_lock:
+        if not _quieted:
+            for name in ("math_verify", "math_verify.parser", "math_verify.grader", "math_verify.utils"):
+                logging.getLogger(name).addFilter(_DropTimeoutWarning())
+            _quieted = True
+    return math_verify
+
+
+def _as_latex(s: str) -> str:
+    """Wrap bare text in ``$...$`` so math_verify's LaTeX extraction reads it whole."""
+    if "\\boxed" in s or "$" in s or "\\(" in s or "\\[" in s:
+        return s
+    return f"${s}$"
+
+
+def _verify_symbolic(predicted: str, gold: str) -> bool:
+    mv = _math_verify()
+    gold_parsed = mv.parse(_as_latex(gold), parsing_timeout=None)
+    if not gold_parsed:
+        return False
+    pred_parsed = mv.parse(_as_latex(predicted), parsing_timeout=None)
+    if not pred_parsed:
+        pred_parsed = mv.parse(predicted, parsing_timeout=None)  # plain-expression extraction from prose
+    if not pred_parsed:
+        return False
+    return bool(mv.verify(gold_parsed, pred_parsed, timeout_seconds=None))
+
+
+# --------------------------------------------------------------------- public
+def grade_answer(predicted: Any, gold: Any, *, timeout_s: float = 3.0) -> bool:
+    """Whether ``predicted`` is mathematically equivalent to ``gold``.
+
+    Args:
+        predicted: the model's final answer (the content of its ``\\boxed{}``;
+            a full response with ``<answer>``/``\\boxed{}`` also works).
+        gold: the reference answer, in text or LaTeX.
+        timeout_s: wall-clock bound on the symbolic stage.
+
+    Returns:
+        True when equivalent (see the module docstring for the rules); False
+        otherwise, including for non-string, empty, unparsable, oversized or
+        too-slow inputs. Never raises.
+    """
+    try:
+        if not isinstance(predicted, str) or not isinstance(gold, str):
+            return False
+        pred_norm = normalize_answer(predicted)
+        gold_norm = normalize_answer(gold)
+        if not pred_norm or not gold_norm:
+            return False
+        if pred_norm == gold_norm:
+            return True
+        pred_num = parse_plain_number(pred_norm)
+        gold_num = parse_plain_number(gold_norm)
+        if pred_num is not None and gold_num is not None:
+            return pred_num == gold_num
+        pred_text, gold_text = _unwrap(predicted), _unwrap(gold)
+        if not (_symbolic_ok(pred_text) and _symbolic_ok(gold_text)):
+            return False
+        _math_verify()  # import outside the deadline
+        verdict = _call_with_deadline(lambda: _verify_symbolic(pred_text, gold_text), timeout_s)
+        return verdict is True
+    except Exception:  # noqa: BLE001 - the contract is "never raises"
+        return False
