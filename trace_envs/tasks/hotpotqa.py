@@ -65,7 +65,7 @@ def record_to_task(record: Mapping[str, Any]) -> Task:
     question, answer = record.get("question"), record.get("answer")
     if not isinstance(question, str) or not isinstance(answer, str):
         raise InvalidTaskError(f"HotpotQA record needs 'question' and 'answer' strings: {str(record)[:160]}")
-    rid = record.get("_id", record.get("id")) or hashlib.sha256(question.encode()).hexdigest()[:12]
+    rid = record.get("_id") or record.get("id") or hashlib.sha256(question.encode()).hexdigest()[:12]
     facts = _pairs(record.get("supporting_facts"), "sent_id")
     titles = list(dict.fromkeys(t for t, _ in facts))
     return Task(
