@@ -190,7 +190,7 @@ def format_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
 __all__ += ["PythonCall", "ParsedCallList", "parse_call_list", "looks_like_call_list"]
 
 _FENCE = re.compile(r"^```[A-Za-z0-9_+-]*\s*\n?(.*?)\n?\s*```$", re.DOTALL)
-_CALL_START = re.compile(r"^\[?\s*[A-Za-z_][\w.]*\s*\(")
+_CALL_START = re.compile(r"^(\[\s*[A-Za-z_][\w.]*\s*[(\[.]|[A-Za-z_][\w.]*[(\[])")
 
 
 @dataclass(frozen=True)
@@ -237,7 +237,8 @@ def _unfence(text: str) -> str:
 def looks_like_call_list(text: str) -> bool:
     """Whether ``text`` (thinking removed, an optional Markdown code fence stripped) is an attempt at a call list.
 
-    True when it starts with ``[`` followed by ``name(`` (or with ``name(`` alone), or is exactly ``[]``.
+    True when it starts with ``[name(``, ``[name.`` or ``[name[``, or with ``name(`` / ``name[`` alone
+    (no space before the parenthesis; dotted names included), or is exactly ``[]``.
     Plain prose does not match, so a reply without calls can be told apart from a malformed call list.
     """
     if not isinstance(text, str):

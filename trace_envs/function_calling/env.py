@@ -229,20 +229,51 @@ class BFCLEnv(BranchableEnv):
         return actions
 
     def conformance_actions(self) -> list[str]:
-        """The ground truth, turns alternating between both call formats, plus a state-changing variant
-        (the first turn's calls again, which repeat their effect or now fail) before the last turn ends."""
-        actions: list[str] = []
+        """Steps for :func:`~trace_envs.check_branchable_env` on the current task: a state-changing probe
+        call, the ground truth (turns alternating between both call formats), then a second, different
+        probe before the last user turn ends. The probes (``touch`` a file, set the climate control,
+        fund the account, ...) are chosen among calls that really change this entry's backend state,
+        so both the prefix before the snapshot and the branches after it mutate state."""
         turns = self.ground_truth().turns
-        first = next((t.calls for t in turns if t.calls), ())
+        first, second = self._probe(0), self._probe(1)
+        actions: list[str] = [render_calls([first])] if first else []
         for index, turn in enumerate(turns):
             if turn.calls:
                 style = "python" if index % 2 == 0 else "json"
                 actions.append(render_calls(self._keywords(turn.calls) if style == "json" else turn.calls,
                                             style=style))
-            if index == len(turns) - 1 and first:
-                actions.append(render_calls(self._keywords(first), style="json"))
+            if index == len(turns) - 1 and second:
+                actions.append(render_calls([second], style="json"))
             actions.append("Done.")
         return actions
+
+    def _probe(self, k: int) -> PythonCall | None:
+        """A call that changes the current backend state (tried on a throwaway copy), or None."""
+        assert self._backends is not None
+        frozen = self._backends.freeze()
+        config = self.task.data["initial_config"]
+        twitter = config.get("TwitterAPI", {})
+        candidates = [
+            PythonCall("touch", (), {"file_name": f"trace_gym_probe_{k}.txt"}),
+            PythonCall("adjustClimateControl", (), {"temperature": 17.5 + k, "fanSpeed": 13 + k}),
+            PythonCall("fund_account", (), {"amount": 12.5 + k}),
+            PythonCall("authenticate_travel", (), {
+                "client_id": f"trace{k}", "client_secret": "gym", "refresh_token": "probe", "grant_type": "read_write",
+                "user_first_name": "Trace", "user_last_name": "Gym"}),
+            PythonCall("authenticate_twitter", (), {"username": twitter.get("username", ""),
+                                                    "password": twitter.get("password", "")}),
+            PythonCall("post_tweet", (), {"content": f"trace-gym probe {k}"}),
+            PythonCall("create_ticket", (), {"title": f"trace-gym probe {k}"}),
+            PythonCall("add_contact", (), {"user_name": f"trace_gym_{k}"}),
+        ]
+        symbols = list(config.get("TradingBot", {}).get("stocks", {})) or ["AAPL", "GOOG", "TSLA", "MSFT", "NVDA"]
+        candidates += [PythonCall("add_to_watchlist", (), {"stock": s}) for s in (symbols[::-1] if k else symbols)]
+        for call in candidates:
+            trial = Backends.thaw(frozen)
+            outcome = trial.call(call.name, call.args, call.kwargs)
+            if outcome.class_name is not None and trial.freeze() != frozen:
+                return call
+        return None
 
     def make_task(self, spec: Mapping[str, Any]) -> Task:
         """A BFCL-format entry (``question``, ``initial_config``, ``involved_classes``, ``ground_truth``,
