@@ -10,14 +10,13 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
-import trace_envs
 from trace_envs import check_branchable_env
 from trace_envs.errors import ForeignSnapshotError, InvalidTaskError
 
 pytest.importorskip("bfcl_eval", reason="BFCL-v0 needs bfcl-eval (pip install --no-deps bfcl-eval mpmath)")
 pytest.importorskip("mpmath")
 
-from trace_envs.function_calling import BFCLEnv, render_calls  # noqa: E402
+from trace_envs.function_calling import BFCLEnv  # noqa: E402
 from trace_envs.function_calling.env import ADDED_FUNCTIONS_PROMPT  # noqa: E402
 from trace_envs.tasks.bfcl import BFCL_CATEGORIES, load_bfcl_entries  # noqa: E402
 
@@ -334,13 +333,13 @@ def test_injection_attempts_execute_nothing(base_env: BFCLEnv, tmp_path: Path) -
         "[ls(a=True).__class__.__base__.__subclasses__()]",
         f"[eval(\"{touch}\")]",
         f"[exec(\"{touch}\")]",
-        f"[getattr(ls, '__globals__')]",
+        "[getattr(ls, '__globals__')]",
         "[_load_scenario(scenario={}, long_context=False)]",
         "[__init__()]",
         "[__class__()]",
         f"[cd(folder=open('{marker}', 'w'))]",
         f"[cd(folder=(lambda: {touch})())]",
-        f"[cd(folder=[x for x in ().__class__.__base__.__subclasses__()])]",
+        "[cd(folder=[x for x in ().__class__.__base__.__subclasses__()])]",
         f"[cd(**{{'folder': {touch}}})]",
         '<tool_call>{"name": "__import__", "arguments": {"name": "os"}}</tool_call>',
         '<tool_call>{"name": "_load_scenario", "arguments": {"scenario": {}}}</tool_call>',
