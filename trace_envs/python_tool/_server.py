@@ -272,7 +272,16 @@ def serve(sock: socket.socket, cfg: dict) -> None:
         if op == "exec":
             send(sock, run_cell(msg["code"], cfg))
         elif op == "fork":
-            send(sock, {"pid": fork_copy(sock, fds[0], cfg)})
+            try:
+                copy = fork_copy(sock, fds[0])
+            except OSError as exc:  # e.g. the process cap, while killed copies are still exiting
+                os.close(fds[0])
+                send(sock, {"error": f"fork failed: {exc}"})
+                continue
+            if isinstance(copy, int):
+                send(sock, {"pid": copy})
+            else:  # this process is the new copy: from now on it serves its own channel
+                sock = copy
         elif op == "seed":
             import random
 
@@ -286,8 +295,11 @@ def serve(sock: socket.socket, cfg: dict) -> None:
             send(sock, {"error": f"unknown op {op!r}"})
 
 
-def fork_copy(sock: socket.socket, fd: int, cfg: dict) -> int:
-    """Copy this whole interpreter (memory by fork, files by copying the work dir)."""
+def fork_copy(sock: socket.socket, fd: int) -> socket.socket | int:
+    """Copy this whole interpreter (memory by fork, files by copying the work dir).
+
+    Returns the copy's pid in the parent, and the copy's own channel in the copy.
+    """
     rng = sys.modules.get("random")
     rng_state = rng.getstate() if rng is not None else None
     pid = os.fork()
@@ -304,11 +316,12 @@ def fork_copy(sock: socket.socket, fd: int, cfg: dict) -> int:
         shutil.copytree(src, dst, symlinks=True)
         os.chdir(dst)
         _state["workdir"] = dst
-        serve(socket.socket(fileno=fd), cfg)
-    except BaseException:  # noqa: BLE001 - report, then leave without running the parent's code
+        channel = socket.socket(fileno=fd)
+        send(channel, {"ready": os.getpid()})  # only now may the host treat the copy as independent
+        return channel
+    except BaseException:  # noqa: BLE001 - a copy that cannot start must never serve its parent's socket
         traceback.print_exc()
-    finally:
-        os._exit(0)
+        os._exit(1)
 
 
 def keeper_main() -> None:

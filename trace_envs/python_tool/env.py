@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,7 +127,8 @@ class PythonMathEnv(BranchableEnv):
         self._sandbox: Sandbox | None = None
         self._cells: tuple[str, ...] = ()
         self._seed = 0
-        self._anchor: tuple[FrozenInterpreter, int] | None = None  # latest frozen copy on this branch
+        # the latest frozen copy on this branch (weak: dropping its snapshot frees it) and its cell count
+        self._anchor: tuple[weakref.ref[FrozenInterpreter], int] | None = None
 
     # ----------------------------------------------------------------- spec
     @property
@@ -179,7 +181,7 @@ class PythonMathEnv(BranchableEnv):
         self._cells = ()
         sandbox.thaw(sandbox.base)
         sandbox.seed(self._seed)
-        self._anchor = (sandbox.base, 0)
+        self._anchor = (weakref.ref(sandbox.base), 0)
         self._episode_info = {"cells": 0, "sandbox_restarts": 0}
         return task.prompt
 
@@ -224,9 +226,10 @@ class PythonMathEnv(BranchableEnv):
     def _rebuild(self) -> int:
         """A new live interpreter in the state after ``self._cells``; returns how many cells were re-run."""
         sandbox = self._ensure_sandbox()
-        anchor, done = self._anchor if self._anchor is not None else (sandbox.base, 0)
+        ref, done = self._anchor if self._anchor is not None else (weakref.ref(sandbox.base), 0)
+        anchor = ref()
         try:
-            if anchor.released or anchor.owner() is not sandbox:
+            if anchor is None or anchor.released or anchor.owner() is not sandbox:
                 raise SandboxCrashed("save point unavailable")
             sandbox.thaw(anchor)
         except SandboxCrashed:  # the frozen copy is gone too: start from the pristine interpreter
@@ -236,19 +239,19 @@ class PythonMathEnv(BranchableEnv):
             sandbox.seed(self._seed)
         for code in self._cells[done:]:
             sandbox.run(code)
-        self._anchor = (anchor, done)
+        self._anchor = (weakref.ref(anchor), done)
         return len(self._cells) - done
 
     # ------------------------------------------------------------ snapshots
     def _capture_state(self) -> PythonState:
         frozen = self._ensure_sandbox().freeze()
-        self._anchor = (frozen, len(self._cells))
+        self._anchor = (weakref.ref(frozen), len(self._cells))
         return PythonState(frozen=frozen, cells=self._cells, seed=self._seed)
 
     def _restore_state(self, payload: PythonState) -> None:
         sandbox = self._ensure_sandbox()
         self._cells, self._seed = payload.cells, payload.seed
-        self._anchor = (payload.frozen, len(payload.cells))
+        self._anchor = (weakref.ref(payload.frozen), len(payload.cells))
         if payload.frozen.owner() is sandbox:
             try:
                 sandbox.thaw(payload.frozen)
@@ -286,7 +289,7 @@ class PythonMathEnv(BranchableEnv):
             frozen = sandbox.freeze()
             if saved is not None:
                 sandbox.thaw(saved.frozen)
-                self._anchor = (saved.frozen, len(saved.cells))
+                self._anchor = (weakref.ref(saved.frozen), len(saved.cells))
             snap = Snapshot(
                 env_id=data["env_id"], config_key=data["config_key"], task=task, turn=int(data["turn"]),
                 done=bool(data["done"]), messages=tuple(tuple(m.items()) for m in data["messages"]),

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +83,7 @@ class SandboxConfig:
     network_namespace: bool = True
     drop_privileges: bool = True
     preload: tuple[str, ...] = ("math", "fractions", "itertools", "functools", "collections", "random",
-                                "numpy", "sympy")
+                                "numpy", "numpy.random", "sympy")
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0 or self.cpu_s <= 0 or self.memory_mb < 64 or self.output_chars < 1:
@@ -158,6 +159,10 @@ class _Proc:
 
     def __init__(self, pid: int, sock: socket.socket, root: str) -> None:
         self.pid = pid
+        try:  # a pidfd names this process even after its pid is reused
+            self.pidfd: int | None = os.pidfd_open(pid)
+        except (OSError, AttributeError):
+            self.pidfd = None
         self.sock = sock
         self.root = root
         self.alive = True
@@ -167,27 +172,49 @@ class _Proc:
         if not self.alive:
             return
         self.alive = False
-        for target in (lambda: os.killpg(self.pid, signal.SIGKILL), lambda: os.kill(self.pid, signal.SIGKILL)):
-            try:
-                target()
-            except (ProcessLookupError, PermissionError):
-                pass
+        try:
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            os.killpg(self.pid, signal.SIGKILL)  # its own group: what user code spawned goes too
+        except (ProcessLookupError, PermissionError):
+            pass  # already gone: its pid may belong to someone else by now, so nothing more is sent
+        finally:
+            if self.pidfd is not None:
+                os.close(self.pidfd)
         self.sock.close()
         shutil.rmtree(os.path.join(self.root, str(self.pid)), ignore_errors=True)
 
-    def fork(self, timeout: float) -> _Proc:
-        """Ask this interpreter for a copy of itself; return the copy."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            with self.lock:
-                _send(self.sock, {"op": "fork"}, fds=(theirs.fileno(),))
-                reply = _recv(self.sock, timeout)
-        except (OSError, EOFError) as exc:
+    def fork(self, timeout: float, retries: int = 20) -> _Proc:
+        """Ask this interpreter for a copy of itself; return the copy.
+
+        A refused fork (the process cap, while killed copies are still exiting) is retried
+        with a short back-off before it becomes an error.
+        """
+        for attempt in range(retries + 1):
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                with self.lock:
+                    _send(self.sock, {"op": "fork"}, fds=(theirs.fileno(),))
+                    reply = _recv(self.sock, timeout)
+            except (OSError, EOFError) as exc:
+                ours.close()
+                raise SandboxCrashed(f"interpreter {self.pid} did not answer a fork request: {exc}") from exc
+            finally:
+                theirs.close()
+            if "pid" in reply:
+                try:  # the copy reports once it has its own session and work dir
+                    ready = _recv(ours, timeout)
+                except (OSError, EOFError) as exc:
+                    ours.close()
+                    raise SandboxCrashed(f"the copy of interpreter {self.pid} failed to start: {exc}") from exc
+                if ready.get("ready") != int(reply["pid"]):
+                    ours.close()
+                    raise SandboxError(f"unexpected start message from a copy: {ready!r}")
+                return _Proc(int(reply["pid"]), ours, self.root)
             ours.close()
-            raise SandboxCrashed(f"interpreter {self.pid} did not answer a fork request: {exc}") from exc
-        finally:
-            theirs.close()
-        return _Proc(int(reply["pid"]), ours, self.root)
+            if attempt < retries:
+                time.sleep(0.01 * (attempt + 1))
+        raise SandboxError(f"interpreter {self.pid} cannot fork: {reply.get('error')}")
 
     def request(self, msg: dict[str, Any], timeout: float | None) -> dict[str, Any]:
         with self.lock:

@@ -1,0 +1,103 @@
+"""Benchmark: PythonMath snapshot/restore latency (fork vs replay) and per-cell overhead.
+
+Run: .venv/bin/python scripts/bench/snapshot.py [--repeats 50]
+
+* restore latency at 1, 10 and 100 executed cells, through ``env.restore`` (a
+  fork of the frozen interpreter) and by replaying the cells into a pristine
+  interpreter (what a serialised snapshot or a prefix re-feed costs);
+* snapshot latency (``env.snapshot``: a fork of the live interpreter);
+* one cell in the persistent sandbox vs a fresh ``python -c`` per call (the
+  stateless pattern of SkyRL-gym and similar tool servers).
+Ratios are against baselines measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+from trace_envs import Task, TaskSet
+from trace_envs.python_tool.env import PythonMathEnv
+
+
+def _median_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def _cell(i: int) -> str:
+    return f"v{i} = [k * k % 7 for k in range(5000)]\nacc = (globals().get('acc', 0) + sum(v{i})) % 1000003"
+
+
+def _call(code: str) -> str:
+    return "<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}}) + "</tool_call>"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    tasks = TaskSet([Task("bench", "benchmark task", {"answer": "0"})], name="bench")
+    env = PythonMathEnv(tasks=tasks, max_turns=1000)
+    rows = []
+    for cells in (1, 10, 100):
+        env.reset(seed=0, options={"task_id": "bench"})
+        for i in range(cells):
+            env.step(_call(_cell(i)))
+        snap = env.snapshot()
+        snapshot_ms = _median_ms(lambda: env.snapshot().release(), args.repeats)
+        restore_ms = _median_ms(lambda snap=snap: env.restore(snap), args.repeats)
+        sandbox = env._sandbox
+        assert sandbox is not None
+
+        def replay(n=cells, sandbox=sandbox) -> None:
+            sandbox.thaw(sandbox.base)
+            sandbox.seed(0)
+            for i in range(n):
+                sandbox.run(_cell(i))
+
+        replay_ms = _median_ms(replay, max(3, args.repeats // (5 if cells >= 100 else 1)))
+        env.restore(snap)
+        rows.append({"cells": cells, "snapshot_ms": snapshot_ms, "restore_fork_ms": restore_ms,
+                     "restore_replay_ms": replay_ms, "replay_over_fork": replay_ms / restore_ms})
+        snap.release()
+    one_cell = rows[0]["restore_fork_ms"]
+    for row in rows:
+        row["restore_vs_1_cell"] = row["restore_fork_ms"] / one_cell
+
+    env.reset(seed=0, options={"task_id": "bench"})
+    sandbox = env._sandbox
+    persistent_ms = _median_ms(lambda: sandbox.run("x = sum(range(1000))\nprint(x)"), args.repeats)
+    fresh_ms = _median_ms(
+        lambda: subprocess.run([sys.executable, "-c", "x = sum(range(1000))\nprint(x)"], check=True,
+                               capture_output=True), max(5, args.repeats // 5))
+    cell_ms = _median_ms(lambda: sandbox.run(_cell(0)), args.repeats)
+    env.close()
+
+    print(f"{'cells':>6} {'snapshot ms':>12} {'restore (fork) ms':>18} {'restore (replay) ms':>20} "
+          f"{'replay/fork':>12} {'restore vs 1 cell':>18}")
+    for r in rows:
+        print(f"{r['cells']:>6} {r['snapshot_ms']:>12.2f} {r['restore_fork_ms']:>18.2f} "
+              f"{r['restore_replay_ms']:>20.2f} {r['replay_over_fork']:>11.1f}x {r['restore_vs_1_cell']:>17.2f}x")
+    print(f"\na benchmark cell costs {cell_ms:.2f} ms to execute in the live interpreter")
+    print(f"per cell: persistent sandbox {persistent_ms:.2f} ms, fresh `python -c` {fresh_ms:.2f} ms "
+          f"-> {fresh_ms / persistent_ms:.1f}x faster persistent")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"restore": rows, "persistent_cell_ms": persistent_ms, "python_c_ms": fresh_ms,
+                       "benchmark_cell_ms": cell_ms}, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()
