@@ -28,11 +28,12 @@ the bytes are immutable, so a frozen state can be thawed any number of times.
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import inspect
 import json
 import pickle
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,12 @@ def backend_class(class_name: str) -> type:
             f"cannot import BFCL backend {class_name} ({exc}); the multi-turn backends need mpmath: {INSTALL_HINT}"
         ) from exc
     return getattr(module, class_name)
+
+
+@functools.lru_cache(maxsize=1024)
+def _signature(function: Callable[..., Any]) -> inspect.Signature:
+    """The signature of a backend class's function, self included (pure metadata, so cached)."""
+    return inspect.signature(function)
 
 
 def format_result(value: Any) -> str:
@@ -187,14 +194,14 @@ class Backends:
             return refuse(f"{name!r} is not a function.")
         method = function.__get__(instance, type(instance))  # never an instance attribute of that name
         try:
-            bound = inspect.signature(method).bind(*args, **kwargs)
+            bound = _signature(function).bind(instance, *args, **kwargs)
         except TypeError as exc:
             return refuse(f"{name}: {exc}.")
         # Fresh copies of the arguments and of the defaults: backends store argument objects in their
         # state (post_tweet keeps its `mentions` list, which mention() later extends), so neither the
         # caller's objects nor a function's mutable default may ever be aliased into a backend.
         bound.apply_defaults()
-        call_args, call_kwargs = copy.deepcopy((bound.args, bound.kwargs))
+        call_args, call_kwargs = copy.deepcopy((bound.args[1:], bound.kwargs))
         try:
             value = method(*call_args, **call_kwargs)
         except Exception as exc:  # noqa: BLE001 - a backend failure is the model's observation, as in BFCL
@@ -213,7 +220,7 @@ class Backends:
             raise ValueError(f"no function named {name!r}")
         function = inspect.getattr_static(type(self.instances[class_name]), name)
         try:
-            bound = inspect.signature(function).bind(None, *args, **kwargs)
+            bound = _signature(function).bind(None, *args, **kwargs)
         except TypeError as exc:
             raise ValueError(f"{name}: {exc}") from exc
         arguments = dict(bound.arguments)

@@ -183,6 +183,9 @@ class BFCLEnv(BranchableEnv):
         self._results: list[str] = []
         self._checks: list[TurnCheck] = []
         self._truth_cache: OrderedDict[str, GroundTruth] = OrderedDict()
+        # derived from the task at reset (not state: a snapshot only restores into the same task)
+        self._doc_names: frozenset[str] = frozenset()
+        self._reveals: dict[int, list[str]] = {}
 
     # ----------------------------------------------------------------- public
     @property
@@ -292,6 +295,8 @@ class BFCLEnv(BranchableEnv):
     def _start_episode(self, task: Task) -> str:
         self._ground_truth(task)
         data = task.data
+        self._doc_names = frozenset(str(d["name"]) for d in load_function_docs(data["involved_classes"]))
+        self._reveals = self._reveal_turns()
         self._backends = Backends.load(data["involved_classes"], data["initial_config"],
                                        long_context=bool(data.get("long_context", False)))
         self._user_turn = 0
@@ -308,9 +313,7 @@ class BFCLEnv(BranchableEnv):
             return self._limit_or(TurnResult(error, role="user", info=self._turn_info(parse_error=error)))
         if calls:
             assert self._backends is not None
-            docs = self._available_docs() if self.refuse_held_back else load_function_docs(
-                self.task.data["involved_classes"])
-            allowed = {str(d["name"]) for d in docs}
+            allowed = self._callable_names()
             outcomes = [self._backends.call(c.name, c.args, c.kwargs, allowed=allowed) for c in calls]
             self._results.extend(o.result for o in outcomes)
             self._steps_in_turn += 1
@@ -357,6 +360,14 @@ class BFCLEnv(BranchableEnv):
         if self._backends is None:
             raise RuntimeError("call reset() first")
         return [PythonCall(c.name, (), self._backends.with_keywords(c.name, c.args, c.kwargs)) for c in calls]
+
+    def _callable_names(self) -> frozenset[str]:
+        """Names a call may use now: every documented function, or only the revealed ones if refusing."""
+        held = self._held_back_now() if self.refuse_held_back else frozenset()
+        return self._doc_names - held
+
+    def _held_back_now(self) -> frozenset[str]:
+        return frozenset(n for turn, names in self._reveals.items() if turn > self._user_turn for n in names)
 
     def _reveal_turns(self) -> dict[int, list[str]]:
         return {int(k): list(v) for k, v in self.task.data.get("missed_function", {}).items()}
