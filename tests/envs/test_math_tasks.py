@@ -235,3 +235,81 @@ def test_bad_arguments_are_refused(kwargs: dict[str, Any], message: str) -> None
 def test_unknown_split_is_refused() -> None:
     with pytest.raises(ValueError, match="split must be"):
         default_math_tasks("validation")
+
+
+# ------------------------------------------------------------- DeepScaleR
+DEEPSCALER_ROWS = [
+    {"problem": "What is $1 + 1$?", "answer": "2", "solution": "Add: $1 + 1 = 2$."},
+    {"problem": "Simplify $\\frac{6}{8}$.", "answer": "\\frac{3}{4}", "solution": "Divide by 2."},
+    {"problem": "How many primes are below 10?", "answer": "4", "solution": "2, 3, 5, 7."},
+]
+
+
+def _write_jsonl(path: Any, rows: list[dict[str, Any]]) -> Any:
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_load_deepscaler_from_local_jsonl(tmp_path: Any) -> None:
+    from trace_envs.tasks.deepscaler import load_deepscaler
+
+    path = _write_jsonl(tmp_path / "deepscaler.jsonl", DEEPSCALER_ROWS)
+    tasks = load_deepscaler(str(path), cache_dir=str(tmp_path / "cache"))
+    assert isinstance(tasks, TaskSet) and tasks.name == "deepscaler-train"
+    assert tasks.ids() == ["deepscaler-train-00000", "deepscaler-train-00001", "deepscaler-train-00002"]
+    second = tasks["deepscaler-train-00001"]
+    assert second.prompt == f"Simplify $\\frac{{6}}{{8}}$.\n\n{ANSWER_INSTRUCTION}"
+    assert dict(second.data) == {"answer": "\\frac{3}{4}", "solution": "Divide by 2.", "source": "deepscaler", "index": 1}
+    assert len(load_deepscaler(str(path), limit=2, cache_dir=str(tmp_path / "cache"))) == 2
+    assert load_deepscaler(str(path), split="test", cache_dir=str(tmp_path / "cache")).ids()[0] == "deepscaler-test-00000"
+
+
+def test_load_deepscaler_from_json_list_and_parquet(tmp_path: Any) -> None:
+    import json
+
+    import datasets
+
+    from trace_envs.tasks.deepscaler import load_deepscaler
+
+    rows = [{**DEEPSCALER_ROWS[0], "answer": 2}, {"problem": "3?", "answer": "3", "solution": None}]
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    from_json = load_deepscaler(str(tmp_path / "rows.json"), cache_dir=str(tmp_path / "cache"))
+    assert [t.data["answer"] for t in from_json.values()] == ["2", "3"]  # numbers become strings
+    assert from_json["deepscaler-train-00001"].data["solution"] == ""
+    datasets.Dataset.from_list(DEEPSCALER_ROWS).to_parquet(str(tmp_path / "rows.parquet"))
+    from_parquet = load_deepscaler(str(tmp_path / "rows.parquet"), cache_dir=str(tmp_path / "cache"))
+    assert [t.data["answer"] for t in from_parquet.values()] == ["2", "\\frac{3}{4}", "4"]
+
+
+def test_load_deepscaler_errors(tmp_path: Any) -> None:
+    from trace_envs.errors import InvalidTaskError, TaskNotFoundError
+    from trace_envs.tasks.deepscaler import load_deepscaler
+
+    cache = str(tmp_path / "cache")
+    with pytest.raises(TaskNotFoundError, match="no DeepScaleR file"):
+        load_deepscaler(str(tmp_path / "missing.jsonl"), cache_dir=cache)
+    bad = _write_jsonl(tmp_path / "bad.jsonl", [{"question": "1+1?", "answer": "2"}])
+    with pytest.raises(InvalidTaskError, match=r"lack the field\(s\) \['problem'\]"):
+        load_deepscaler(str(bad), cache_dir=cache)
+    empty = _write_jsonl(tmp_path / "empty.jsonl", [DEEPSCALER_ROWS[0], {"problem": "x?", "answer": " "}])
+    with pytest.raises(InvalidTaskError, match="row 1 has an empty problem or answer"):
+        load_deepscaler(str(empty), cache_dir=cache)
+    (tmp_path / "garbage.jsonl").write_text("not json {{{\n")
+    with pytest.raises(InvalidTaskError, match="could not be read"):
+        load_deepscaler(str(tmp_path / "garbage.jsonl"), cache_dir=cache)
+    (tmp_path / "rows.csv").write_text("problem,answer\n1+1?,2\n")
+    with pytest.raises(InvalidTaskError, match="not a .json, .jsonl or .parquet"):
+        load_deepscaler(str(tmp_path / "rows.csv"), cache_dir=cache)
+    with pytest.raises(ValueError, match="limit"):
+        load_deepscaler(str(bad), limit=-1, cache_dir=cache)
+
+
+def test_task_modules_import_cheaply() -> None:
+    code = ("import sys, trace_envs.tasks as t, trace_envs.tasks.math_gen, trace_envs.tasks.deepscaler\n"
+            "assert t.default_math_tasks is trace_envs.tasks.math_gen.default_math_tasks\n"
+            "heavy = [m for m in ('datasets', 'sympy', 'math_verify', 'torch') if m in sys.modules]\n"
+            "assert not heavy, heavy")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,114 @@
+"""DeepScaleR-Preview math problems as a TaskSet, loaded through ``datasets``.
+
+DeepScaleR-Preview-Dataset (agentica-org) rows have ``problem``, ``answer``
+and ``solution``. :func:`load_deepscaler` reads
+
+* a local ``.json`` (a list of objects), ``.jsonl`` or ``.parquet`` file with
+  ``datasets.load_dataset("json" | "parquet", data_files=...)`` — works offline;
+* a local directory that ``datasets.load_dataset`` understands;
+* a Hugging Face hub name (on machines with network access).
+
+``datasets`` is imported on first call only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trace_envs.core import Task, TaskSet
+from trace_envs.errors import InvalidTaskError, TaskNotFoundError
+from trace_envs.tasks.math_gen import ANSWER_INSTRUCTION
+
+__all__ = ["load_deepscaler", "DEEPSCALER_HUB_NAME", "REQUIRED_FIELDS"]
+
+DEEPSCALER_HUB_NAME = "agentica-org/DeepScaleR-Preview-Dataset"
+#: Fields every row must have; ``solution`` is optional (stored as "" when absent).
+REQUIRED_FIELDS = ("problem", "answer")
+
+_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+def _looks_like_path(text: str) -> bool:
+    return text.startswith((".", "/", "~")) or Path(text).suffix.lower() in _BUILDERS or "\\" in text
+
+
+def _load(path_or_name: str, split: str, cache_dir: str | None) -> Any:
+    import datasets
+
+    path = Path(path_or_name).expanduser()
+    if path.is_file():
+        builder = _BUILDERS.get(path.suffix.lower())
+        if builder is None:
+            raise InvalidTaskError(
+                f"{path} is not a .json, .jsonl or .parquet file: convert it, or pass a hub name or a dataset folder"
+            )
+        try:
+            return datasets.load_dataset(builder, data_files={split: str(path)}, split=split, cache_dir=cache_dir)
+        except datasets.exceptions.DatasetGenerationError as exc:
+            cause = exc.__cause__ or exc
+            raise InvalidTaskError(f"{path} could not be read as {builder}: {cause}") from exc
+    if path.is_dir():
+        return datasets.load_dataset(str(path), split=split, cache_dir=cache_dir)
+    if _looks_like_path(path_or_name):
+        raise TaskNotFoundError(f"no DeepScaleR file at {path}: check the path (.json, .jsonl or .parquet)")
+    try:
+        return datasets.load_dataset(path_or_name, split=split, cache_dir=cache_dir)
+    except (FileNotFoundError, ConnectionError) as exc:
+        raise TaskNotFoundError(
+            f"cannot load {path_or_name!r} (split {split!r}) from the hub: {exc}. "
+            "Offline, download the data elsewhere and pass the local .json/.jsonl/.parquet path"
+        ) from exc
+
+
+def load_deepscaler(
+    path_or_name: str = DEEPSCALER_HUB_NAME,
+    *,
+    split: str = "train",
+    limit: int | None = None,
+    cache_dir: str | None = None,
+) -> TaskSet:
+    """DeepScaleR problems as tasks for PythonMath-v0.
+
+    Args:
+        path_or_name: a local .json/.jsonl/.parquet file or dataset folder, or a hub name.
+        split: the split to read (a local file is read as this split).
+        limit: keep only the first ``limit`` rows (None: all).
+        cache_dir: the ``datasets`` cache folder (None: its default).
+
+    Returns:
+        A TaskSet named ``"deepscaler-<split>"`` whose tasks have ids
+        ``"deepscaler-<split>-00007"``, prompt = the problem plus the answer
+        instruction, and data ``{"answer", "solution", "source": "deepscaler", "index"}``.
+        ``answer`` is always a string (numbers in the file are converted).
+
+    Raises:
+        TaskNotFoundError: the file is missing, or the hub data set cannot be fetched.
+        InvalidTaskError: an unsupported or unreadable file, a missing ``problem``/``answer``
+            column, or a row whose problem or answer is empty.
+        ValueError: ``limit`` is negative.
+    """
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be None or >= 0, got {limit}")
+    dataset = _load(str(path_or_name), split, cache_dir)
+    missing = [f for f in REQUIRED_FIELDS if f not in dataset.column_names]
+    if missing:
+        raise InvalidTaskError(
+            f"{path_or_name}: rows lack the field(s) {missing}; DeepScaleR rows need {list(REQUIRED_FIELDS)} "
+            f"(and optionally 'solution'); found columns {dataset.column_names}"
+        )
+    if limit is not None:
+        dataset = dataset.select(range(min(limit, len(dataset))))
+    tasks = []
+    for index, row in enumerate(dataset):
+        problem, answer = row["problem"], row["answer"]
+        if problem is None or not str(problem).strip() or answer is None or not str(answer).strip():
+            raise InvalidTaskError(f"{path_or_name}: row {index} has an empty problem or answer")
+        solution = row.get("solution")
+        tasks.append(Task(
+            task_id=f"deepscaler-{split}-{index:05d}",
+            prompt=f"{str(problem).strip()}\n\n{ANSWER_INSTRUCTION}",
+            data={"answer": str(answer).strip(), "solution": "" if solution is None else str(solution),
+                  "source": "deepscaler", "index": index},
+        ))
+    return TaskSet(tasks, name=f"deepscaler-{split}")
