@@ -1,0 +1,622 @@
+"""Root and prefix allocation (exact), the probabilities behind them, budget accounting.
+
+Everything here is a pure numpy function of its arguments, except
+:class:`BudgetAccount`, which is an accumulator.
+
+Probabilities
+    ``mixed_probability(v, m)``: chance that m rollouts at success rate v hold
+    both a success and a failure, ``1 - v**m - (1 - v)**m`` for m >= 2, else 0.
+    ``flip_probability(q, k)``: chance that k continuations from a prefix whose
+    original ending repeats with probability q flip it at least once, ``1 - q**k``.
+
+Root problem (:func:`allocate_roots`)
+    maximise  sum_x P_mixed(v(x), m(x))
+    over      m(x) in {0, 2, 3, ..., cap},  sum_x m(x) == budget,
+              #{x : m(x) > 0} <= max_active.
+
+Prefix problem (:func:`allocate_prefixes`)
+    maximise  sum_j (1 - q_j**k_j)   over  k_j in {0, ..., cap},  sum_j k_j * cost_j <= budget.
+
+Budget accounting
+    The paper's unit is a full rollout; a continuation from the middle costs
+    about half of one, so M roots with N continuations each cost M * (1 + N/2)
+    (:func:`paper_budget`). :class:`BudgetAccount` reports that unit and the
+    real cost (generated tokens, appended observation tokens, env steps) side by side.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trace_agent.tree import RolloutTree
+
+__all__ = [
+    "InfeasibleAllocation",
+    "mixed_probability",
+    "flip_probability",
+    "repeat_probability",
+    "root_objective",
+    "prefix_objective",
+    "allocate_roots",
+    "allocate_prefixes",
+    "continuation_budget",
+    "proportional_split",
+    "paper_budget",
+    "BudgetConfig",
+    "BudgetAccount",
+]
+
+#: Relative tolerance under which two root objectives count as tied (the smaller active count wins).
+ROOT_TIE_RTOL = 1e-12
+
+
+class InfeasibleAllocation(ValueError):
+    """No allocation satisfies the constraints; the message says which constraint and why."""
+
+
+# --------------------------------------------------------------------------------------------------
+# probabilities
+
+
+def _as_unit_interval(name: str, x: ArrayLike) -> NDArray[np.float64]:
+    arr = np.asarray(x, dtype=np.float64)
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0.0) or np.any(arr > 1.0):
+        raise ValueError(f"{name} must be probabilities in [0, 1]; got values outside that range or NaN")
+    return arr
+
+
+def mixed_probability(v: ArrayLike, m: ArrayLike) -> Any:
+    """P_mixed(v, m) = 1 - v**m - (1 - v)**m for m >= 2, and 0 for m < 2 (vectorised, ufunc-like).
+
+    The chance that m independent rollouts at success rate ``v`` contain at least
+    one success and one failure. Broadcasts ``v`` against ``m``; returns a numpy
+    scalar for scalar inputs and an array otherwise.
+    """
+    vv = _as_unit_interval("v", v)
+    mm = np.asarray(m)
+    if not np.issubdtype(mm.dtype, np.integer):
+        if not np.all(np.equal(np.mod(mm, 1), 0)):
+            raise ValueError("m must hold whole numbers of rollouts")
+        mm = mm.astype(np.int64)
+    safe = np.maximum(mm, 2)
+    out = 1.0 - vv**safe - (1.0 - vv) ** safe
+    out = np.where(mm >= 2, np.maximum(out, 0.0), 0.0)
+    return out[()]
+
+
+def flip_probability(q: ArrayLike, k: ArrayLike) -> Any:
+    """P_flip(q, k) = 1 - q**k (vectorised): k continuations flip an ending that repeats w.p. q at least once.
+
+    ``k`` must be non-negative whole numbers; ``k = 0`` gives 0.
+    """
+    qq = _as_unit_interval("q", q)
+    kk = np.asarray(k)
+    if np.any(kk < 0):
+        raise ValueError("k must be non-negative")
+    return (1.0 - qq**kk)[()]
+
+
+def repeat_probability(value: ArrayLike, reward: ArrayLike) -> Any:
+    """q for a prefix: the predicted chance a fresh continuation repeats the original ending.
+
+    ``q = value`` where the original rollout succeeded (reward >= 0.5) and
+    ``1 - value`` where it failed. Vectorised.
+    """
+    vv = _as_unit_interval("value", value)
+    rr = np.asarray(reward, dtype=np.float64)
+    return np.where(rr >= 0.5, vv, 1.0 - vv)[()]
+
+
+def root_objective(values: ArrayLike, counts: ArrayLike) -> float:
+    """sum_x P_mixed(values[x], counts[x]): the root problem's objective for an allocation."""
+    return float(np.sum(mixed_probability(np.asarray(values, dtype=np.float64), np.asarray(counts))))
+
+
+def prefix_objective(repeat_probs: ArrayLike, counts: ArrayLike) -> float:
+    """sum_j (1 - q_j**k_j): the prefix problem's objective for an allocation."""
+    return float(np.sum(flip_probability(np.asarray(repeat_probs, dtype=np.float64), np.asarray(counts))))
+
+
+# --------------------------------------------------------------------------------------------------
+# validation helpers
+
+
+def _whole(name: str, x: Any, *, minimum: int = 0) -> int:
+    if isinstance(x, bool):
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        value = operator.index(x)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(x).__name__}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _optional_whole(name: str, x: Any) -> int | None:
+    return None if x is None else _whole(name, x)
+
+
+def _vector(name: str, x: ArrayLike) -> NDArray[np.float64]:
+    arr = _as_unit_interval(name, x)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional, got shape {arr.shape}")
+    return arr
+
+
+# --------------------------------------------------------------------------------------------------
+# root allocation
+
+
+def allocate_roots(
+    values: ArrayLike,
+    budget: int,
+    *,
+    cap: int | None = None,
+    max_active: int | None = None,
+) -> list[int]:
+    """The exact optimum of the root problem: m(x) in {0, 2, ..., cap}, sum m == budget, <= max_active active.
+
+    Args:
+        values: predicted success rates v(x) in [0, 1], one per candidate prompt.
+        budget: root rollouts to spend, exactly.
+        cap: most rollouts one prompt may get (None: no cap beyond the budget).
+        max_active: most prompts with m > 0 (None: no limit).
+
+    Returns:
+        m, one int per candidate, maximising sum_x P_mixed(v(x), m(x)).
+
+    Raises:
+        InfeasibleAllocation: no allocation meets the constraints (budget 1; cap < 2 with a
+            positive budget; budget > cap * min(#candidates, max_active); an odd budget with
+            cap 2; ...). The message names the binding constraint.
+
+    Algorithm and proof of exactness. Write u = min(v, 1 - v); P_mixed depends on v only
+    through u, and f(u, m) = 1 - u**m - (1 - u)**m has df/du = m((1 - u)**(m-1) - u**(m-1)) >= 0
+    on [0, 1/2]: for every m a prompt closer to 1/2 is worth at least as much.
+
+    1. Prefix lemma. Sort the candidates by u descending (ties: lower index first). Some
+       optimum activates a prefix of that order: if an optimum activates i but not j with
+       j before i, moving i's whole allocation to j keeps the budget and the active count
+       and changes the objective by f(u_j, m_i) - f(u_i, m_i) >= 0. Repeating gives an
+       optimum whose active set is the first ``a`` candidates, for some a.
+    2. Fixed active set. With the first ``a`` candidates active, each gets 2 + e_i rollouts,
+       e_i in [0, cap - 2], sum e_i = budget - 2a. h_i(e) = f(u_i, 2 + e) is concave in e:
+       its increments g(u, m) = f(u, m+1) - f(u, m) = u**m (1 - u) + (1 - u)**m u decrease in
+       m. A separable concave maximisation under one sum constraint is solved exactly by
+       taking the budget - 2a largest increments over all items (each item's increments
+       are non-increasing, so any top set is a union of per-item prefixes; Gross 1956).
+    3. Enumerate a over every feasible size: ceil(budget / cap) <= a <= min(n, max_active,
+       budget // 2), and keep the best. Steps 1-3 cover every optimum's value, so the result
+       is optimal. Ties between sizes within ``ROOT_TIE_RTOL`` go to the smaller active count.
+
+    All sizes are evaluated at once: the increments of the ``a_max`` candidates are sorted
+    once (value desc, then candidate, then rollout index: a strict, deterministic order),
+    and 2-D prefix tables over (blocks of that order) x (candidates) give every "sum of the
+    R_a largest increments among the first a candidates" in O(N log N + N * a_max / S + A * S)
+    for N = a_max * (cap - 2) increments, A feasible sizes and block length S ~ sqrt(N a_max / A).
+    Memory and time grow with min(cap, budget): pass a cap for large budgets.
+    """
+    v = _vector("values", values)
+    n = int(v.shape[0])
+    budget = _whole("budget", budget)
+    cap = _optional_whole("cap", cap)
+    max_active = _optional_whole("max_active", max_active)
+    if budget == 0:
+        return [0] * n
+    cap_eff = budget if cap is None else min(cap, budget)
+    active_limit = n if max_active is None else min(n, max_active)
+    if budget == 1:
+        raise InfeasibleAllocation("budget 1 cannot be spent: an active prompt needs at least 2 rollouts")
+    if cap_eff < 2:
+        raise InfeasibleAllocation(f"cap {cap} < 2 leaves no allowed rollout count for budget {budget}")
+    if active_limit == 0:
+        why = "there are no candidates" if n == 0 else "max_active is 0"
+        raise InfeasibleAllocation(f"budget {budget} cannot be spent: {why}")
+    a_lo = -(-budget // cap_eff)
+    a_hi = min(active_limit, budget // 2)
+    if a_lo > a_hi:
+        if a_lo > active_limit:
+            raise InfeasibleAllocation(
+                f"budget {budget} exceeds cap * min(candidates, max_active) = {cap_eff} * {active_limit}"
+                f" = {cap_eff * active_limit}; raise cap or max_active, or lower the budget"
+            )
+        raise InfeasibleAllocation(
+            f"budget {budget} cannot be split into counts in [2, {cap_eff}]: it needs at least {a_lo}"
+            f" active prompts but at most {budget // 2} fit"
+        )
+
+    u = np.minimum(v, 1.0 - v)
+    order = np.lexsort((np.arange(n), -u))[:a_hi]  # u desc, index asc
+    us = u[order]
+    base = 2.0 * us * (1.0 - us)  # f(u, 2)
+    extra = cap_eff - 2
+    sizes = np.arange(a_lo, a_hi + 1)
+    remaining = budget - 2 * sizes  # extra rollouts to place for each size
+
+    if extra == 0:
+        totals = np.cumsum(base)[sizes - 1]
+        best_a = int(sizes[_best_index(totals)])
+        counts = np.full(best_a, 2, dtype=np.int64)
+    else:
+        # Candidate p only ever sits in prefixes a > p, where at most budget - 2(p + 1) extra
+        # rollouts exist, so it needs at most that many increments.
+        per_item = np.minimum(extra, budget - 2 * np.arange(a_hi) - 2)
+        base_cum = np.cumsum(base)
+        totals = np.empty(sizes.shape[0])
+        floors = np.empty(sizes.shape[0])
+        floor = 0.0
+        a_s = a_lo
+        while a_s <= a_hi:  # sizes in doubling groups [a_s, a_e], each pruned by the last threshold
+            a_e = min(a_hi, 2 * a_s - 1) if a_s > 1 else 1
+            sel = slice(a_s - a_lo, a_e - a_lo + 1)
+            s_gain, s_item = _sorted_increments(us[:a_e], per_item[:a_e], floor)
+            totals[sel] = base_cum[sizes[sel] - 1] + _top_sums_by_prefix(
+                s_gain, s_item, a_e, sizes[sel], remaining[sel]
+            )
+            floors[sel] = floor
+            floor = _threshold(s_gain, s_item, a_e, budget - 2 * a_e)
+            a_s = a_e + 1
+        best = _best_index(totals)
+        best_a = int(sizes[best])
+        r_best = int(remaining[best])
+        s_gain, s_item = _sorted_increments(us[:best_a], per_item[:best_a], float(floors[best]))
+        chosen = np.cumsum(np.ones_like(s_item)) <= r_best
+        counts = 2 + np.bincount(s_item[chosen], minlength=best_a)[:best_a]
+
+    result = np.zeros(n, dtype=np.int64)
+    result[order[:best_a]] = counts
+    return [int(x) for x in result]
+
+
+def _increment(u: NDArray[np.float64], m: NDArray[np.int64]) -> NDArray[np.float64]:
+    """g(u, m) = f(u, m + 1) - f(u, m) = u**m (1 - u) + (1 - u)**m u, computed without cancellation."""
+    return u**m * (1.0 - u) + (1.0 - u) ** m * u
+
+
+def _sorted_increments(
+    us: NDArray[np.float64], per_item: NDArray[np.int64], floor: float
+) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    """The increments g(u_p, 2 + j), j < per_item[p], that are >= floor, in the strict allocation order.
+
+    The order is (gain desc, item asc, j asc). Each item's increments decrease in j, so the
+    kept ones are a per-item prefix, found by a vectorised binary search.
+    """
+    if floor > 0.0:
+        lo = np.zeros_like(per_item)
+        hi = per_item.copy()
+        while np.any(lo < hi):
+            mid = (lo + hi + 1) // 2
+            ok = _increment(us, 2 + np.maximum(mid - 1, 0)) >= floor
+            lo = np.where(lo < hi, np.where(ok, mid, lo), lo)
+            hi = np.where(lo < hi, np.where(ok, hi, mid - 1), hi)
+        keep = lo
+    else:
+        keep = per_item
+    total = int(keep.sum())
+    item = np.repeat(np.arange(us.shape[0]), keep)
+    starts = np.cumsum(keep) - keep
+    j = np.arange(total) - np.repeat(starts, keep)
+    gain = _increment(us[item], 2 + j)
+    rank = np.argsort(-gain, kind="stable")  # generated in (item, j) order: stable = the tie-break
+    return gain[rank], item[rank]
+
+
+def _threshold(s_gain: NDArray[np.float64], s_item: NDArray[np.int64], size: int, r: int) -> float:
+    """The gain of the r-th increment taken by prefix ``size`` (+inf when r == 0: nothing is ever taken)."""
+    if r <= 0:
+        return math.inf
+    pos = np.flatnonzero(s_item < size)
+    return float(s_gain[pos[r - 1]])
+
+
+def _best_index(totals: NDArray[np.float64]) -> int:
+    best = float(np.max(totals))
+    tol = ROOT_TIE_RTOL * max(1.0, abs(best))
+    return int(np.flatnonzero(totals >= best - tol)[0])
+
+
+def _top_sums_by_prefix(
+    s_gain: NDArray[np.float64],
+    s_item: NDArray[np.int64],
+    n_items: int,
+    sizes: NDArray[np.int64],
+    remaining: NDArray[np.int64],
+) -> NDArray[np.float64]:
+    """For each size a: the sum of the first remaining[a] entries of s_gain among items < a.
+
+    ``s_gain`` is sorted in the strict allocation order, ``s_item`` gives each entry's item.
+    Blocked 2-D prefix counts/sums over (block of the order, item) locate, for every size
+    at once, the block holding the R-th qualifying entry; one masked cumsum inside that
+    block finishes the job. Sizes with R = 0 get 0.
+    """
+    n_units = int(s_gain.shape[0])
+    n_sizes = int(sizes.shape[0])
+    block = max(32, int(math.sqrt(n_units * max(n_items, 1) / max(n_sizes, 1))))
+    n_blocks = -(-n_units // block)
+    pad = n_blocks * block - n_units
+    item_p = np.concatenate([s_item, np.full(pad, n_items, dtype=s_item.dtype)])
+    gain_p = np.concatenate([s_gain, np.zeros(pad)])
+    blk = np.arange(n_blocks * block) // block
+    key = blk * (n_items + 1) + item_p
+    size2 = n_blocks * (n_items + 1)
+    cnt = np.bincount(key, minlength=size2).reshape(n_blocks, n_items + 1)
+    sm = np.bincount(key, weights=gain_p, minlength=size2).reshape(n_blocks, n_items + 1)
+    # column a of the item-cumsum = items < a (exclusive prefix); then cumulate over blocks
+    c_cnt = np.zeros((n_blocks, n_items + 1), dtype=np.int64)
+    c_sum = np.zeros((n_blocks, n_items + 1))
+    c_cnt[:, 1:] = np.cumsum(cnt[:, :-1], axis=1)
+    c_sum[:, 1:] = np.cumsum(sm[:, :-1], axis=1)
+    c_cnt = np.cumsum(c_cnt, axis=0)
+    c_sum = np.cumsum(c_sum, axis=0)
+
+    cols_cnt = c_cnt[:, sizes]  # (n_blocks, n_sizes)
+    target_block = np.sum(cols_cnt < remaining[None, :], axis=0)  # first block reaching R
+    positive = remaining > 0
+    tb = np.minimum(target_block, n_blocks - 1)
+    prev = tb - 1
+    before_cnt = np.where(prev >= 0, c_cnt[np.maximum(prev, 0), sizes], 0)
+    before_sum = np.where(prev >= 0, c_sum[np.maximum(prev, 0), sizes], 0.0)
+    need = remaining - before_cnt
+    idx = tb[:, None] * block + np.arange(block)[None, :]
+    member = item_p[idx] < sizes[:, None]
+    take = member & (np.cumsum(member, axis=1) <= need[:, None])
+    partial = np.sum(np.where(take, gain_p[idx], 0.0), axis=1)
+    return np.where(positive, before_sum + partial, 0.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# prefix allocation
+
+
+def allocate_prefixes(
+    repeat_probs: ArrayLike,
+    budget: int,
+    *,
+    cap: int | None = None,
+    costs: Sequence[int] | None = None,
+) -> list[int]:
+    """The exact optimum of the prefix problem: maximise sum_j (1 - q_j**k_j), sum_j k_j * cost_j <= budget.
+
+    Args:
+        repeat_probs: q_j in [0, 1], the predicted chance that a continuation from prefix j
+            repeats its original ending (see :func:`repeat_probability`).
+        budget: continuation budget of the prompt (in cost units).
+        cap: most continuations one prefix may get (None: no cap beyond the budget).
+        costs: positive integer cost of one continuation from each prefix (None: all 1).
+
+    Returns:
+        k, one int per prefix.
+
+    Unit costs (exact greedy). The increment of prefix j's k-th continuation is
+    q_j**k (1 - q_j), non-increasing in k, so the objective is separable concave and
+    taking the min(budget, sum of caps) largest increments is optimal (Gross 1956). Ties
+    are broken by (prefix index, k), so the result is deterministic; zero-gain increments
+    are taken too, so the whole budget is spent whenever the caps allow it.
+
+    General costs (exact DP). A bounded knapsack with concave item values: dynamic
+    programming over the exact cost spent, O(P * budget * K) time for P prefixes and
+    K = max per-prefix count. Among optimal allocations the one spending the most budget
+    is returned; remaining ties go to fewer continuations on later prefixes.
+
+    Raises:
+        ValueError: on probabilities outside [0, 1], negative budget or cap, non-positive costs.
+    """
+    q = _vector("repeat_probs", repeat_probs)
+    n = int(q.shape[0])
+    budget = _whole("budget", budget)
+    cap = _optional_whole("cap", cap)
+    if costs is None:
+        cost = np.ones(n, dtype=np.int64)
+    else:
+        cost = np.asarray([_whole("costs[j]", c, minimum=1) for c in costs], dtype=np.int64)
+        if cost.shape[0] != n:
+            raise ValueError(f"costs has {cost.shape[0]} entries for {n} prefixes")
+    if n == 0 or budget == 0 or cap == 0:
+        return [0] * n
+    if np.all(cost == 1):
+        return _prefix_greedy(q, budget, budget if cap is None else min(cap, budget))
+    return _prefix_dp(q, budget, cap, cost)
+
+
+def _prefix_greedy(q: NDArray[np.float64], budget: int, cap: int) -> list[int]:
+    n = q.shape[0]
+    take_total = min(budget, n * cap)
+    k = np.arange(cap)
+    gains = (q[:, None] ** k[None, :]) * (1.0 - q[:, None])
+    flat = gains.ravel()  # row-major: (prefix, k) order = the tie-break order
+    if take_total == flat.shape[0]:
+        return [cap] * n
+    threshold = np.partition(flat, flat.shape[0] - take_total)[flat.shape[0] - take_total]
+    above = flat > threshold
+    at = np.flatnonzero(flat == threshold)
+    chosen = above.copy()
+    chosen[at[: take_total - int(np.count_nonzero(above))]] = True
+    return [int(x) for x in chosen.reshape(n, cap).sum(axis=1)]
+
+
+def _prefix_dp(q: NDArray[np.float64], budget: int, cap: int | None, cost: NDArray[np.int64]) -> list[int]:
+    n = q.shape[0]
+    neg = -np.inf
+    dp = np.full(budget + 1, neg)
+    dp[0] = 0.0
+    choice = np.zeros((n, budget + 1), dtype=np.int64)
+    for j in range(n):
+        c = int(cost[j])
+        kmax = budget // c if cap is None else min(cap, budget // c)
+        ks = np.arange(kmax + 1)
+        value = 1.0 - q[j] ** ks
+        cand = np.full((kmax + 1, budget + 1), neg)
+        for k in range(kmax + 1):
+            shift = k * c
+            cand[k, shift:] = dp[: budget + 1 - shift] + value[k]
+        best_k = np.argmax(cand, axis=0)  # first maximum: the fewest continuations
+        dp = cand[best_k, np.arange(budget + 1)]
+        choice[j] = best_k
+    best = float(np.max(dp))
+    b = int(np.flatnonzero(dp == best)[-1])  # spend the most budget among optima
+    out = [0] * n
+    for j in range(n - 1, -1, -1):
+        k = int(choice[j, b])
+        out[j] = k
+        b -= k * int(cost[j])
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# budgets
+
+
+def continuation_budget(root_rollouts: int, ratio: float) -> int:
+    """A prompt's continuation budget, proportional to its root rollouts: round(ratio * root_rollouts).
+
+    Rounds to the nearest integer with halves rounded up (a 1e-9 slack absorbs binary
+    representation error, so 0.1 * 30 gives 3, and 0.5 * 3 gives 2). A prompt with no
+    root rollouts gets 0.
+    """
+    m = _whole("root_rollouts", root_rollouts)
+    if not (math.isfinite(ratio) and ratio >= 0.0):
+        raise ValueError(f"ratio must be a finite number >= 0, got {ratio}")
+    return int(math.floor(ratio * m + 0.5 + 1e-9))
+
+
+def proportional_split(shares: Sequence[float], total: int) -> list[int]:
+    """Split an integer ``total`` proportionally to non-negative ``shares``, summing exactly to ``total``.
+
+    Largest-remainder (Hamilton) rounding: floor of each quota, then the leftover units
+    go to the largest fractional parts, ties to the lower index. All-zero shares with a
+    positive total raise ValueError.
+    """
+    total = _whole("total", total)
+    s = np.asarray(shares, dtype=np.float64)
+    if s.ndim != 1 or not np.all(np.isfinite(s)) or np.any(s < 0):
+        raise ValueError("shares must be a 1-D sequence of finite numbers >= 0")
+    if total == 0:
+        return [0] * int(s.shape[0])
+    if s.sum() <= 0:
+        raise ValueError(f"cannot split {total} units over shares that are all zero")
+    quota = s / s.sum() * total
+    base = np.floor(quota).astype(np.int64)
+    left = total - int(base.sum())
+    frac = quota - base
+    order = np.lexsort((np.arange(s.shape[0]), -frac))
+    base[order[:left]] += 1
+    return [int(x) for x in base]
+
+
+def paper_budget(roots: int, continuations_per_root: float, *, continuation_cost: float = 0.5) -> float:
+    """The paper's budget unit for M roots with N continuations each: M * (1 + N * continuation_cost).
+
+    With the default cost of 1/2, (1024, 2) and (512, 6) both cost 2048.
+    """
+    m = _whole("roots", roots)
+    if continuations_per_root < 0 or continuation_cost < 0:
+        raise ValueError("continuations_per_root and continuation_cost must be >= 0")
+    return m * (1.0 + continuations_per_root * continuation_cost)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BudgetConfig:
+    """How a continuation is charged in the paper's unit (a full rollout = 1).
+
+    Attributes:
+        continuation_cost: paper units charged for one continuation (default 1/2, the paper's
+            "a replay from the middle costs about half a rollout").
+        depth_proportional: when True and the depths are known, charge a continuation
+            (turns it generated) / (depth of its leaf) instead, the share of a full
+            rollout it actually re-ran; ``continuation_cost`` is the fallback.
+    """
+
+    continuation_cost: float = 0.5
+    depth_proportional: bool = False
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.continuation_cost) and 0.0 <= self.continuation_cost <= 1.0):
+            raise ValueError(f"continuation_cost must be in [0, 1], got {self.continuation_cost}")
+
+    def charge(self, *, new_turns: int | None = None, leaf_depth: int | None = None) -> float:
+        """Paper units for one continuation that generated ``new_turns`` turns ending at ``leaf_depth``."""
+        if self.depth_proportional and new_turns is not None and leaf_depth:
+            return min(1.0, max(0.0, new_turns / leaf_depth))
+        return self.continuation_cost
+
+
+@dataclass(kw_only=True)
+class BudgetAccount:
+    """Running totals of what rollouts cost, in the paper's unit and in real work.
+
+    ``charge_root`` / ``charge_continuation`` add one rollout each; ``charge_tree`` adds
+    every rollout of a finished :class:`~trace_agent.tree.RolloutTree` (its kind and depths
+    come from the tree). ``summary()`` reports both views side by side.
+    """
+
+    config: BudgetConfig = field(default_factory=BudgetConfig)
+    root_rollouts: int = 0
+    continuations: int = 0
+    paper_units: float = 0.0
+    generated_tokens: int = 0
+    observation_tokens: int = 0
+    env_steps: int = 0
+
+    def charge_root(self, *, generated_tokens: int = 0, observation_tokens: int = 0, env_steps: int = 0) -> float:
+        """Add one full rollout from the prompt (1 paper unit); returns the units charged."""
+        self.root_rollouts += 1
+        self._real(generated_tokens, observation_tokens, env_steps)
+        self.paper_units += 1.0
+        return 1.0
+
+    def charge_continuation(
+        self,
+        *,
+        generated_tokens: int = 0,
+        observation_tokens: int = 0,
+        env_steps: int = 0,
+        new_turns: int | None = None,
+        leaf_depth: int | None = None,
+    ) -> float:
+        """Add one continuation from a visited prefix; returns the paper units charged."""
+        units = self.config.charge(new_turns=new_turns, leaf_depth=leaf_depth)
+        self.continuations += 1
+        self._real(generated_tokens, observation_tokens, env_steps)
+        self.paper_units += units
+        return units
+
+    def charge_tree(self, tree: RolloutTree) -> float:
+        """Add every rollout of ``tree``; a rollout starting at the root is a root rollout. Returns units."""
+        total = 0.0
+        for r in tree.rollouts():
+            if r.start_depth == 0:
+                total += self.charge_root(
+                    generated_tokens=r.generated_tokens, observation_tokens=r.observation_tokens,
+                    env_steps=r.turns,
+                )
+            else:
+                total += self.charge_continuation(
+                    generated_tokens=r.generated_tokens, observation_tokens=r.observation_tokens,
+                    env_steps=r.turns, new_turns=r.turns, leaf_depth=r.end_depth,
+                )
+        return total
+
+    def _real(self, generated_tokens: int, observation_tokens: int, env_steps: int) -> None:
+        self.generated_tokens += _whole("generated_tokens", generated_tokens)
+        self.observation_tokens += _whole("observation_tokens", observation_tokens)
+        self.env_steps += _whole("env_steps", env_steps)
+
+    def summary(self) -> dict[str, float]:
+        """Both views: rollouts and paper units; generated/observation tokens and env steps."""
+        return {
+            "root_rollouts": float(self.root_rollouts),
+            "continuations": float(self.continuations),
+            "paper_units": self.paper_units,
+            "generated_tokens": float(self.generated_tokens),
+            "observation_tokens": float(self.observation_tokens),
+            "env_steps": float(self.env_steps),
+        }
