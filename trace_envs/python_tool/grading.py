@@ -19,7 +19,7 @@
 Contracts:
 
 * ``grade_answer`` never raises: non-strings, empty text, garbage and huge
-  inputs give ``False``.
+  inputs (over :data:`MAX_INPUT_CHARS`) give ``False``.
 * Time is bounded. Inputs longer than :data:`MAX_SYMBOLIC_CHARS`, nested deeper
   than :data:`MAX_NESTING`, or holding expressions that explode in size (power
   towers, huge exponents, factorials or binomials of big numbers) skip stage 3.
@@ -50,11 +50,14 @@ __all__ = [
     "grade_answer",
     "normalize_answer",
     "parse_plain_number",
+    "MAX_INPUT_CHARS",
     "MAX_SYMBOLIC_CHARS",
     "MAX_NESTING",
 ]
 
-#: Longer (normalised) answers are only compared as text.
+#: Longer inputs (whole responses included) are refused outright.
+MAX_INPUT_CHARS = 100_000
+#: Longer answers (after ``<answer>``/``\\boxed{}`` unwrapping) are only compared as text.
 MAX_SYMBOLIC_CHARS = 400
 #: Deeper bracket nesting is only compared as text (sympy parsing is slow on deep nesting).
 MAX_NESTING = 12
@@ -73,6 +76,7 @@ _LATEX_FRACTION = re.compile(r"^([+-]?)\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}$")
 _LATEX_FRACTION_SHORT = re.compile(r"^([+-]?)\\frac(\d)(\d)$")
 _TEXT_WRAPPER = re.compile(r"^\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}$")
 _DANGEROUS_WORDS = re.compile(r"binom|choose|factorial|Gamma|gamma|\\prod|\\sum|!")
+_COMBINATORIAL = re.compile(r"binom|choose|factorial|Gamma|gamma|\\prod|!(?!=)")
 _INT_LITERAL = re.compile(r"\d+")
 _SPACE_BETWEEN_WORDS = re.compile(r"(?<=[A-Za-z0-9]) (?=[A-Za-z0-9])")
 
@@ -187,6 +191,27 @@ def _operand_after(s: str, i: int) -> str:
     return s[i:j]
 
 
+def _operand_before(s: str, i: int) -> str:
+    """The operand that ends just before ``s[i]``: a balanced group or a run of word characters."""
+    j = i
+    while j > 0 and s[j - 1] == " ":
+        j -= 1
+    if j > 0 and s[j - 1] in ")}]":
+        depth = 0
+        for k in range(j - 1, -1, -1):
+            if s[k] in ")}]":
+                depth += 1
+            elif s[k] in "({[":
+                depth -= 1
+                if depth == 0:
+                    return s[k + 1 : j - 1]
+        return s[: j - 1]
+    k = j
+    while k > 0 and (s[k - 1].isalnum() or s[k - 1] in "._"):
+        k -= 1
+    return s[k:j]
+
+
 def _magnitude(expr: str) -> int:
     """A crude upper estimate of an operand's size: the product of its integer literals."""
     product = 1
@@ -205,13 +230,12 @@ def _explosive(s: str) -> bool:
         exponent = _operand_after(s, m.end())
         if "^" in exponent or "**" in exponent or "!" in exponent or _magnitude(exponent) > _MAX_EXPONENT:
             return True
+    if _COMBINATORIAL.search(s) and ("^" in s or "**" in s):
+        return True  # binomials/factorials of powers: sizes cannot be bounded cheaply
     if _DANGEROUS_WORDS.search(s):
         for m in re.finditer(r"!", s):
-            before = s[: m.start()].rstrip()
-            if before.endswith((")", "}", "]")):
-                return True  # a factorial of a compound expression: not worth the risk
-            digits = re.search(r"(\d+)$", before)
-            if digits and (len(digits.group(1)) > 6 or int(digits.group(1)) > _MAX_FACTORIAL):
+            operand = _operand_before(s, m.start())
+            if "^" in operand or "**" in operand or "!" in operand or _magnitude(operand) > _MAX_FACTORIAL:
                 return True
         if any(len(x) > 6 or int(x) > _MAX_COMBINATORIAL_LITERAL for x in _INT_LITERAL.findall(s)):
             return True
@@ -317,6 +341,8 @@ def grade_answer(predicted: Any, gold: Any, *, timeout_s: float = 3.0) -> bool:
     """
     try:
         if not isinstance(predicted, str) or not isinstance(gold, str):
+            return False
+        if len(predicted) > MAX_INPUT_CHARS or len(gold) > MAX_INPUT_CHARS:
             return False
         pred_norm = normalize_answer(predicted)
         gold_norm = normalize_answer(gold)

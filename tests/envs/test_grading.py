@@ -1,0 +1,263 @@
+"""grade_answer / normalize_answer: equivalences, rejections, garbage, time bounds, threads."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
+from typing import Any
+
+import pytest
+
+from trace_envs.python_tool.grading import (
+    MAX_INPUT_CHARS,
+    MAX_SYMBOLIC_CHARS,
+    grade_answer,
+    normalize_answer,
+    parse_plain_number,
+)
+from trace_envs.tasks.math_gen import default_math_tasks
+
+EQUIVALENT = [
+    # plain numbers: exact rational comparison, no sympy
+    ("1/2", "0.5"),
+    ("\\frac{1}{2}", "0.5"),
+    ("\\dfrac{1}{2}", "1/2"),
+    ("0.50", "\\frac12"),
+    ("42.0", "42"),
+    ("42", "42."),
+    ("-\\frac{1}{2}", "-0.5"),
+    ("1,000", "1000"),
+    ("\\frac{6}{4}", "3/2"),
+    ("  7 ", "7"),
+    ("$42$", "42"),
+    ("\\boxed{42}", "42"),
+    ("<answer>\\boxed{3/7}</answer>", "3/7"),
+    ("\\text{42}", "42"),
+    ("12^\\circ", "12"),
+    # symbolic: math_verify
+    ("2^{10}", "1024"),
+    ("1024", "2^{10}"),
+    ("\\frac{\\sqrt{2}}{2}", "\\sqrt{2}/2"),
+    ("2\\sqrt{2}", "\\sqrt{8}"),
+    ("1+x^2", "x^2+1"),
+    ("(1, 2)", "(1,2)"),
+    ("\\{1, 2\\}", "\\{2, 1\\}"),
+    ("3.141593", "\\pi"),
+    ("10\\%", "0.1"),
+    ("\\frac{\\pi}{4}", "\\pi/4"),
+    ("The answer is 42", "42"),
+    # documented choice: an assignment to one variable counts as its right-hand side
+    ("x = 3", "3"),
+    ("x=3", "3"),
+    ("3", "x = 3"),
+]
+
+NOT_EQUIVALENT = [
+    ("41", "42"),
+    ("-42", "42"),
+    ("4 2", "42"),  # inner whitespace never glues digits
+    ("1 2 3 42", "42"),
+    ("41 or 42", "42"),
+    ("41, 42", "42"),
+    ("0.333333", "1/3"),  # plain numbers are compared exactly
+    ("0.33", "1/3"),
+    ("3/7", "7/3"),
+    ("\\frac{1}{0}", "1"),
+    ("2^{11}", "1024"),
+    ("x^2+1", "x^2-1"),
+    ("\\sqrt{3}", "\\sqrt{2}"),
+    ("(1, 2)", "[1, 2]"),
+    ("3.14", "\\pi"),
+    ("", "42"),
+    ("42", ""),
+    ("   ", "   "),
+    ("\\boxed{}", "42"),
+]
+
+
+@pytest.mark.parametrize(("predicted", "gold"), EQUIVALENT)
+def test_equivalent_forms_are_accepted(predicted: str, gold: str) -> None:
+    assert grade_answer(predicted, gold) is True
+
+
+@pytest.mark.parametrize(("predicted", "gold"), NOT_EQUIVALENT)
+def test_wrong_answers_are_rejected(predicted: str, gold: str) -> None:
+    assert grade_answer(predicted, gold) is False
+
+
+@pytest.mark.parametrize(
+    ("predicted", "gold"),
+    [(None, "1"), ("1", None), (1, "1"), (b"1", "1"), (["1"], "1"), (float("nan"), "nan"), (object(), "x")],
+)
+def test_non_strings_give_false(predicted: Any, gold: Any) -> None:
+    assert grade_answer(predicted, gold) is False
+
+
+GARBAGE = [
+    "{}{{",
+    "}}}}",
+    "\\frac",
+    "\\frac{",
+    "\\boxed{",
+    "$$$",
+    "\\\\\\\\",
+    "\x00\x01\x02",
+    "ÿ̸̡͔̈́ü̴̢̧",
+    "<answer></answer>",
+    "\\left( \\right",
+    "import os; os.system('echo pwned')",
+    "__import__('os').system('echo pwned')",
+    "lambda: 0",
+    "1/0",
+    "0/0",
+]
+
+PATHOLOGICAL = [
+    "9^{9^{9^{9}}}",
+    "10^{10^{10}}",
+    "2^{2^{2^{2^{2^{2}}}}}",
+    "2**99999999999",
+    "1000000!",
+    "(10^{8})!",
+    "\\binom{10^{9}}{5\\cdot 10^{8}}",
+    "\\binom{1000000000}{500000000}",
+    "(" * 500 + "1" + ")" * 500,
+    "{" * 5000 + "1" + "}" * 5000,
+    "\\sqrt{" * 300 + "2" + "}" * 300,
+    "1" * 50_000,
+    "x+" * 5_000 + "1",
+]
+
+
+@pytest.mark.parametrize("text", GARBAGE)
+def test_garbage_gives_false_and_never_raises(text: str) -> None:
+    assert grade_answer(text, "42") is False
+    assert grade_answer("42", text) is False
+    assert isinstance(normalize_answer(text), str)
+
+
+@pytest.mark.parametrize("text", PATHOLOGICAL, ids=lambda t: t[:24])
+def test_pathological_inputs_return_false_quickly(text: str) -> None:
+    start = time.monotonic()
+    assert grade_answer(text, "5") is False
+    assert grade_answer("5", text) is False
+    assert time.monotonic() - start < 2.0
+
+
+def test_oversized_inputs_are_refused_without_work() -> None:
+    huge = "\\boxed{42}" + " " * MAX_INPUT_CHARS
+    start = time.monotonic()
+    assert grade_answer(huge, "42") is False
+    assert grade_answer("42", huge) is False
+    assert time.monotonic() - start < 0.1
+    terms = MAX_SYMBOLIC_CHARS // 2 + 1
+    long_expr = "+".join(["1"] * terms)
+    assert len(long_expr) > MAX_SYMBOLIC_CHARS
+    assert grade_answer(long_expr, str(terms)) is False  # too long for sympy: compared as text only
+    assert grade_answer(long_expr, long_expr) is True  # ... but identical text still matches
+
+
+def _live_helpers() -> int:
+    return sum(t.name == "grade-answer" for t in threading.enumerate())
+
+
+def test_slow_symbolic_comparison_hits_the_deadline_and_the_helper_stops() -> None:
+    """An input that passes the structural screen but makes sympy work for seconds."""
+    start = time.monotonic()
+    assert grade_answer("(x+y+1)^{90}", "(x+1)^{90} + y", timeout_s=0.3) is False
+    assert time.monotonic() - start < 1.5
+    deadline = time.monotonic() + 10
+    while _live_helpers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _live_helpers() == 0  # the abandoned helper was stopped, not left burning CPU
+
+
+def test_grading_from_many_threads_matches_sequential_grading() -> None:
+    cases = (EQUIVALENT + NOT_EQUIVALENT) * 3
+    expected = [grade_answer(p, g) for p, g in cases]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        got = list(pool.map(lambda pg: grade_answer(*pg), cases))
+    assert got == expected
+    assert expected[: len(EQUIVALENT)] == [True] * len(EQUIVALENT)
+
+
+def test_pathological_inputs_are_bounded_off_the_main_thread() -> None:
+    results: list[bool] = []
+    worker = threading.Thread(target=lambda: results.extend(grade_answer(t, "5") for t in PATHOLOGICAL[:8]))
+    start = time.monotonic()
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive()
+    assert results == [False] * 8
+    assert time.monotonic() - start < 5
+
+
+def test_grading_leaves_sigalrm_alone() -> None:
+    """math_verify's own timeouts use SIGALRM; ours must not replace a caller's handler or cancel its alarm."""
+    fired: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        fired.append(signum)
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.alarm(30)
+        assert grade_answer("\\frac{\\sqrt{2}}{2}", "\\sqrt{2}/2") is True
+        assert signal.getsignal(signal.SIGALRM) is handler
+        remaining = signal.alarm(0)
+        assert remaining > 0  # our alarm was not cancelled
+        assert not fired
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_every_default_test_answer_grades_against_itself_and_not_against_a_neighbour() -> None:
+    for task in default_math_tasks("test").values():
+        answer = task.data["answer"]
+        assert grade_answer(answer, answer)
+        assert grade_answer(f"<answer>\\boxed{{{answer}}}</answer>", answer)
+        value = Fraction(answer)
+        latex = f"\\frac{{{value.numerator}}}{{{value.denominator}}}" if value.denominator > 1 else f"{answer}.0"
+        assert grade_answer(latex, answer), (latex, answer)
+        assert not grade_answer(str(value + 1), answer)
+
+
+@pytest.mark.parametrize(
+    ("text", "normal"),
+    [
+        ("42", "42"),
+        (" 42.0 ", "42"),
+        ("0.50", "1/2"),
+        ("\\frac{6}{4}", "3/2"),
+        ("\\dfrac{3}{7}", "3/7"),
+        ("-0", "0"),
+        ("+7", "7"),
+        ("1,234,567", "1234567"),
+        ("$\\boxed{12}$", "12"),
+        ("<answer>\\boxed{\\frac{\\sqrt{3}}{2}}</answer>", "\\frac{\\sqrt{3}}{2}"),
+        ("\\left( 1, 2 \\right)", "(1,2)"),
+        ("2 \\pi r", "2\\pi r"),
+        ("4 2", "4 2"),
+        ("\\text{Monday}", "Monday"),
+        ("90^\\circ", "90"),
+        ("5.", "5"),
+        (None, ""),
+        (12, ""),
+    ],
+)
+def test_normalize_answer(text: Any, normal: str) -> None:
+    assert normalize_answer(text) == normal
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("12", Fraction(12)), ("-3/6", Fraction(-1, 2)), ("\\frac{3}{7}", Fraction(3, 7)), ("\\frac37", Fraction(3, 7)),
+     (".5", Fraction(1, 2)), ("1,000.25", Fraction(4001, 4)), ("1/0", None), ("4 2", None), ("x", None),
+     ("1.2.3", None), ("", None), ("-", None), ("1" * 3000, None)],
+)
+def test_parse_plain_number(text: str, value: Fraction | None) -> None:
+    assert parse_plain_number(text) == value
