@@ -211,10 +211,16 @@ def test_default_splits() -> None:
 
 def test_default_split_is_pinned() -> None:
     """Changing the generator changes the benchmark: this pins a few default tasks."""
-    test = default_math_tasks("test")
-    first = test["math-test-0000"]
-    assert first.data["family"] == "divisor_count" and first.data["level"] == 1
-    assert first.data["answer"] == _brute("divisor_count", first.data["params"])
+    train, test = default_math_tasks("train"), default_math_tasks("test")
+    pinned = [
+        (test["math-test-0000"], "divisor_count", 1, {"n": 56}, "8"),
+        (train["math-train-0007"], "crt", 1, {"residues": [1, 1], "moduli": [2, 7]}, "1"),
+        (train["math-train-0299"], "count_divisible", 2, {"n": 7243, "a": 10, "b": 8, "c": 18}, "1288"),
+    ]
+    for task, family, level, params, answer in pinned:
+        assert (task.data["family"], task.data["level"], task.data["params"], task.data["answer"]) == (
+            family, level, params, answer)
+        assert _brute(family, params) == answer
 
 
 @pytest.mark.parametrize(

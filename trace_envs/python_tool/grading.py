@@ -32,6 +32,10 @@ Contracts:
   screen exists to keep those out.
 * Thread-safe: no shared mutable state besides math_verify's/sympy's caches.
 
+* Model text is never evaluated. The fallback when math_verify cannot decide
+  is stages 1–2 (normalised text, exact rationals), not ``sympy.parse_expr``,
+  which runs ``eval`` on its input.
+
 math_verify and sympy are imported on first use, never at module import.
 """
 
