@@ -1,9 +1,5 @@
 """Dense backend: faiss flat / HNSW / IVF over the bundled all-MiniLM-L6-v2 (offline)."""
 
-import pytest
-
-pytestmark = pytest.mark.slow  # encoding with all-MiniLM-L6-v2 on CPU takes ~30 s in all
-
 from __future__ import annotations
 
 import os
@@ -17,6 +13,7 @@ from retrievers.dense import DenseConfig, DenseRetriever, Encoder
 from .conftest import named_queries
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytestmark = pytest.mark.slow  # encoding with all-MiniLM-L6-v2 on CPU takes ~30 s in all
 
 
 @pytest.fixture(scope="module")
