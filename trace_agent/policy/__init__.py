@@ -1,0 +1,92 @@
+"""Policies: the Policy protocol, the transformers and vLLM backends, the offline demo policy.
+
+Importing this package imports no torch, transformers or vLLM; the backends load them when used::
+
+    from trace_agent.policy import HFPolicy, load_demo_policy
+    policy = load_demo_policy("artifacts/demo_policy")
+    ctx = policy.render(env.messages, env.tools)
+    (gen,) = policy.generate([ctx], max_new_tokens=128, temperature=1.0, seed=0)
+    obs, reward, terminated, truncated, info = env.step(gen.text)
+    ctx = policy.extend(ctx, gen, observation_messages(env.messages))
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from trace_agent.policy.base import (
+    FinishReason,
+    Generation,
+    Message,
+    Policy,
+    PolicyError,
+    SamplingConfig,
+    TokenContext,
+)
+
+if TYPE_CHECKING:
+    from trace_agent.policy.chat import QWEN3_CHAT_TEMPLATE, ChatRenderer
+    from trace_agent.policy.demo import (
+        DemoBuildReport,
+        DemoModelConfig,
+        Demonstration,
+        Demonstrator,
+        DemoTrainConfig,
+        build_demo_policy,
+        collect_demonstrations,
+        evaluate_policy,
+        load_demo_policy,
+        observation_messages,
+        register_demonstrator,
+        success_histogram,
+        tiny_policy,
+    )
+    from trace_agent.policy.hf import HFPolicy
+    from trace_agent.policy.vllm_backend import VLLMPolicy
+
+__all__ = [
+    "Policy",
+    "TokenContext",
+    "Generation",
+    "SamplingConfig",
+    "FinishReason",
+    "Message",
+    "PolicyError",
+    "ChatRenderer",
+    "QWEN3_CHAT_TEMPLATE",
+    "HFPolicy",
+    "VLLMPolicy",
+    "DemoModelConfig",
+    "DemoTrainConfig",
+    "DemoBuildReport",
+    "Demonstrator",
+    "Demonstration",
+    "register_demonstrator",
+    "collect_demonstrations",
+    "build_demo_policy",
+    "load_demo_policy",
+    "tiny_policy",
+    "evaluate_policy",
+    "observation_messages",
+    "success_histogram",
+]
+
+_LAZY = {
+    "ChatRenderer": "trace_agent.policy.chat",
+    "QWEN3_CHAT_TEMPLATE": "trace_agent.policy.chat",
+    "HFPolicy": "trace_agent.policy.hf",
+    "VLLMPolicy": "trace_agent.policy.vllm_backend",
+    **{name: "trace_agent.policy.demo" for name in (
+        "DemoModelConfig", "DemoTrainConfig", "DemoBuildReport", "Demonstrator", "Demonstration",
+        "register_demonstrator", "collect_demonstrations", "build_demo_policy", "load_demo_policy",
+        "tiny_policy", "evaluate_policy", "observation_messages", "success_histogram")},
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trace_agent.policy' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

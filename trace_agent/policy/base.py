@@ -1,0 +1,234 @@
+"""The Policy protocol: chat-templated token contexts, one assistant turn per call, exact token ids.
+
+A policy works on **token ids**, never on re-encoded text. A rollout starts from
+a :class:`TokenContext` rendered once from the env's chat messages and tool
+schemas with the model's chat template (:meth:`Policy.render`). Each turn,
+:meth:`Policy.generate` samples one assistant turn per context and returns the
+exact ids it sampled (:class:`Generation`), their behaviour log-probs and the
+decoded text (what is passed to ``env.step``). :meth:`Policy.extend` then
+appends those ids and the tokens of the env's observation, rendered as the
+chat template renders a tool/user message followed by the next assistant
+header. Earlier tokens are never re-encoded, so the ids a trainer scores are
+the ids the policy saw when it sampled (no train/inference token drift).
+
+Every token of a context carries a flag: ``True`` when the policy generated it
+(trainable, has a behaviour log-prob), ``False`` when it came from the prompt,
+the env or the template (masked out of the loss).
+
+This module imports no torch; backends live in :mod:`trace_agent.policy.hf`
+(transformers) and :mod:`trace_agent.policy.vllm_backend` (vLLM).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+__all__ = [
+    "Message",
+    "FinishReason",
+    "TokenContext",
+    "Generation",
+    "SamplingConfig",
+    "Policy",
+    "PolicyError",
+]
+
+Message = Mapping[str, Any]
+FinishReason = Literal["stop", "length"]
+
+
+class PolicyError(RuntimeError):
+    """A policy was used in a way it cannot honour (bad context, missing template, unknown stop token...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenContext:
+    """An immutable token sequence that a policy conditions on.
+
+    Attributes:
+        token_ids: every token of the conversation so far, ending with the header of the
+            assistant turn to generate (``<|im_start|>assistant\\n`` for Qwen3).
+        generated: one flag per token: ``True`` when the policy sampled it, ``False`` for
+            prompt, template and observation tokens.
+        logprobs: one value per token: the behaviour log-prob of a generated token, NaN for
+            the others.
+
+    Contexts are values: :meth:`Policy.extend` returns a new one whose ids start with the
+    old ids, unchanged. Build the first with :meth:`Policy.render` or :meth:`from_prompt`.
+    """
+
+    token_ids: tuple[int, ...]
+    generated: tuple[bool, ...] = ()
+    logprobs: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if not self.generated and n:
+            object.__setattr__(self, "generated", (False,) * n)
+        if not self.logprobs and n:
+            object.__setattr__(self, "logprobs", (math.nan,) * n)
+        if len(self.generated) != n or len(self.logprobs) != n:
+            raise ValueError(
+                f"TokenContext needs one flag and one log-prob per token: {n} ids, "
+                f"{len(self.generated)} flags, {len(self.logprobs)} log-probs"
+            )
+        if any(not isinstance(t, int) or t < 0 for t in self.token_ids):
+            raise ValueError("token ids must be non-negative ints")
+
+    @classmethod
+    def from_prompt(cls, token_ids: Sequence[int]) -> TokenContext:
+        """A context of prompt tokens only (none generated)."""
+        return cls(token_ids=tuple(int(t) for t in token_ids))
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_generated(self) -> int:
+        """How many tokens the policy sampled in this context."""
+        return sum(self.generated)
+
+    def append(
+        self, token_ids: Sequence[int], *, generated: bool, logprobs: Sequence[float] | None = None
+    ) -> TokenContext:
+        """A new context with ``token_ids`` appended, all flagged ``generated``.
+
+        ``logprobs`` (one per token) is required for generated tokens and ignored otherwise.
+        """
+        ids = tuple(int(t) for t in token_ids)
+        if generated:
+            if logprobs is None or len(logprobs) != len(ids):
+                raise ValueError("generated tokens need one behaviour log-prob each")
+            lps = tuple(float(x) for x in logprobs)
+        else:
+            lps = (math.nan,) * len(ids)
+        return TokenContext(
+            token_ids=self.token_ids + ids,
+            generated=self.generated + (generated,) * len(ids),
+            logprobs=self.logprobs + lps,
+        )
+
+    def segments(self) -> list[tuple[bool, int, int]]:
+        """Maximal runs of equal flags as ``(generated, start, stop)`` half-open ranges."""
+        runs: list[tuple[bool, int, int]] = []
+        start = 0
+        for i in range(1, len(self.generated) + 1):
+            if i == len(self.generated) or self.generated[i] != self.generated[start]:
+                runs.append((self.generated[start], start, i))
+                start = i
+        return runs
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One sampled assistant turn.
+
+    Attributes:
+        token_ids: the exact ids sampled, including the stop token when ``finish_reason == "stop"``.
+        logprobs: the behaviour log-prob of each sampled id under the distribution it was drawn
+            from after temperature (``log_softmax(logits / temperature)``; the unscaled
+            distribution when decoding greedily). Nucleus (top-p) truncation is not folded in.
+        text: the turn's text for ``env.step``: the ids without the stop token, decoded with
+            special tokens kept (``<tool_call>`` ... are part of the action).
+        finish_reason: "stop" (the end-of-turn token was sampled) or "length" (``max_new_tokens``).
+    """
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    text: str
+    finish_reason: FinishReason
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError("a Generation needs one log-prob per token")
+        if self.finish_reason not in ("stop", "length"):
+            raise ValueError(f"finish_reason must be 'stop' or 'length', got {self.finish_reason!r}")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingConfig:
+    """How one assistant turn is sampled.
+
+    Attributes:
+        max_new_tokens: the most tokens one turn may have (the stop token included).
+        temperature: softmax temperature; 0 decodes greedily.
+        top_p: nucleus mass kept when sampling (1.0: the full distribution).
+        seed: seeds the sampler; the same seed, contexts and backend give the same turns.
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not (self.temperature >= 0.0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """What the rollout collector and the trainer need from a generation backend.
+
+    Contract:
+        * ``render(messages, tools)`` applies the chat template once, with the generation
+          prompt, and encodes it: the root context of an episode.
+        * ``generate(contexts, ...)`` samples one assistant turn per context, stopping at the
+          end-of-turn token (or ``max_new_tokens``); results are in input order.
+        * ``extend(context, generation, observation)`` returns ``context`` + the generated ids
+          (+ the end-of-turn token, template-flagged, when the turn was cut by length) + the
+          observation messages rendered as the template would, + the next assistant header.
+          ``decode(extend(...).token_ids)`` equals the chat template's rendering of the whole
+          transcript.
+        * ``logprobs(contexts, targets)`` scores ``targets[i]`` after ``contexts[i]`` with the
+          current weights (teacher forcing), under ``temperature`` as in ``generate``.
+    """
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]: ...
+
+    def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> TokenContext:
+        ...
+
+    def generate(
+        self,
+        contexts: Sequence[TokenContext],
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> list[Generation]:
+        ...
+
+    def extend(
+        self, context: TokenContext, generation: Generation, observation: Message | Sequence[Message]
+    ) -> TokenContext:
+        ...
+
+    def logprobs(
+        self,
+        contexts: Sequence[TokenContext],
+        targets: Sequence[Sequence[int]],
+        *,
+        temperature: float = 1.0,
+    ) -> list[tuple[float, ...]]:
+        ...
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        ...

@@ -1,0 +1,186 @@
+"""Rendering chat messages to token ids with a tokenizer's chat template, without re-encoding history.
+
+:class:`ChatRenderer` is what both backends use for ``render`` / ``extend`` /
+``decode``. The root of an episode is rendered once (messages + tool schemas +
+generation prompt). An observation is rendered as a *delta*: the text the
+template puts between the end of an assistant turn and the header of the next
+assistant turn. The delta is found by rendering a throw-away conversation whose
+assistant turn holds a sentinel and cutting the text after ``sentinel +
+end-of-turn``; it is then encoded on its own. Because the delta starts right
+after a special token (``<|im_end|>``), which the tokenizer never merges with
+neighbouring text, encoding it alone gives the same ids as encoding the whole
+transcript would.
+
+Also here: :data:`QWEN3_CHAT_TEMPLATE`, a compact jinja template with the
+structure of Qwen3's (tools listed in ``<tools></tools>`` in the system turn,
+``<tool_call>`` JSON in assistant turns, tool results inside
+``<tool_response>`` in a user turn); the demo tokenizer ships with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from trace_agent.policy.base import Generation, Message, PolicyError, TokenContext
+
+__all__ = ["ChatRenderer", "QWEN3_CHAT_TEMPLATE", "QWEN3_SPECIAL_TOKENS", "END_OF_TURN"]
+
+END_OF_TURN = "<|im_end|>"
+QWEN3_SPECIAL_TOKENS: tuple[str, ...] = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+)
+
+# The same structure as Qwen3's template, minus its thinking-stripping of past turns
+# (history here is never re-rendered, so that rule would only create drift).
+QWEN3_CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, "
+    "\"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- elif messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'system' %}"
+    "{%- if not loop.first %}{{- '<|im_start|>system\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif message.role == 'user' %}"
+    "{{- '<|im_start|>user\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' + (message.content or '') }}"
+    "{%- for tool_call in (message.tool_calls or []) %}"
+    "{%- set call = tool_call.function if tool_call.function is defined else tool_call %}"
+    "{%- if (loop.first and message.content) or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' }}"
+    "{%- if call.arguments is string %}{{- call.arguments }}{%- else %}{{- call.arguments | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+_SENTINEL = "TRACE_SENTINEL_7f3a"
+
+
+class ChatRenderer:
+    """Chat-template rendering on token ids for one tokenizer.
+
+    Args:
+        tokenizer: a ``transformers`` tokenizer with a chat template.
+        end_of_turn: the token that closes an assistant turn (Qwen3: ``<|im_end|>``).
+        template_kwargs: extra variables for the template (Qwen3: ``{"enable_thinking": False}``).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        end_of_turn: str = END_OF_TURN,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise PolicyError("the tokenizer has no chat_template: set tokenizer.chat_template (e.g. QWEN3_CHAT_TEMPLATE)")
+        eot = tokenizer.convert_tokens_to_ids(end_of_turn)
+        if eot is None or eot == getattr(tokenizer, "unk_token_id", None):
+            raise PolicyError(f"the tokenizer has no {end_of_turn!r} token; pass end_of_turn= its end-of-turn token")
+        self.tokenizer = tokenizer
+        self.end_of_turn = end_of_turn
+        self.end_of_turn_id = int(eot)
+        self.template_kwargs = dict(template_kwargs or {})
+        stops = {self.end_of_turn_id}
+        if tokenizer.eos_token_id is not None:
+            stops.add(int(tokenizer.eos_token_id))
+        self.stop_token_ids: tuple[int, ...] = tuple(sorted(stops))
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_token_id: int = int(pad if pad is not None else self.end_of_turn_id)
+
+    # ----------------------------------------------------------------- text
+    def render_text(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """The chat template's rendering of ``messages`` (and ``tools``)."""
+        return self.tokenizer.apply_chat_template(
+            [dict(m) for m in messages],
+            tools=[dict(t) for t in tools] if tools else None,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            **self.template_kwargs,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids``, special tokens kept, no clean-up (lossless for byte-level BPE)."""
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    # --------------------------------------------------------------- tokens
+    def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> TokenContext:
+        """The root context: ``messages`` and ``tools`` rendered with the generation prompt, encoded once."""
+        if not messages:
+            raise PolicyError("render() needs at least one message")
+        return TokenContext.from_prompt(self.encode(self.render_text(messages, tools)))
+
+    def observation_text(self, observation: Message | Sequence[Message]) -> str:
+        """What the template writes after an assistant turn's end-of-turn token for ``observation``,
+        through the next assistant header."""
+        messages = [observation] if isinstance(observation, Mapping) else list(observation)
+        for m in messages:
+            if not isinstance(m, Mapping) or "role" not in m or not isinstance(m.get("content"), str):
+                raise PolicyError(f"an observation is a chat message with 'role' and 'content' text, got {m!r}")
+        probe = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _SENTINEL}]
+        text = self.render_text(probe + [dict(m) for m in messages], add_generation_prompt=True)
+        marker = _SENTINEL + self.end_of_turn
+        at = text.find(marker)
+        if at < 0:
+            raise PolicyError(
+                f"the chat template does not close an assistant turn with {self.end_of_turn!r}; "
+                "pass end_of_turn= the token it uses"
+            )
+        return text[at + len(marker):]
+
+    def extend(
+        self, context: TokenContext, generation: Generation, observation: Message | Sequence[Message]
+    ) -> TokenContext:
+        """``context`` + the generated ids (+ end-of-turn if cut by length) + the observation delta."""
+        ctx = context.append(generation.token_ids, generated=True, logprobs=generation.logprobs)
+        if not generation.token_ids or generation.token_ids[-1] != self.end_of_turn_id:
+            ctx = ctx.append([self.end_of_turn_id], generated=False)
+        return ctx.append(self.encode(self.observation_text(observation)), generated=False)
+
+    def finish(self, context: TokenContext, generation: Generation) -> TokenContext:
+        """``context`` + the final turn's ids (+ end-of-turn if cut by length): the episode's last context."""
+        ctx = context.append(generation.token_ids, generated=True, logprobs=generation.logprobs)
+        if not generation.token_ids or generation.token_ids[-1] != self.end_of_turn_id:
+            ctx = ctx.append([self.end_of_turn_id], generated=False)
+        return ctx
+
+    def turn_text(self, token_ids: Sequence[int]) -> str:
+        """The action text of a generated turn: its ids without a trailing stop token, decoded."""
+        ids = list(token_ids)
+        if ids and ids[-1] in self.stop_token_ids:
+            ids = ids[:-1]
+        return self.decode(ids)

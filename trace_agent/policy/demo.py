@@ -1,0 +1,616 @@
+"""The offline demo policy: a tiny Qwen3-architecture LM, warm-started on scripted demonstrations.
+
+No model can be downloaded on the project's machines, so the project makes its
+own: a byte-level BPE tokenizer trained with ``tokenizers`` on the suite's
+text, wrapped as a ``PreTrainedTokenizerFast`` with a Qwen3-style chat
+template (:data:`~trace_agent.policy.chat.QWEN3_CHAT_TEMPLATE`), and a small
+``Qwen3ForCausalLM`` built from a :class:`DemoModelConfig` with
+``AutoModelForCausalLM.from_config``. :func:`build_demo_policy` fine-tunes it on
+demonstrations that a :class:`Demonstrator` scripts through the real env
+(the tool observations are the env's), masks the loss to assistant tokens and
+saves model + tokenizer with ``save_pretrained``. :func:`load_demo_policy` loads
+it back as an :class:`~trace_agent.policy.hf.HFPolicy`.
+
+The demo policy is meant to be *imperfect in a useful way*: it is trained
+briefly, on a mix where ``flawed_fraction`` of the demonstrations run a
+perturbed program (and so box a wrong answer), so per-task success rates spread
+between 0 and 1 (the task families differ in how hard their programs are to
+write). :func:`evaluate_policy` measures that spread through the env.
+
+A new env gets demonstrations by registering a :class:`Demonstrator` for its id
+(:func:`register_demonstrator`); PythonMath-v0's is built in.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from trace_agent.policy.base import Message, PolicyError
+from trace_agent.policy.chat import END_OF_TURN, QWEN3_CHAT_TEMPLATE, QWEN3_SPECIAL_TOKENS, ChatRenderer
+
+if TYPE_CHECKING:
+    from trace_agent.policy.hf import HFPolicy
+    from trace_envs.core import BranchableEnv, Task
+
+__all__ = [
+    "DemoModelConfig",
+    "DemoTrainConfig",
+    "DemoBuildReport",
+    "Demonstrator",
+    "Demonstration",
+    "PythonMathDemonstrator",
+    "register_demonstrator",
+    "demonstrator_for",
+    "collect_demonstrations",
+    "train_demo_tokenizer",
+    "make_demo_model",
+    "tiny_policy",
+    "build_demo_policy",
+    "load_demo_policy",
+    "evaluate_policy",
+    "observation_messages",
+    "success_histogram",
+]
+
+DEFAULT_ENV_IDS: tuple[str, ...] = ("trace_envs/PythonMath-v0",)
+
+
+# --------------------------------------------------------------------------- configs
+@dataclass(frozen=True, kw_only=True)
+class DemoModelConfig:
+    """Shape of the demo LM (a ``Qwen3Config``) and its tokenizer.
+
+    Attributes:
+        vocab_size: BPE vocabulary size the tokenizer is trained to (special tokens included).
+        hidden_size: model width.
+        num_layers: decoder layers.
+        num_heads: attention heads.
+        num_kv_heads: key/value heads (grouped-query attention).
+        head_dim: width of one head (Qwen3 decouples it from hidden_size; vLLM's CPU attention
+            supports 32, 64, 80, 96, 112, 128, ...).
+        intermediate_size: MLP width.
+        max_position_embeddings: longest context the rotary embedding is set up for.
+    """
+
+    vocab_size: int = 2048
+    hidden_size: int = 192
+    num_layers: int = 3
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 32
+    intermediate_size: int = 512
+    max_position_embeddings: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.vocab_size < 300:
+            raise ValueError(f"vocab_size must be >= 300 (256 bytes + specials + merges), got {self.vocab_size}")
+        if min(self.hidden_size, self.num_layers, self.num_heads, self.num_kv_heads, self.intermediate_size) < 1:
+            raise ValueError("model dimensions must be positive")
+        if self.head_dim < 2 or self.head_dim % 2:
+            raise ValueError(f"head_dim must be even and >= 2, got {self.head_dim}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoTrainConfig:
+    """How the demo policy is warm-started.
+
+    Attributes:
+        seed: seeds demonstrations, initialisation and batches (same seed + same thread count: same weights).
+        steps: optimiser steps (brief on purpose: the policy should stay imperfect).
+        batch_size: demonstrations per step.
+        learning_rate: peak AdamW learning rate (linear warm-up, cosine decay).
+        warmup_steps: steps of linear warm-up.
+        weight_decay: AdamW weight decay.
+        flawed_fraction: share of demonstrations whose program is perturbed (they box a wrong answer).
+        env_ids: envs whose train tasks are demonstrated (each needs a registered Demonstrator).
+        tasks_per_env: how many train tasks of each env are demonstrated (None: all).
+        demos_per_task: demonstrations per task (different flaws).
+        max_turns: the env's turn limit while demonstrating.
+        model: the model and tokenizer shape.
+    """
+
+    seed: int = 0
+    steps: int = 400
+    batch_size: int = 16
+    learning_rate: float = 3e-3
+    warmup_steps: int = 30
+    weight_decay: float = 0.01
+    flawed_fraction: float = 0.15
+    env_ids: tuple[str, ...] = DEFAULT_ENV_IDS
+    tasks_per_env: int | None = None
+    demos_per_task: int = 2
+    max_turns: int = 4
+    model: DemoModelConfig = field(default_factory=DemoModelConfig)
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.batch_size < 1 or self.warmup_steps < 0 or self.demos_per_task < 1:
+            raise ValueError("steps and warmup_steps must be >= 0, batch_size and demos_per_task >= 1")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if not 0.0 <= self.flawed_fraction <= 1.0:
+            raise ValueError(f"flawed_fraction must be in [0, 1], got {self.flawed_fraction}")
+        if not self.env_ids:
+            raise ValueError("env_ids must name at least one env")
+        if self.tasks_per_env is not None and self.tasks_per_env < 1:
+            raise ValueError("tasks_per_env must be >= 1 or None")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoBuildReport:
+    """What :func:`build_demo_policy` did: sizes, timings and the training curve."""
+
+    out_dir: str
+    num_parameters: int
+    size_bytes: int
+    num_demonstrations: int
+    num_flawed: int
+    demonstration_seconds: float
+    tokenizer_seconds: float
+    train_seconds: float
+    total_seconds: float
+    losses: tuple[float, ...]
+    config: Mapping[str, Any]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, default=str)
+
+
+# --------------------------------------------------------------------------- demonstrations
+@dataclass(frozen=True, kw_only=True)
+class Demonstration:
+    """A scripted episode: the env's messages and tools after it ended, and its reward."""
+
+    env_id: str
+    task_id: str
+    messages: tuple[Mapping[str, Any], ...]
+    tools: tuple[Mapping[str, Any], ...]
+    reward: float
+    flawed: bool
+
+
+class Demonstrator(Protocol):
+    """Scripts one env's episodes from its task data.
+
+    ``act`` returns the next assistant turn's text given the task and the messages so far
+    (the env's, tool observations included); ``flawed`` asks for a plausible mistake (the
+    demonstration then usually fails), so a policy trained on the mix stays imperfect.
+    """
+
+    env_id: str
+
+    def act(self, task: Task, messages: Sequence[Message], *, flawed: bool, rng: np.random.Generator) -> str:
+        ...
+
+
+_DEMONSTRATORS: dict[str, Callable[[], Demonstrator]] = {}
+
+
+def register_demonstrator(env_id: str, factory: Callable[[], Demonstrator]) -> None:
+    """Make :func:`build_demo_policy` able to demonstrate ``env_id``."""
+    _DEMONSTRATORS[env_id] = factory
+
+
+def demonstrator_for(env_id: str) -> Demonstrator:
+    try:
+        return _DEMONSTRATORS[env_id]()
+    except KeyError:
+        raise PolicyError(
+            f"no Demonstrator for {env_id!r} (have {sorted(_DEMONSTRATORS)}); register one with register_demonstrator()"
+        ) from None
+
+
+def _tool_call(name: str, arguments: Mapping[str, Any]) -> str:
+    return "<tool_call>" + json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False) + "</tool_call>"
+
+
+_INT = re.compile(r"(?<![\w.])(\d+)(?![\w.])")
+
+
+class PythonMathDemonstrator:
+    """PythonMath-v0: run the task's ``solution_code``, then box what it printed.
+
+    A flawed demonstration changes one integer literal of the program by ±1 (or ±2); the
+    answer then boxes the wrong output, as a careless solver would.
+    """
+
+    env_id = "trace_envs/PythonMath-v0"
+
+    def act(self, task: Task, messages: Sequence[Message], *, flawed: bool, rng: np.random.Generator) -> str:
+        tool_outputs = [m["content"] for m in messages if m.get("role") == "tool"]
+        if not tool_outputs:
+            code = str(task.data.get("solution_code") or f"print({task.data['answer']!r})")
+            if flawed:
+                code = _perturb_code(code, rng)
+            return _tool_call("python", {"code": code})
+        result = tool_outputs[-1].strip().splitlines()
+        answer = result[-1].strip() if result else ""
+        return f"<answer>\\boxed{{{answer}}}</answer>"
+
+
+def _perturb_code(code: str, rng: np.random.Generator) -> str:
+    literals = [m for m in _INT.finditer(code) if int(m.group(1)) > 2]
+    if not literals:
+        return code
+    m = literals[int(rng.integers(len(literals)))]
+    delta = int(rng.choice([-2, -1, 1, 2]))
+    return code[:m.start()] + str(int(m.group(1)) + delta) + code[m.end():]
+
+
+register_demonstrator(PythonMathDemonstrator.env_id, PythonMathDemonstrator)
+
+
+def _make_env(env_id: str, *, max_turns: int) -> BranchableEnv:
+    import gymnasium as gym
+
+    import trace_envs  # noqa: F401  (registers the suite)
+
+    return gym.make(env_id, max_turns=max_turns).unwrapped
+
+
+def collect_demonstrations(
+    env_id: str,
+    *,
+    task_ids: Sequence[str] | None = None,
+    demos_per_task: int = 1,
+    flawed_fraction: float = 0.0,
+    seed: int = 0,
+    max_turns: int = 4,
+) -> list[Demonstration]:
+    """Play scripted episodes of ``env_id`` through the real env (train tasks; all when ``task_ids`` is None)."""
+    demonstrator = demonstrator_for(env_id)
+    rng = np.random.default_rng(seed)
+    env = _make_env(env_id, max_turns=max_turns)
+    demos: list[Demonstration] = []
+    try:
+        ids = list(task_ids) if task_ids is not None else env.tasks.ids()
+        for task_id in ids:
+            for _ in range(demos_per_task):
+                flawed = bool(rng.random() < flawed_fraction)
+                env.reset(seed=int(rng.integers(2**31)), options={"task_id": task_id})
+                reward = 0.0
+                done = False
+                while not done:
+                    action = demonstrator.act(env.task, env.messages, flawed=flawed, rng=rng)
+                    _, reward, terminated, truncated, _ = env.step(action)
+                    done = terminated or truncated
+                demos.append(Demonstration(env_id=env_id, task_id=task_id, messages=tuple(env.messages),
+                                           tools=tuple(env.tools), reward=float(reward), flawed=flawed))
+    finally:
+        env.close()
+    return demos
+
+
+def demonstration_tokens(chat: ChatRenderer, demo: Demonstration) -> tuple[list[int], list[bool]]:
+    """The ids a policy would see for ``demo`` (root rendered once, turns appended) and the loss mask.
+
+    Assistant turns are their canonical encoding + end-of-turn (mask True); everything else False.
+    The trailing observation after the last assistant turn is dropped.
+    """
+    messages = list(demo.messages)
+    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+    if first is None:
+        raise PolicyError(f"demonstration of {demo.task_id!r} has no assistant turn")
+    ids = list(chat.render(messages[:first], demo.tools).token_ids)
+    mask = [False] * len(ids)
+    i = first
+    while i < len(messages):
+        turn = chat.encode(messages[i]["content"]) + [chat.end_of_turn_id]
+        ids += turn
+        mask += [True] * len(turn)
+        j = i + 1
+        while j < len(messages) and messages[j]["role"] != "assistant":
+            j += 1
+        if j < len(messages):  # observations between this turn and the next assistant turn
+            obs = chat.encode(chat.observation_text(messages[i + 1:j]))
+            ids += obs
+            mask += [False] * len(obs)
+        i = j
+    return ids, mask
+
+
+# --------------------------------------------------------------------------- tokenizer and model
+def _wrap_tokenizer(backend: Any) -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        clean_up_tokenization_spaces=False,
+        model_max_length=32768,
+    )
+    tok.chat_template = QWEN3_CHAT_TEMPLATE
+    return tok
+
+
+def _bpe_backend(vocab_size: int, texts: Sequence[str] | None) -> Any:
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    backend = Tokenizer(models.BPE())
+    # Qwen2/3's split: letters runs, single digits, punctuation runs, newlines, spaces.
+    pattern = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    backend.decoder = decoders.ByteLevel()
+    special = list(QWEN3_SPECIAL_TOKENS[:3])
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - (len(QWEN3_SPECIAL_TOKENS) - len(special)),
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(list(texts or []), trainer=trainer)
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN3_SPECIAL_TOKENS[3:]])
+    return backend
+
+
+def train_demo_tokenizer(
+    demos: Sequence[Demonstration] | Sequence[str], *, vocab_size: int = 2048
+) -> Any:
+    """A byte-level BPE ``PreTrainedTokenizerFast`` with the Qwen3 special tokens and chat template.
+
+    Trained on the chat-template renderings of ``demos`` (or on the given texts), so the template's
+    boilerplate and the suite's vocabulary get merges. Deterministic for the same input.
+    """
+    if demos and isinstance(demos[0], str):
+        texts = [str(t) for t in demos]
+    else:
+        bootstrap = ChatRenderer(_wrap_tokenizer(_bpe_backend(300, [])), end_of_turn=END_OF_TURN)
+        texts = [bootstrap.render_text(d.messages, d.tools, add_generation_prompt=False)
+                 for d in demos]  # type: ignore[union-attr]
+    return _wrap_tokenizer(_bpe_backend(vocab_size, texts))
+
+
+def make_demo_model(tokenizer: Any, config: DemoModelConfig, *, seed: int = 0) -> Any:
+    """A freshly initialised ``Qwen3ForCausalLM`` (``AutoModelForCausalLM.from_config``) for ``tokenizer``."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    qwen = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(qwen, dtype=torch.float32)
+    return model
+
+
+_TINY_CORPUS = (
+    "You solve math problems. Run Python with the python tool and answer with <answer>\\boxed{42}</answer>.",
+    '<tool_call>{"name": "python", "arguments": {"code": "print(6 * 7)"}}</tool_call>',
+    "How many positive divisors does 12 have? The answer is 6. What is the remainder of 2^10 mod 7?",
+)
+
+
+def tiny_policy(*, seed: int = 0, model: DemoModelConfig | None = None, device: str = "cpu") -> HFPolicy:
+    """An untrained tiny demo-architecture policy (a tokenizer trained on a few lines), for tests."""
+    from trace_agent.policy.hf import HFPolicy
+
+    cfg = model or DemoModelConfig(vocab_size=400, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
+                                   head_dim=32, intermediate_size=128)
+    tokenizer = train_demo_tokenizer(list(_TINY_CORPUS) * 4, vocab_size=cfg.vocab_size)
+    return HFPolicy(make_demo_model(tokenizer, cfg, seed=seed), tokenizer, device=device)
+
+
+# --------------------------------------------------------------------------- build / load
+def _directory_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def build_demo_policy(
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    steps: int | None = None,
+    config: DemoTrainConfig | None = None,
+    log: Callable[[str], None] | None = None,
+) -> DemoBuildReport:
+    """Demonstrate, train the tokenizer, warm-start the tiny LM, ``save_pretrained`` it to ``out_dir``.
+
+    ``seed`` and ``steps`` override ``config``'s. Writes ``build_report.json`` beside the weights.
+    """
+    cfg = config or DemoTrainConfig()
+    cfg = DemoTrainConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__},
+                             "seed": seed, "steps": cfg.steps if steps is None else steps})
+    say = log or (lambda _msg: None)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+
+    demos: list[Demonstration] = []
+    for k, env_id in enumerate(cfg.env_ids):
+        env = _make_env(env_id, max_turns=cfg.max_turns)
+        ids = env.tasks.ids()
+        env.close()
+        if cfg.tasks_per_env is not None:
+            ids = ids[:cfg.tasks_per_env]
+        demos += collect_demonstrations(env_id, task_ids=ids, demos_per_task=cfg.demos_per_task,
+                                        flawed_fraction=cfg.flawed_fraction, seed=cfg.seed * 1000 + k,
+                                        max_turns=cfg.max_turns)
+    t_demo = time.perf_counter()
+    say(f"{len(demos)} demonstrations in {t_demo - t0:.1f}s "
+        f"({sum(d.flawed for d in demos)} flawed, {sum(d.reward > 0 for d in demos)} successful)")
+
+    tokenizer = train_demo_tokenizer(demos, vocab_size=cfg.model.vocab_size)
+    chat = ChatRenderer(tokenizer)
+    encoded = [demonstration_tokens(chat, d) for d in demos]
+    t_tok = time.perf_counter()
+    lengths = [len(ids) for ids, _ in encoded]
+    say(f"tokenizer: {len(tokenizer)} tokens in {t_tok - t_demo:.1f}s; sequences {min(lengths)}-{max(lengths)} "
+        f"tokens (mean {sum(lengths) / len(lengths):.0f})")
+
+    model = make_demo_model(tokenizer, cfg.model, seed=cfg.seed)
+    losses = _train(model, encoded, cfg, pad_id=chat.pad_token_id, log=say)
+    t_train = time.perf_counter()
+
+    model.eval()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    size = _directory_size(out)
+    report = DemoBuildReport(
+        out_dir=str(out),
+        num_parameters=sum(p.numel() for p in model.parameters()),
+        size_bytes=size,
+        num_demonstrations=len(demos),
+        num_flawed=sum(d.flawed for d in demos),
+        demonstration_seconds=t_demo - t0,
+        tokenizer_seconds=t_tok - t_demo,
+        train_seconds=t_train - t_tok,
+        total_seconds=time.perf_counter() - t0,
+        losses=tuple(losses),
+        config=asdict(cfg),
+    )
+    (out / "build_report.json").write_text(report.to_json())
+    return report
+
+
+def _train(model: Any, encoded: Sequence[tuple[list[int], list[bool]]], cfg: DemoTrainConfig, *,
+           pad_id: int, log: Callable[[str], None]) -> list[float]:
+    import torch
+
+    gen = torch.Generator().manual_seed(cfg.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
+                                  betas=(0.9, 0.98))
+
+    def lr_at(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+    model.train()
+    losses: list[float] = []
+    for step in range(cfg.steps):
+        picks = torch.randint(len(encoded), (cfg.batch_size,), generator=gen).tolist()
+        width = max(len(encoded[i][0]) for i in picks)
+        ids = torch.full((cfg.batch_size, width), pad_id, dtype=torch.long)
+        labels = torch.full((cfg.batch_size, width), -100, dtype=torch.long)
+        attention = torch.zeros((cfg.batch_size, width), dtype=torch.long)
+        for row, i in enumerate(picks):
+            seq, mask = encoded[i]
+            ids[row, :len(seq)] = torch.tensor(seq)
+            attention[row, :len(seq)] = 1
+            labels[row, :len(seq)] = torch.where(torch.tensor(mask), torch.tensor(seq), -100)
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        losses.append(float(loss.item()))
+        if (step + 1) % 50 == 0 or step == cfg.steps - 1:
+            log(f"step {step + 1}/{cfg.steps} loss {sum(losses[-50:]) / len(losses[-50:]):.3f}")
+    model.eval()
+    return losses
+
+
+def load_demo_policy(path: str | Path, *, device: str = "cpu", max_batch_size: int = 32) -> HFPolicy:
+    """The demo policy saved by :func:`build_demo_policy`, loaded with ``HFPolicy.from_pretrained``."""
+    from trace_agent.policy.hf import HFPolicy
+
+    if not (Path(path) / "config.json").exists():
+        raise PolicyError(f"no demo policy at {path}: build it with scripts/build_demo_policy.py")
+    return HFPolicy.from_pretrained(path, device=device, max_batch_size=max_batch_size)
+
+
+# --------------------------------------------------------------------------- evaluation
+def observation_messages(messages: Sequence[Message]) -> list[Message]:
+    """The messages after the last assistant turn: what ``Policy.extend`` appends after a step."""
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+    if last < 0:
+        raise PolicyError("no assistant turn in the messages")
+    return [dict(m) for m in messages[last + 1:]]
+
+
+def evaluate_policy(
+    policy: Any,
+    env_id: str,
+    task_ids: Sequence[str],
+    *,
+    samples: int = 8,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 256,
+    max_turns: int = 4,
+    seed: int = 0,
+    env_kwargs: Mapping[str, Any] | None = None,
+) -> dict[str, list[float]]:
+    """Rewards of ``samples`` episodes per task, played through the real env with ``policy``.
+
+    The ``samples`` episodes of one task run side by side (one env each, one batched
+    ``generate`` per turn). Returns task id -> rewards.
+    """
+    import gymnasium as gym
+
+    import trace_envs  # noqa: F401
+
+    envs = [gym.make(env_id, max_turns=max_turns, **dict(env_kwargs or {})).unwrapped for _ in range(samples)]
+    results: dict[str, list[float]] = {}
+    try:
+        for t, task_id in enumerate(task_ids):
+            contexts = []
+            for k, env in enumerate(envs):
+                env.reset(seed=seed + 1000 * t + k, options={"task_id": task_id})
+                contexts.append(policy.render(env.messages, env.tools))
+            rewards = [0.0] * samples
+            alive = list(range(samples))
+            turn = 0
+            while alive:
+                gens = policy.generate([contexts[k] for k in alive], max_new_tokens=max_new_tokens,
+                                       temperature=temperature, top_p=top_p, seed=seed + 7919 * t + turn)
+                still = []
+                for k, g in zip(alive, gens):
+                    obs, reward, terminated, truncated, _ = envs[k].step(g.text)
+                    rewards[k] = float(reward)
+                    if not (terminated or truncated):
+                        contexts[k] = policy.extend(contexts[k], g, observation_messages(envs[k].messages))
+                        still.append(k)
+                alive = still
+                turn += 1
+            results[task_id] = rewards
+    finally:
+        for env in envs:
+            env.close()
+    return results
+
+
+def success_histogram(results: Mapping[str, Sequence[float]], *, bins: int = 5) -> dict[str, Any]:
+    """Per-task success rates summarised: histogram over [0, 1], all-fail / mixed / all-success counts."""
+    rates = [float(np.mean([r > 0 for r in rewards])) for rewards in results.values() if rewards]
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    counts, _ = np.histogram(rates, bins=edges)
+    return {
+        "tasks": len(rates),
+        "mean_success": float(np.mean(rates)) if rates else math.nan,
+        "all_fail": sum(r == 0.0 for r in rates),
+        "all_success": sum(r == 1.0 for r in rates),
+        "mixed": sum(0.0 < r < 1.0 for r in rates),
+        "histogram": {f"[{edges[i]:.1f},{edges[i + 1]:.1f}{']' if i == bins - 1 else ')'}": int(c)
+                      for i, c in enumerate(counts)},
+        "rates": rates,
+    }

@@ -1,0 +1,286 @@
+"""The transformers backend: batched sampling with a KV cache on CPU or GPU, exact token ids and log-probs.
+
+:class:`HFPolicy` implements :class:`~trace_agent.policy.base.Policy` with its own
+sampling loop over ``model(input_ids, cache)``: contexts are left-padded into
+one batch, prefilled once, then decoded one token per step; a row stops when it
+samples an end-of-turn token and leaves the batch (its KV cache rows are
+dropped). Each sampled id's log-prob is read from the very distribution it was
+drawn from (``log_softmax(logits / temperature)``). A ``torch.Generator``
+seeded from ``seed`` makes a call reproducible (same contexts, same batch
+composition, same device).
+
+For training, :meth:`HFPolicy.score` returns differentiable per-token log-probs
+of the last tokens of each sequence (teacher forcing), and :meth:`HFPolicy.logprobs`
+the same as floats.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trace_agent.policy.base import Generation, Message, PolicyError, SamplingConfig, TokenContext
+from trace_agent.policy.chat import ChatRenderer
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["HFPolicy"]
+
+
+class HFPolicy:
+    """A ``transformers`` causal LM as a :class:`Policy`.
+
+    Args:
+        model: a causal LM (``AutoModelForCausalLM``); it is put in eval mode for generation.
+        tokenizer: its tokenizer, with a chat template.
+        device: where to run ("cpu", "cuda", "cuda:1"...); None keeps the model where it is.
+        max_batch_size: contexts per forward pass in ``generate`` / ``score`` (larger inputs are chunked).
+        end_of_turn: the token that ends an assistant turn.
+        template_kwargs: extra chat-template variables (Qwen3: ``{"enable_thinking": False}``).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        device: str | None = None,
+        max_batch_size: int = 32,
+        end_of_turn: str = "<|im_end|>",
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        import torch
+
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.model = model if device is None else model.to(device)
+        self.tokenizer = tokenizer
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.max_batch_size = max_batch_size
+        self.chat = ChatRenderer(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
+        params = inspect.signature(model.forward).parameters
+        # transformers >= 5.2x names the cache argument "cache"; earlier versions "past_key_values".
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_name: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: str | None = None,
+        max_batch_size: int = 32,
+        end_of_turn: str = "<|im_end|>",
+        template_kwargs: Mapping[str, Any] | None = None,
+        **model_kwargs: Any,
+    ) -> HFPolicy:
+        """Load model and tokenizer from a directory (or a hub name when the hub is reachable).
+
+        ``dtype`` is a torch dtype name ("float32", "bfloat16"...); None keeps the checkpoint's.
+        """
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        kwargs = dict(model_kwargs)
+        if dtype is not None:
+            kwargs["dtype"] = getattr(torch, dtype)
+        tokenizer = AutoTokenizer.from_pretrained(str(path_or_name))
+        model = AutoModelForCausalLM.from_pretrained(str(path_or_name), **kwargs)
+        return cls(model, tokenizer, device=device, max_batch_size=max_batch_size, end_of_turn=end_of_turn,
+                   template_kwargs=template_kwargs)
+
+    # ------------------------------------------------------------- protocol
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        return self.chat.stop_token_ids
+
+    def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> TokenContext:
+        return self.chat.render(messages, tools)
+
+    def extend(
+        self, context: TokenContext, generation: Generation, observation: Message | Sequence[Message]
+    ) -> TokenContext:
+        return self.chat.extend(context, generation, observation)
+
+    def finish(self, context: TokenContext, generation: Generation) -> TokenContext:
+        return self.chat.finish(context, generation)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.chat.decode(token_ids)
+
+    def generate(
+        self,
+        contexts: Sequence[TokenContext],
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> list[Generation]:
+        """One assistant turn per context, in order (see the module docstring)."""
+        import torch
+
+        config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        for ctx in contexts:
+            if len(ctx) == 0:
+                raise PolicyError("cannot generate from an empty context: render() the messages first")
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
+        results: list[Generation] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                for start in range(0, len(contexts), self.max_batch_size):
+                    chunk = [c.token_ids for c in contexts[start:start + self.max_batch_size]]
+                    results.extend(self._generate_batch(chunk, config, generator))
+        finally:
+            self.model.train(was_training)
+        return results
+
+    def logprobs(
+        self,
+        contexts: Sequence[TokenContext],
+        targets: Sequence[Sequence[int]],
+        *,
+        temperature: float = 1.0,
+    ) -> list[tuple[float, ...]]:
+        """log p(targets[i][j] | contexts[i], targets[i][:j]) under the current weights, as floats."""
+        import torch
+
+        if len(contexts) != len(targets):
+            raise ValueError(f"{len(contexts)} contexts but {len(targets)} targets")
+        with torch.inference_mode():
+            scores = self.score([tuple(c.token_ids) + tuple(t) for c, t in zip(contexts, targets)],
+                                [len(t) for t in targets], temperature=temperature)
+        return [tuple(float(x) for x in s.tolist()) for s in scores]
+
+    # ------------------------------------------------------------- training
+    def score(
+        self,
+        sequences: Sequence[Sequence[int]],
+        num_targets: Sequence[int],
+        *,
+        temperature: float = 1.0,
+    ) -> list[torch.Tensor]:
+        """Per-token log-probs of the last ``num_targets[i]`` tokens of ``sequences[i]`` (teacher forcing).
+
+        Returns one float32 tensor of shape ``(num_targets[i],)`` per sequence; it carries gradients
+        when autograd is on (call inside ``torch.no_grad()`` for evaluation only). A trainer scoring a
+        whole path passes ``context.token_ids`` and ``len(context) - first_generated_index`` and picks
+        the generated positions with ``context.generated``. ``temperature`` must match sampling's.
+        """
+        import torch
+
+        if len(sequences) != len(num_targets):
+            raise ValueError(f"{len(sequences)} sequences but {len(num_targets)} target counts")
+        if not temperature > 0:
+            raise ValueError("score() needs a temperature > 0 (greedy turns are scored at temperature 1)")
+        out: list[torch.Tensor] = []
+        for start in range(0, len(sequences), self.max_batch_size):
+            seqs = [list(s) for s in sequences[start:start + self.max_batch_size]]
+            ns = list(num_targets[start:start + self.max_batch_size])
+            for s, n in zip(seqs, ns):
+                if not 0 <= n < len(s):
+                    raise ValueError(f"num_targets must be in [0, len(sequence)), got {n} for length {len(s)}")
+            keep = max(ns) if ns else 0
+            if keep == 0:
+                out.extend(torch.zeros(0, device=self.device) for _ in seqs)
+                continue
+            input_ids, attention, positions = self._left_pad(seqs)
+            logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                                use_cache=False, logits_to_keep=keep + 1).logits[:, :-1, :].float()
+            logp = torch.log_softmax(logits / temperature, dim=-1)  # (B, keep, V): predicts the last `keep` ids
+            for row, (s, n) in enumerate(zip(seqs, ns)):
+                tgt = torch.tensor(s[len(s) - n:], device=self.device, dtype=torch.long)
+                out.append(logp[row, keep - n:, :].gather(-1, tgt[:, None]).squeeze(-1))
+        return out
+
+    # ------------------------------------------------------------- internals
+    def _left_pad(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        import torch
+
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self.chat.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, width - len(s):] = torch.tensor(list(s), dtype=torch.long)
+            mask[i, width - len(s):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        return ids.to(self.device), mask.to(self.device), positions.to(self.device)
+
+    def _forward(self, input_ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor,
+                 cache: Any) -> tuple[torch.Tensor, Any]:
+        kwargs = {self._cache_arg: cache}
+        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                         logits_to_keep=1, **kwargs)
+        new_cache = out.cache if hasattr(out, "cache") and out.cache is not None else out.past_key_values
+        return out.logits[:, -1, :].float(), new_cache
+
+    def _sample(self, logits: torch.Tensor, config: SamplingConfig,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
+        if config.greedy:
+            logp = torch.log_softmax(logits, dim=-1)
+            tokens = logits.argmax(dim=-1)
+        else:
+            logp = torch.log_softmax(logits / config.temperature, dim=-1)
+            probs = logp.exp()
+            if config.top_p < 1.0:
+                sorted_p, order = probs.sort(dim=-1, descending=True)
+                cumulative = sorted_p.cumsum(dim=-1)
+                drop = cumulative - sorted_p >= config.top_p  # keeps at least the most likely token
+                sorted_p = sorted_p.masked_fill(drop, 0.0)
+                probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+            tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+    def _generate_batch(self, prompts: list[tuple[int, ...]], config: SamplingConfig,
+                        generator: torch.Generator) -> list[Generation]:
+        import torch
+
+        batch = len(prompts)
+        stops = torch.tensor(self.stop_token_ids, device=self.device)
+        input_ids, attention, positions = self._left_pad(prompts)
+        logits, cache = self._forward(input_ids, attention, positions, None)
+        next_pos = positions[:, -1] + 1
+        alive = list(range(batch))  # original row of each row still in the batch
+        tokens_out: list[list[int]] = [[] for _ in range(batch)]
+        logps_out: list[list[float]] = [[] for _ in range(batch)]
+        finish: list[str] = ["length"] * batch
+        for step in range(config.max_new_tokens):
+            tokens, logps = self._sample(logits, config, generator)
+            stopped = torch.isin(tokens, stops)
+            tok_list, lp_list, stop_list = tokens.tolist(), logps.tolist(), stopped.tolist()
+            for j, row in enumerate(alive):
+                tokens_out[row].append(tok_list[j])
+                logps_out[row].append(lp_list[j])
+                if stop_list[j]:
+                    finish[row] = "stop"
+            if step == config.max_new_tokens - 1:
+                break
+            keep = [j for j, s in enumerate(stop_list) if not s]
+            if not keep:
+                break
+            if len(keep) < len(alive):
+                index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                tokens, attention, next_pos = tokens[index], attention[index], next_pos[index]
+                alive = [alive[j] for j in keep]
+            attention = torch.cat([attention, attention.new_ones((len(alive), 1))], dim=1)
+            logits, cache = self._forward(tokens[:, None], attention, next_pos[:, None], cache)
+            next_pos = next_pos + 1
+        results = []
+        for row in range(batch):
+            ids = tuple(tokens_out[row])
+            lps = tuple(logps_out[row])
+            if any(not math.isfinite(x) for x in lps):
+                raise PolicyError("a sampled token has a non-finite log-prob (NaN logits?)")
+            results.append(Generation(token_ids=ids, logprobs=lps, text=self.chat.turn_text(ids),
+                                      finish_reason="stop" if finish[row] == "stop" else "length"))
+        return results

