@@ -23,19 +23,11 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
+from _timing import median_ms
+
 from trace_envs.function_calling import BFCLEnv
-
-
-def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
 
 
 def _step_latency(repeats: int) -> list[dict[str, Any]]:
@@ -49,9 +41,9 @@ def _step_latency(repeats: int) -> list[dict[str, Any]]:
     one_py = "[ls(a=True)]"
     one_json = '<tool_call>{"name": "ls", "arguments": {"a": true}}</tool_call>'
     three = "[pwd(), ls(a=True), du(human_readable=True)]"
-    rows.append({"what": "step, 1 call, [f(a=1)] format", "ms": _median_ms(lambda: env.step(one_py), repeats)})
-    rows.append({"what": "step, 1 call, <tool_call> format", "ms": _median_ms(lambda: env.step(one_json), repeats)})
-    rows.append({"what": "step, 3 calls", "ms": _median_ms(lambda: env.step(three), repeats)})
+    rows.append({"what": "step, 1 call, [f(a=1)] format", "ms": median_ms(lambda: env.step(one_py), repeats)})
+    rows.append({"what": "step, 1 call, <tool_call> format", "ms": median_ms(lambda: env.step(one_json), repeats)})
+    rows.append({"what": "step, 3 calls", "ms": median_ms(lambda: env.step(three), repeats)})
 
     def bfcl_one() -> None:
         execute_multi_turn_func_call(["ls(a=True)"], entry["initial_config"], entry["involved_classes"],
@@ -59,7 +51,7 @@ def _step_latency(repeats: int) -> list[dict[str, Any]]:
 
     bfcl_one()  # create its cached instances first, as its harness does
     rows.append({"what": "baseline: bfcl-eval executor, 1 call (eval, cached globals)",
-                 "ms": _median_ms(bfcl_one, repeats)})
+                 "ms": median_ms(bfcl_one, repeats)})
 
     # a turn-ending step: restore to a point inside turn 0 with the ground truth run, then end the turn
     env.reset(options={"task_id": task_id})
@@ -107,10 +99,10 @@ def _snapshot_rows(repeats: int, count: int) -> list[dict[str, Any]]:
             for action in prefix:
                 env.step(action)
 
-        snapshot_ms = _median_ms(env.snapshot, repeats)
-        deepcopy_ms = _median_ms(lambda instances=instances: copy.deepcopy(instances), repeats)
-        restore_ms = _median_ms(lambda snap=snap: env.restore(snap), repeats)
-        replay_ms = _median_ms(replay, max(5, repeats // 4))
+        snapshot_ms = median_ms(env.snapshot, repeats)
+        deepcopy_ms = median_ms(lambda instances=instances: copy.deepcopy(instances), repeats)
+        restore_ms = median_ms(lambda snap=snap: env.restore(snap), repeats)
+        replay_ms = median_ms(replay, max(5, repeats // 4))
         rows.append({
             "task_id": task_id, "state_bytes": size, "prefix_steps": steps,
             "snapshot_ms": snapshot_ms, "deepcopy_ms": deepcopy_ms, "restore_ms": restore_ms, "replay_ms": replay_ms,

@@ -15,23 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
-import time
 import warnings
+
+from _timing import median_ms
 
 from trace_envs import Task, TaskSet
 from trace_envs.python_tool.env import PythonMathEnv
-
-
-def _median_ms(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
 
 
 def _cell(i: int) -> str:
@@ -56,8 +47,8 @@ def main() -> None:
         for i in range(cells):
             env.step(_call(_cell(i)))
         snap = env.snapshot()
-        snapshot_ms = _median_ms(lambda: env.snapshot().release(), args.repeats)
-        restore_ms = _median_ms(lambda snap=snap: env.restore(snap), args.repeats)
+        snapshot_ms = median_ms(lambda: env.snapshot().release(), args.repeats)
+        restore_ms = median_ms(lambda snap=snap: env.restore(snap), args.repeats)
         sandbox = env._sandbox
         assert sandbox is not None
 
@@ -67,7 +58,7 @@ def main() -> None:
             for i in range(n):
                 sandbox.run(_cell(i))
 
-        replay_ms = _median_ms(replay, max(3, args.repeats // (5 if cells >= 100 else 1)))
+        replay_ms = median_ms(replay, max(3, args.repeats // (5 if cells >= 100 else 1)))
         env.restore(snap)
         rows.append({"cells": cells, "snapshot_ms": snapshot_ms, "restore_fork_ms": restore_ms,
                      "restore_replay_ms": replay_ms, "replay_over_fork": replay_ms / restore_ms})
@@ -78,11 +69,11 @@ def main() -> None:
 
     env.reset(seed=0, options={"task_id": "bench"})
     sandbox = env._sandbox
-    persistent_ms = _median_ms(lambda: sandbox.run("x = sum(range(1000))\nprint(x)"), args.repeats)
-    fresh_ms = _median_ms(
+    persistent_ms = median_ms(lambda: sandbox.run("x = sum(range(1000))\nprint(x)"), args.repeats)
+    fresh_ms = median_ms(
         lambda: subprocess.run([sys.executable, "-c", "x = sum(range(1000))\nprint(x)"], check=True,
                                capture_output=True), max(5, args.repeats // 5))
-    cell_ms = _median_ms(lambda: sandbox.run(_cell(0)), args.repeats)
+    cell_ms = median_ms(lambda: sandbox.run(_cell(0)), args.repeats)
     env.close()
 
     print(f"{'cells':>6} {'snapshot ms':>12} {'restore (fork) ms':>18} {'restore (replay) ms':>20} "

@@ -1,0 +1,20 @@
+"""Timing helpers shared by the benchmark scripts (run as scripts: this dir is on sys.path)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["median_ms"]
+
+
+def median_ms(fn: Callable[[], Any], repeats: int) -> float:
+    """Median wall-clock milliseconds of ``fn()`` over ``repeats`` calls."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
