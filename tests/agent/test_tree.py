@@ -219,3 +219,16 @@ def test_tree_png(make_tree: TreeFactory, tmp_path: Path) -> None:
 
     img = mpimg.imread(out)
     assert img.ndim == 3 and img.shape[0] > 50 and img.shape[1] > 50
+
+
+def test_allocation_png(tmp_path: Path) -> None:
+    from trace_agent.allocation import allocate_roots
+    from trace_agent.plotting import plot_allocation
+
+    six = [0.99, 0.90, 0.50, 0.50, 0.15, 0.02]
+    budgets = list(range(2, 13))
+    out = plot_allocation(budgets, [allocate_roots(six, b) for b in budgets], [str(v) for v in six],
+                          tmp_path / "sub" / "alloc.png")
+    assert out.stat().st_size > 1000 and out.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="shape"):
+        plot_allocation([2, 3], [[2, 0]], ["a", "b"], tmp_path / "bad.png")

@@ -1,0 +1,80 @@
+"""trace_agent: TRACE (Tree Rollout Allocation for Contrastive Exploration) on branchable envs.
+
+The core lives in three modules, importable without torch:
+
+- :mod:`trace_agent.tree` - ``RolloutTree`` / ``Node``: save points with exact token ids,
+  snapshots, rewards, bottom-up targets, statistics, JSONL / Parquet storage.
+- :mod:`trace_agent.allocation` - exact root and prefix allocation, P_mixed / P_flip,
+  continuation budgets and budget accounting.
+- :mod:`trace_agent.predictor` - the ``SuccessPredictor`` protocol, the CPU default
+  ``EmbeddingPredictor``, the ``LMCritic`` (torch imported lazily) and online training
+  from finished trees.
+"""
+
+from __future__ import annotations
+
+from trace_agent.allocation import (
+    BudgetAccount,
+    BudgetConfig,
+    InfeasibleAllocation,
+    allocate_prefixes,
+    allocate_roots,
+    continuation_budget,
+    flip_probability,
+    mixed_probability,
+    paper_budget,
+    proportional_split,
+    repeat_probability,
+)
+from trace_agent.predictor import (
+    EmbeddingPredictor,
+    EmbeddingPredictorConfig,
+    LMCritic,
+    LMCriticConfig,
+    SuccessPredictor,
+    refresh_predictor,
+    score_nodes,
+    tree_examples,
+)
+from trace_agent.tree import (
+    BatchStats,
+    Node,
+    RolloutTree,
+    TreeStats,
+    batch_stats,
+    load_jsonl,
+    load_parquet,
+    save_jsonl,
+    save_parquet,
+)
+
+__all__ = [
+    "BatchStats",
+    "BudgetAccount",
+    "BudgetConfig",
+    "EmbeddingPredictor",
+    "EmbeddingPredictorConfig",
+    "InfeasibleAllocation",
+    "LMCritic",
+    "LMCriticConfig",
+    "Node",
+    "RolloutTree",
+    "SuccessPredictor",
+    "TreeStats",
+    "allocate_prefixes",
+    "allocate_roots",
+    "batch_stats",
+    "continuation_budget",
+    "flip_probability",
+    "load_jsonl",
+    "load_parquet",
+    "mixed_probability",
+    "paper_budget",
+    "proportional_split",
+    "refresh_predictor",
+    "repeat_probability",
+    "save_jsonl",
+    "save_parquet",
+    "score_nodes",
+    "tree_examples",
+]
