@@ -563,6 +563,7 @@ class RolloutTree:
         tree = cls(prompt_id=data["prompt_id"], task_id=data["task_id"], messages=nodes[0]["messages"],
                    value=nodes[0]["value"], metadata=data.get("metadata") or {})
         tree.root.info = dict(nodes[0].get("info") or {})
+        tree.root.observation_ids = [int(t) for t in nodes[0].get("observation_ids") or []]
         tree._rollout_starts = [int(x) for x in data["rollout_starts"]]
         tree._rollout_tips = list(tree._rollout_starts)
         if any(not 0 <= s < len(nodes) for s in tree._rollout_starts):
