@@ -1,0 +1,478 @@
+"""Sampling strategies: where a fixed rollout budget goes (which prompts, how many roots, which prefixes).
+
+One plug point, :class:`Strategy`, with two decisions the collector
+(:class:`~trace_agent.rollout.TreeCollector`) asks for:
+
+1. ``allocate_roots(request: RootRequest) -> list[int]``: root rollouts per candidate
+   prompt of the pool (0 skips a prompt). They must sum to ``request.root_budget``.
+2. ``allocate_continuations(request: ExpansionRequest) -> dict[int, int]``: for one prompt
+   whose root rollouts have all returned, how many continuations to sample from which
+   visited prefix (node id -> count). Costs ``sum(k)`` continuation units, except that a
+   continuation from the root (node 0) is a fresh root rollout and costs
+   ``request.root_exchange`` units (2 at the paper's 1/2 cost). The total must not exceed
+   ``request.budget``.
+
+Values are pulled, never pushed: a request's ``predicted(...)`` runs the success predictor
+and ``oracle(...)`` estimates true success rates by Monte-Carlo (R policy rollouts from
+each anchor; benchmark only). Both are computed lazily, when a strategy asks, so GRPO
+never pays for scoring.
+
+Equal budget (:class:`Budget`)
+    The paper's (M, N) shape: M root rollouts per batch and N continuations per root, on at
+    most ``M / group_size`` distinct prompts (the fixed-size baseline's batch: TRACE never
+    trains on more prompts than GRPO). It costs ``M * (1 + N * continuation_cost)`` paper
+    units (a continuation from the middle counts 1/2 of a full rollout). A *branching*
+    strategy gets ``root_budget = M`` and, per prompt with m roots, ``N * m`` continuation
+    units. A *flat* strategy (GRPO, PCL) spends the same paper units as root rollouts only:
+    ``root_budget = flat_roots = M + floor(M * N * continuation_cost)`` (the paper's exchange
+    rate: 2 continuations = 1 root). Real cost (generated tokens, env steps) is reported
+    beside the paper units by the collector and the bench; it is not equalised (a
+    continuation's real cost depends on where it starts).
+
+Strategies here
+    :class:`GRPO` (fixed n, no branching), :class:`PCL` (keeps the prompts whose predicted
+    success is nearest 1/2, fixed n, no branching), :class:`TreePO` (uniform roots,
+    continuations from uniformly random visited prefixes), :class:`TRACE` (exact
+    :func:`~trace_agent.allocation.allocate_roots` + exact
+    :func:`~trace_agent.allocation.allocate_prefixes`; ``roots=False`` / ``prefixes=False``
+    give the two ablations), :class:`Oracle` (TRACE's allocations on Monte-Carlo success
+    rates). :func:`make_strategy` builds them by name (:data:`STRATEGY_NAMES`).
+
+A user's strategy is any object with ``name``, ``branching`` and the two methods; see
+:class:`Strategy` and the README.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+from numpy.typing import NDArray
+
+from trace_agent.allocation import (
+    allocate_prefixes,
+    allocate_roots,
+    proportional_split,
+    repeat_probability,
+)
+from trace_agent.tree import Node, RolloutTree
+
+__all__ = [
+    "Budget",
+    "RootRequest",
+    "ExpansionRequest",
+    "Strategy",
+    "GRPO",
+    "PCL",
+    "TreePO",
+    "TRACE",
+    "Oracle",
+    "STRATEGY_NAMES",
+    "make_strategy",
+    "uniform_roots",
+    "random_prefixes",
+    "spend_rest_on_root",
+    "rollout_ending",
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# budget
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budget:
+    """The batch budget in the paper's (M, N) shape.
+
+    Attributes:
+        roots: M, root rollouts per batch for a branching strategy.
+        continuations_per_root: N, continuation units per root rollout (a prompt with m roots
+            gets ``N * m``).
+        group_size: rollouts per prompt of the fixed-size baseline; ``roots / group_size`` is
+            the most distinct prompts any strategy may activate (``max_active``).
+        continuation_cost: paper units charged per continuation (1/2 in the paper).
+        root_cap: most root rollouts one prompt may get (None: ``4 * group_size``).
+        prefix_cap: most continuations from one prefix (None: no cap).
+    """
+
+    roots: int
+    continuations_per_root: int
+    group_size: int = 8
+    continuation_cost: float = 0.5
+    root_cap: int | None = None
+    prefix_cap: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.roots < 2 or self.group_size < 2:
+            raise ValueError(f"roots and group_size must be >= 2, got {self.roots} and {self.group_size}")
+        if self.roots % self.group_size:
+            raise ValueError(f"roots ({self.roots}) must be a multiple of group_size ({self.group_size})")
+        if self.continuations_per_root < 0:
+            raise ValueError(f"continuations_per_root must be >= 0, got {self.continuations_per_root}")
+        if not 0.0 < self.continuation_cost <= 1.0:
+            raise ValueError(f"continuation_cost must be in (0, 1], got {self.continuation_cost}")
+        if self.root_cap is not None and self.root_cap < 2:
+            raise ValueError(f"root_cap must be >= 2 or None, got {self.root_cap}")
+        if self.prefix_cap is not None and self.prefix_cap < 1:
+            raise ValueError(f"prefix_cap must be >= 1 or None, got {self.prefix_cap}")
+
+    @classmethod
+    def parse(cls, text: str, **kwargs: Any) -> Budget:
+        """``"M,N"`` (e.g. ``"32,2"``) plus keyword fields."""
+        try:
+            m, n = (int(x) for x in text.split(","))
+        except ValueError:
+            raise ValueError(f"a budget is 'M,N' (root rollouts, continuations per root), got {text!r}") from None
+        return cls(roots=m, continuations_per_root=n, **kwargs)
+
+    @property
+    def max_active(self) -> int:
+        """Most prompts with a positive root count: the fixed-size baseline's prompts per batch."""
+        return self.roots // self.group_size
+
+    @property
+    def continuations(self) -> int:
+        """M * N: the batch's continuation units for a branching strategy."""
+        return self.roots * self.continuations_per_root
+
+    @property
+    def paper_units(self) -> float:
+        """M * (1 + N * continuation_cost)."""
+        return self.roots * (1.0 + self.continuations_per_root * self.continuation_cost)
+
+    @property
+    def root_exchange(self) -> int:
+        """Continuation units one extra root rollout costs (1 / continuation_cost, rounded)."""
+        return max(1, round(1.0 / self.continuation_cost))
+
+    @property
+    def flat_roots(self) -> int:
+        """Root rollouts a non-branching strategy spends for the same paper units."""
+        return self.roots + self.continuations // self.root_exchange
+
+    @property
+    def effective_root_cap(self) -> int:
+        return 4 * self.group_size if self.root_cap is None else self.root_cap
+
+    def prompt_continuations(self, roots: int) -> int:
+        """A prompt's continuation units: N per root rollout."""
+        return self.continuations_per_root * int(roots)
+
+
+# --------------------------------------------------------------------------------------------------
+# requests
+
+
+def _cached(fn: Callable[[], NDArray[np.float64]]) -> Callable[[], NDArray[np.float64]]:
+    box: list[NDArray[np.float64]] = []
+
+    def get() -> NDArray[np.float64]:
+        if not box:
+            box.append(np.asarray(fn(), dtype=np.float64))
+        return box[0]
+
+    return get
+
+
+@dataclass(frozen=True, kw_only=True)
+class RootRequest:
+    """Everything a strategy may use to place root rollouts on a candidate pool.
+
+    Attributes:
+        prompt_ids: the candidate pool, in pool order.
+        budget: the batch budget.
+        root_budget: root rollouts to place, exactly (``budget.roots`` for a branching
+            strategy, ``budget.flat_roots`` for a flat one).
+        rng: a seeded generator for random choices.
+    """
+
+    prompt_ids: tuple[str, ...]
+    budget: Budget
+    root_budget: int
+    rng: np.random.Generator
+    predict_values: Callable[[], NDArray[np.float64]] = field(repr=False)
+    oracle_values: Callable[[], NDArray[np.float64]] = field(repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "predict_values", _cached(self.predict_values))
+        object.__setattr__(self, "oracle_values", _cached(self.oracle_values))
+
+    def predicted(self) -> NDArray[np.float64]:
+        """The predictor's v-hat for every candidate prompt (computed once, on first call)."""
+        return self.predict_values()
+
+    def oracle(self) -> NDArray[np.float64]:
+        """Monte-Carlo success rate of every candidate prompt (benchmark only; computed once)."""
+        return self.oracle_values()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpansionRequest:
+    """One prompt's finished root rollouts and its continuation budget.
+
+    Attributes:
+        tree: the prompt's tree (root rollouts finished; nodes hold snapshots).
+        budget: continuation units to spend (``N * m``).
+        candidates: the visited prefixes a continuation may start from: non-root, non-leaf
+            nodes with a snapshot, in node order.
+        root_exchange: units one continuation from the root (a fresh root rollout) costs.
+        prefix_cap: most continuations from one prefix (None: no cap).
+        rng: a seeded generator for random choices.
+    """
+
+    tree: RolloutTree
+    budget: int
+    candidates: tuple[Node, ...]
+    root_exchange: int
+    prefix_cap: int | None
+    rng: np.random.Generator
+    predict_nodes: Callable[[Sequence[Node]], NDArray[np.float64]] = field(repr=False)
+    oracle_nodes: Callable[[Sequence[Node]], NDArray[np.float64]] = field(repr=False)
+
+    def predicted(self, nodes: Sequence[Node] | None = None) -> NDArray[np.float64]:
+        """The predictor's v-hat for ``nodes`` (default: the candidates); stored in ``node.value``."""
+        return np.asarray(self.predict_nodes(self.candidates if nodes is None else nodes), dtype=np.float64)
+
+    def oracle(self, nodes: Sequence[Node] | None = None) -> NDArray[np.float64]:
+        """Monte-Carlo success rate from each node's snapshot (benchmark only; stored in ``node.info``)."""
+        return np.asarray(self.oracle_nodes(self.candidates if nodes is None else nodes), dtype=np.float64)
+
+    def endings(self, nodes: Sequence[Node] | None = None) -> NDArray[np.float64]:
+        """Reward of the rollout that went through each node (see :func:`rollout_ending`)."""
+        return np.asarray([rollout_ending(n) for n in (self.candidates if nodes is None else nodes)])
+
+
+def rollout_ending(node: Node) -> float:
+    """The reward of the leaf that ``node``'s own rollout reached (its first leaf below by that rollout).
+
+    Before any continuation a visited prefix lies on exactly one rollout, so this is the
+    "original ending" of the prefix problem. Raises ValueError when the rollout is unfinished.
+    """
+    current = node
+    while not current.is_leaf:
+        same = [c for c in current.children if c.rollout_id == node.rollout_id]
+        if not same:
+            raise ValueError(f"node {node.node_id}'s rollout {node.rollout_id} has not finished")
+        current = same[0]
+    return float(current.reward)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------------
+# protocol
+
+
+@runtime_checkable
+class Strategy(Protocol):
+    """Where a batch's rollout budget goes. Implement this to plug a strategy into the collector and the bench.
+
+    Attributes:
+        name: a short label for tables and logs.
+        branching: True when the strategy samples continuations (it then gets ``budget.roots``
+            root rollouts and ``N * m`` continuation units per prompt); False for a flat
+            strategy (``budget.flat_roots`` root rollouts, no continuations).
+
+    Contract:
+        * ``allocate_roots`` returns one non-negative int per ``request.prompt_ids`` entry,
+          summing to ``request.root_budget``, with at most ``request.budget.max_active``
+          positive entries. Prompts with 0 are skipped (no tree).
+        * ``allocate_continuations`` returns ``{node_id: count}`` over ``request.candidates``
+          (and optionally node 0, the root) whose cost ``sum(k) + (root_exchange - 1) * k_root``
+          is at most ``request.budget``. It is called once per prompt, from that prompt's
+          worker, as soon as its roots return; it must not depend on other prompts.
+    """
+
+    name: str
+    branching: bool
+
+    def allocate_roots(self, request: RootRequest) -> list[int]: ...
+
+    def allocate_continuations(self, request: ExpansionRequest) -> dict[int, int]: ...
+
+
+# --------------------------------------------------------------------------------------------------
+# building blocks (pure, reusable by user strategies)
+
+
+def uniform_roots(n_candidates: int, total: int, active: int) -> list[int]:
+    """``total`` rollouts split as evenly as possible over the first ``active`` candidates (pool order).
+
+    Raises ValueError when a prompt would get fewer than 2 rollouts.
+    """
+    active = min(active, n_candidates)
+    if active <= 0 and total > 0:
+        raise ValueError(f"cannot place {total} rollouts on {n_candidates} candidates")
+    split = proportional_split([1.0] * active, total) if active else []
+    if total > 0 and min(split) < 2:
+        raise ValueError(f"{total} rollouts over {active} prompts leaves a prompt with fewer than 2")
+    return split + [0] * (n_candidates - active)
+
+
+def random_prefixes(candidates: Sequence[Node], budget: int, rng: np.random.Generator,
+                    *, cap: int | None = None) -> dict[int, int]:
+    """``budget`` continuations from uniformly random candidates (with replacement, at most ``cap`` each)."""
+    out: dict[int, int] = {}
+    if not candidates or budget <= 0:
+        return out
+    room = budget if cap is None else min(budget, cap * len(candidates))
+    for _ in range(room):
+        open_ = [n for n in candidates if cap is None or out.get(n.node_id, 0) < cap]
+        node = open_[int(rng.integers(len(open_)))]
+        out[node.node_id] = out.get(node.node_id, 0) + 1
+    return out
+
+
+def spend_rest_on_root(allocation: Mapping[int, int], request: ExpansionRequest) -> dict[int, int]:
+    """Spend the units ``allocation`` leaves unused as fresh root rollouts (``root_exchange`` units each).
+
+    Used when a prompt has no (or too few) visited prefixes, e.g. every root rollout ended
+    after one turn, so the prompt still receives its share of the budget.
+    """
+    out = {int(k): int(v) for k, v in allocation.items() if v}
+    used = sum(v for k, v in out.items() if k != 0) + request.root_exchange * out.get(0, 0)
+    extra = (request.budget - used) // request.root_exchange
+    if extra > 0:
+        out[0] = out.get(0, 0) + extra
+    return out
+
+
+def _nearest_half(values: NDArray[np.float64], keep: int) -> NDArray[np.int64]:
+    order = np.lexsort((np.arange(values.shape[0]), np.abs(values - 0.5)))
+    return order[:keep]
+
+
+def _exact_prefixes(request: ExpansionRequest, values: NDArray[np.float64]) -> dict[int, int]:
+    if not request.candidates:
+        return {}
+    q = repeat_probability(np.clip(values, 0.0, 1.0), request.endings())
+    counts = allocate_prefixes(np.atleast_1d(q), request.budget, cap=request.prefix_cap)
+    return {n.node_id: k for n, k in zip(request.candidates, counts, strict=True) if k}
+
+
+# --------------------------------------------------------------------------------------------------
+# strategies
+
+
+@dataclass(frozen=True, kw_only=True)
+class GRPO:
+    """Fixed group size, no branching: the first ``max_active`` prompts of the pool, equal groups.
+
+    Spends ``budget.flat_roots`` root rollouts (the paper units of the branching budget).
+    """
+
+    name: str = "grpo"
+    branching: bool = False
+
+    def allocate_roots(self, request: RootRequest) -> list[int]:
+        return uniform_roots(len(request.prompt_ids), request.root_budget, request.budget.max_active)
+
+    def allocate_continuations(self, request: ExpansionRequest) -> dict[int, int]:
+        return {}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PCL:
+    """Prompt filtering by the predictor: keep the ``max_active`` prompts with v-hat nearest 1/2, fixed n each."""
+
+    name: str = "pcl"
+    branching: bool = False
+
+    def allocate_roots(self, request: RootRequest) -> list[int]:
+        n = len(request.prompt_ids)
+        keep = min(request.budget.max_active, n)
+        chosen = _nearest_half(request.predicted(), keep)
+        split = proportional_split([1.0] * keep, request.root_budget)
+        out = [0] * n
+        for idx, k in zip(chosen, split, strict=True):
+            out[int(idx)] = k
+        return out
+
+    def allocate_continuations(self, request: ExpansionRequest) -> dict[int, int]:
+        return {}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TreePO:
+    """TreePO-style: uniform roots, continuations from uniformly random visited prefixes."""
+
+    name: str = "treepo"
+    branching: bool = True
+
+    def allocate_roots(self, request: RootRequest) -> list[int]:
+        return uniform_roots(len(request.prompt_ids), request.root_budget, request.budget.max_active)
+
+    def allocate_continuations(self, request: ExpansionRequest) -> dict[int, int]:
+        alloc = random_prefixes(request.candidates, request.budget, request.rng, cap=request.prefix_cap)
+        return spend_rest_on_root(alloc, request)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TRACE:
+    """TRACE: exact root allocation on v-hat(x), exact prefix allocation with q = repeat_probability(v-hat, r).
+
+    ``roots=False`` replaces stage 1 by uniform roots (the "prefix allocation only" ablation);
+    ``prefixes=False`` replaces stage 2 by uniformly random prefixes ("root allocation only").
+    """
+
+    name: str = "trace"
+    branching: bool = True
+    roots: bool = True
+    prefixes: bool = True
+
+    def _root_values(self, request: RootRequest) -> NDArray[np.float64]:
+        return request.predicted()
+
+    def _node_values(self, request: ExpansionRequest) -> NDArray[np.float64]:
+        return request.predicted()
+
+    def allocate_roots(self, request: RootRequest) -> list[int]:
+        if not self.roots:
+            return uniform_roots(len(request.prompt_ids), request.root_budget, request.budget.max_active)
+        return allocate_roots(self._root_values(request), request.root_budget,
+                              cap=request.budget.effective_root_cap, max_active=request.budget.max_active)
+
+    def allocate_continuations(self, request: ExpansionRequest) -> dict[int, int]:
+        if not self.prefixes:
+            alloc = random_prefixes(request.candidates, request.budget, request.rng, cap=request.prefix_cap)
+        else:
+            alloc = _exact_prefixes(request, self._node_values(request)) if request.candidates else {}
+        return spend_rest_on_root(alloc, request)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Oracle(TRACE):
+    """TRACE's exact allocations on true success rates (Monte-Carlo from each anchor): the upper bound.
+
+    Benchmark only: every candidate prompt and every visited prefix costs R extra policy
+    rollouts (``TreeCollector``'s ``oracle_samples``), reported apart from the budget.
+    """
+
+    name: str = "oracle"
+
+    def _root_values(self, request: RootRequest) -> NDArray[np.float64]:
+        return request.oracle()
+
+    def _node_values(self, request: ExpansionRequest) -> NDArray[np.float64]:
+        return request.oracle()
+
+
+#: Names accepted by :func:`make_strategy`.
+STRATEGY_NAMES: tuple[str, ...] = ("grpo", "pcl", "treepo", "trace", "trace-root", "trace-prefix", "oracle")
+
+
+def make_strategy(name: str) -> Strategy:
+    """A built-in strategy by name (see :data:`STRATEGY_NAMES`)."""
+    table: dict[str, Callable[[], Strategy]] = {
+        "grpo": GRPO,
+        "pcl": PCL,
+        "treepo": TreePO,
+        "trace": TRACE,
+        "trace-root": lambda: TRACE(name="trace-root", prefixes=False),
+        "trace-prefix": lambda: TRACE(name="trace-prefix", roots=False),
+        "oracle": Oracle,
+    }
+    try:
+        return table[name]()
+    except KeyError:
+        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGY_NAMES)}") from None
