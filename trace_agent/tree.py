@@ -308,6 +308,9 @@ class RolloutTree:
         prompt_id: id of the candidate prompt (unique within a batch).
         task_id: the env task id (defaults to ``prompt_id``).
         messages: the prompt's chat messages (system + user ...), stored on the root.
+        prompt_ids: the rendered prompt's token ids, stored as the root's ``observation_ids``
+            (so concatenating ``generated_ids + observation_ids`` along a path gives the exact
+            token context of its last node).
         snapshot: env state after ``reset`` (optional).
         value: predicted success rate of the prompt (optional).
         metadata: JSON-serialisable tree-level extras (env id, step, ...).
@@ -319,6 +322,7 @@ class RolloutTree:
         prompt_id: str,
         task_id: str | None = None,
         messages: Sequence[Message] = (),
+        prompt_ids: Sequence[int] = (),
         snapshot: Any = None,
         value: float | None = None,
         metadata: dict[str, Any] | None = None,
@@ -327,7 +331,7 @@ class RolloutTree:
         self.task_id = self.prompt_id if task_id is None else str(task_id)
         self.metadata: dict[str, Any] = dict(metadata or {})
         self.root = Node(node_id=0, depth=0, messages=[dict(m) for m in messages], snapshot=snapshot,
-                         value=_check_value(value))
+                         observation_ids=[int(t) for t in prompt_ids], value=_check_value(value))
         self.nodes: list[Node] = [self.root]
         self._rollout_starts: list[int] = []
         self._rollout_tips: list[int] = []
@@ -561,9 +565,9 @@ class RolloutTree:
         if not nodes or nodes[0]["parent_id"] is not None:
             raise TreeError("a tree record needs its root first")
         tree = cls(prompt_id=data["prompt_id"], task_id=data["task_id"], messages=nodes[0]["messages"],
-                   value=nodes[0]["value"], metadata=data.get("metadata") or {})
+                   prompt_ids=nodes[0].get("observation_ids") or (), value=nodes[0]["value"],
+                   metadata=data.get("metadata") or {})
         tree.root.info = dict(nodes[0].get("info") or {})
-        tree.root.observation_ids = [int(t) for t in nodes[0].get("observation_ids") or []]
         tree._rollout_starts = [int(x) for x in data["rollout_starts"]]
         tree._rollout_tips = list(tree._rollout_starts)
         if any(not 0 <= s < len(nodes) for s in tree._rollout_starts):

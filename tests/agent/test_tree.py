@@ -38,7 +38,8 @@ class Handle:
 
 def _hand_tree() -> RolloutTree:
     """root -> a -> (leaf 1.0), a -> b -> (leaf 0.0); plus a second root rollout c -> leaf 0.0."""
-    t = RolloutTree(prompt_id="hand", messages=[{"role": "user", "content": "Q?"}], value=0.4)
+    t = RolloutTree(prompt_id="hand", messages=[{"role": "user", "content": "Q?"}], prompt_ids=[11, 12, 13],
+                    value=0.4)
     r0 = t.start_rollout()
     a = t.add_turn(t.root, rollout_id=r0, generated_ids=[1, 2], generated_logprobs=[-0.1, -0.2],
                    observation_ids=[9], messages=[{"role": "assistant", "content": "A"}])
@@ -174,13 +175,14 @@ def test_release_snapshots(make_tree: TreeFactory) -> None:
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 def test_storage_round_trip(make_tree: TreeFactory, tmp_path: Path, fmt: str) -> None:
     trees = [make_tree(prompt_id=f"p{i}", seed=i, snapshot_factory=Handle) for i in range(4)]
-    trees.append(_hand_tree())  # None log-probs, values, unicode-free edge cases
+    trees.append(_hand_tree())  # prompt ids, None log-probs, predicted values
     trees[0].nodes[1].info["unicode"] = "éß∑ — ✓"
     trees[0].nodes[1].value = 0.123456789012345
     path = tmp_path / f"trees.{fmt}"
     (save_jsonl if fmt == "jsonl" else save_parquet)(trees, path)
     loaded = (load_jsonl if fmt == "jsonl" else load_parquet)(path)
     assert [t.to_dict() for t in loaded] == [t.to_dict() for t in trees]
+    assert loaded[-1].root.observation_ids == [11, 12, 13]  # the prompt's token ids survive
     assert all(n.snapshot is None for t in loaded for n in t.nodes)
     # loaded trees keep working: targets, stats, new rollouts
     np.testing.assert_allclose(loaded[1].targets()[0], trees[1].targets()[0])
