@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import shutil
 import tempfile
@@ -60,7 +61,7 @@ class IndexDirRetriever:
             raise RetrieverError(f"{self.directory} holds a {self.manifest['kind']!r} index, not {self.kind!r}")
         self.docs = DocStore(self.directory) if DocStore.exists(self.directory) else None
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
         """Identifies the index content and configuration (same files -> same fingerprint)."""
         blob = (self.directory / MANIFEST_NAME).read_bytes()

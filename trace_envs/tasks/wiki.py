@@ -178,16 +178,18 @@ class _Builder:
         firsts = _unique_words(rng, 150, (2,), taken)
         surnames = _unique_words(rng, 420, (1, 2), taken)
         self.people: list[_Person] = []
+        professions_of: dict[str, set[str]] = {}
         for i in range(cfg.n_people):
             if self.people and rng.random() < cfg.shared_name_rate:
                 name = rng.choice(self.people).name
             else:
                 name = f"{rng.choice(firsts)} {rng.choice(surnames)}"
-            used = {p.profession for p in self.people if p.name == name}
+            used = professions_of.setdefault(name, set())
             profession = rng.choice([p for p in _PROFESSIONS if p not in used] or _PROFESSIONS)
             birth_city = rng.randrange(cfg.n_cities)
-            other_city = rng.choice([c for c in range(cfg.n_cities) if c != birth_city])
+            other_city = (birth_city + 1 + rng.randrange(cfg.n_cities - 1)) % cfg.n_cities
             birth_year = rng.randint(1700, 1950)
+            used.add(profession)
             self.people.append(_Person(i, name, profession, birth_city, birth_year, other_city,
                                        birth_year + rng.randint(35, 90), rng.choice(["He", "She"])))
         counts: dict[str, int] = {}
@@ -209,7 +211,7 @@ class _Builder:
             self.orgs.append({
                 "name": name, "industry": industry, "founder": founder,
                 "year": person.birth_year + rng.randint(22, 50), "hq": rng.randrange(cfg.n_cities),
-                "other": rng.choice([j for j in range(cfg.n_people) if j != founder]),
+                "other": (founder + 1 + rng.randrange(cfg.n_people - 1)) % cfg.n_people,
                 "branch": rng.randrange(cfg.n_cities),
             })
         self.books: list[dict[str, Any]] = []
