@@ -241,3 +241,47 @@ def test_full_python_math_episode_with_the_tiny_policy(policy: HFPolicy) -> None
         assert policy.decode(ctx.token_ids) + "\n" == rendered
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("env_id", ["trace_envs/PythonMath-v0", "trace_envs/WikiQA-v0", "trace_envs/BFCL-v0"])
+def test_demonstrators_script_real_episodes(env_id: str) -> None:
+    gym = pytest.importorskip("gymnasium")
+    import trace_envs  # noqa: F401
+    from trace_agent.policy.demo import collect_demonstrations
+
+    env = gym.make(env_id).unwrapped
+    task_ids = env.tasks.ids()[:2]
+    env.close()
+    clean = collect_demonstrations(env_id, task_ids=task_ids, max_turns=16)
+    flawed = collect_demonstrations(env_id, task_ids=task_ids, flawed_fraction=1.0, max_turns=16)
+    assert [d.reward for d in clean] == [1.0, 1.0]
+    assert all(d.flawed for d in flawed) and sum(d.reward for d in flawed) < 2.0
+
+
+def test_build_and_load_demo_policy(tmp_path) -> None:
+    """The real build path on a sliver of data: demonstrations, tokenizer, SFT, save_pretrained, load."""
+    from trace_agent.policy.chat import ChatRenderer
+    from trace_agent.policy.demo import (
+        DemoModelConfig,
+        DemoTrainConfig,
+        build_demo_policy,
+        collect_demonstrations,
+        demonstration_tokens,
+        load_demo_policy,
+    )
+
+    config = DemoTrainConfig(steps=2, batch_size=2, tasks_per_env=3, demos_per_task=1, warmup_steps=1,
+                             model=DemoModelConfig(vocab_size=600, hidden_size=64, num_layers=1, num_heads=2,
+                                                   num_kv_heads=1, intermediate_size=64))
+    report = build_demo_policy(tmp_path, seed=0, config=config)
+    assert report.num_demonstrations == 3 and len(report.losses) == 2 and (tmp_path / "build_report.json").exists()
+    policy = load_demo_policy(tmp_path)
+    assert policy.tokenizer.chat_template and policy.chat.end_of_turn_id in policy.stop_token_ids
+    # the training sequences are exactly what the policy renders and extends
+    demo = collect_demonstrations("trace_envs/PythonMath-v0", task_ids=["math-train-0000"])[0]
+    ids, mask = demonstration_tokens(ChatRenderer(policy.tokenizer), demo)
+    rendered = policy.chat.render_text(demo.messages[:-1], demo.tools, add_generation_prompt=False)
+    assert policy.decode(ids) + "\n" == rendered
+    assert policy.decode([t for t, m in zip(ids, mask) if m]).count("<|im_end|>") == 2
+    with pytest.raises(PolicyError):
+        load_demo_policy(tmp_path / "missing")

@@ -39,7 +39,7 @@ from trace_agent.policy.chat import END_OF_TURN, QWEN3_CHAT_TEMPLATE, QWEN3_SPEC
 
 if TYPE_CHECKING:
     from trace_agent.policy.hf import HFPolicy
-    from trace_envs.core import BranchableEnv, Task
+    from trace_envs.core import BranchableEnv
 
 __all__ = [
     "DemoModelConfig",
@@ -48,6 +48,8 @@ __all__ = [
     "Demonstrator",
     "Demonstration",
     "PythonMathDemonstrator",
+    "WikiQADemonstrator",
+    "BFCLDemonstrator",
     "register_demonstrator",
     "demonstrator_for",
     "collect_demonstrations",
@@ -182,14 +184,15 @@ class Demonstration:
 class Demonstrator(Protocol):
     """Scripts one env's episodes from its task data.
 
-    ``act`` returns the next assistant turn's text given the task and the messages so far
-    (the env's, tool observations included); ``flawed`` asks for a plausible mistake (the
-    demonstration then usually fails), so a policy trained on the mix stays imperfect.
+    ``act`` returns the next assistant turn's text for the episode ``env`` is in (its ``task``,
+    ``messages`` with the tool observations so far, and any env-specific helper such as BFCL's
+    ``ground_truth_actions``). ``flawed`` asks for a plausible mistake (the demonstration then
+    usually fails), so a policy trained on the mix stays imperfect. ``rng`` is the only randomness.
     """
 
     env_id: str
 
-    def act(self, task: Task, messages: Sequence[Message], *, flawed: bool, rng: np.random.Generator) -> str:
+    def act(self, env: BranchableEnv, *, flawed: bool, rng: np.random.Generator) -> str:
         ...
 
 
@@ -226,8 +229,9 @@ class PythonMathDemonstrator:
 
     env_id = "trace_envs/PythonMath-v0"
 
-    def act(self, task: Task, messages: Sequence[Message], *, flawed: bool, rng: np.random.Generator) -> str:
-        tool_outputs = [m["content"] for m in messages if m.get("role") == "tool"]
+    def act(self, env: BranchableEnv, *, flawed: bool, rng: np.random.Generator) -> str:
+        task = env.task
+        tool_outputs = [m["content"] for m in env.messages if m.get("role") == "tool"]
         if not tool_outputs:
             code = str(task.data.get("solution_code") or f"print({task.data['answer']!r})")
             if flawed:
@@ -247,7 +251,47 @@ def _perturb_code(code: str, rng: np.random.Generator) -> str:
     return code[:m.start()] + str(int(m.group(1)) + delta) + code[m.end():]
 
 
+class WikiQADemonstrator:
+    """WikiQA-v0: one search per hop (the task's ``queries``), then the gold answer.
+
+    A flawed demonstration stops after the first hop and answers with the bridge entity.
+    """
+
+    env_id = "trace_envs/WikiQA-v0"
+
+    def act(self, env: BranchableEnv, *, flawed: bool, rng: np.random.Generator) -> str:
+        data = env.task.data
+        queries = list(data.get("queries") or [data.get("question", env.task.prompt)])
+        done = sum(1 for m in env.messages if m.get("role") == "assistant")
+        if flawed and done >= 1:
+            titles = list(data.get("supporting_titles") or [])
+            return f"<answer>{titles[0] if titles else queries[0]}</answer>"
+        if done < len(queries):
+            return _tool_call("search", {"query": queries[done]})
+        return f"<answer>{(data.get('answers') or [''])[0]}</answer>"
+
+
+class BFCLDemonstrator:
+    """BFCL-v0: replay the task's ground truth (the env's ``ground_truth_actions``, JSON tool calls).
+
+    A flawed demonstration skips one step's calls (says it is done without making them).
+    """
+
+    env_id = "trace_envs/BFCL-v0"
+
+    def act(self, env: BranchableEnv, *, flawed: bool, rng: np.random.Generator) -> str:
+        actions = env.ground_truth_actions(style="json")  # type: ignore[attr-defined]
+        done = sum(1 for m in env.messages if m.get("role") == "assistant")
+        if done >= len(actions):
+            return "Done."
+        if flawed and done == 0 and actions[0] != "Done.":
+            return "Done."
+        return actions[done]
+
+
 register_demonstrator(PythonMathDemonstrator.env_id, PythonMathDemonstrator)
+register_demonstrator(WikiQADemonstrator.env_id, WikiQADemonstrator)
+register_demonstrator(BFCLDemonstrator.env_id, BFCLDemonstrator)
 
 
 def _make_env(env_id: str, *, max_turns: int) -> BranchableEnv:
@@ -281,7 +325,7 @@ def collect_demonstrations(
                 reward = 0.0
                 done = False
                 while not done:
-                    action = demonstrator.act(env.task, env.messages, flawed=flawed, rng=rng)
+                    action = demonstrator.act(env, flawed=flawed, rng=rng)
                     _, reward, terminated, truncated, _ = env.step(action)
                     done = terminated or truncated
                 demos.append(Demonstration(env_id=env_id, task_id=task_id, messages=tuple(env.messages),
