@@ -174,6 +174,18 @@ def test_roots_equal_dp_reference_on_medium_instances() -> None:
         assert root_objective(v, m) == pytest.approx(best, abs=1e-9)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_roots_uncapped_pruning_matches_dp(seed: int) -> None:
+    """No cap: sizes run from 1 up, so every doubling group and its exact pruning is exercised."""
+    rng = np.random.default_rng(100 + seed)
+    v = _values(rng, 40, seed % 3)
+    budget = int(rng.integers(60, 160))
+    max_active = [None, 7][seed % 2]
+    m = allocate_roots(v, budget, max_active=max_active)
+    assert sum(m) == budget
+    assert root_objective(v, m) == pytest.approx(dp_roots(v, budget, None, max_active), abs=1e-9)
+
+
 @pytest.mark.parametrize(
     "values,budget,kwargs,needle",
     [

@@ -272,3 +272,33 @@ def test_importing_trace_agent_does_not_import_torch() -> None:
     code = "import sys, trace_agent, trace_agent.predictor, trace_agent.plotting; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_lm_critic_bfloat16_backbone(tiny_parts: tuple[object, object], tmp_path: Path) -> None:
+    """The GPU default dtype (bf16 backbone, fp32 head), exercised on CPU."""
+    import torch
+
+    _critic(tiny_parts).save_pretrained(tmp_path / "c")
+    critic = LMCritic.from_pretrained(tmp_path / "c", config=LMCriticConfig(dtype="bfloat16", device="cpu",
+                                                                            max_length=32))
+    assert next(critic.model.parameters()).dtype == torch.bfloat16 and critic.head.weight.dtype == torch.float32
+    contexts = [make_context("a hard law question", ""), make_context("a trivial poetry question", "x")]
+    assert np.all((critic.predict(contexts) > 0) & (critic.predict(contexts) < 1))
+    assert math.isfinite(critic.update(contexts, [0.0, 1.0])["loss"])
+
+
+@pytest.mark.gpu
+def test_lm_critic_on_cuda_defaults_to_bfloat16(tiny_parts: tuple[object, object], tmp_path: Path) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    _critic(tiny_parts).save_pretrained(tmp_path / "c")
+    critic = LMCritic.from_pretrained(tmp_path / "c", config=LMCriticConfig(max_length=64))
+    assert critic.device == "cuda" and next(critic.model.parameters()).dtype == torch.bfloat16
+    contexts = [make_context(p, "<|assistant|>\nstep 1") for p in synthetic_prompts(16, seed=5)[0]]
+    targets = np.linspace(0, 1, 16)
+    mse0 = float(np.mean((critic.predict(contexts) - targets) ** 2))
+    for _ in range(20):
+        critic.update(contexts, targets)
+    assert float(np.mean((critic.predict(contexts) - targets) ** 2)) < mse0
