@@ -20,7 +20,6 @@ import pytest
 
 import trace_envs  # noqa: F401
 from trace_agent.policy.base import Generation, TokenContext
-from trace_agent.policy.demo import PythonMathDemonstrator
 from trace_agent.rollout import (
     Collection,
     CollectionError,
@@ -41,7 +40,7 @@ EOT = 256
 
 
 class ScriptedPolicy:
-    """A Policy whose turns are PythonMath-v0 demonstrations, flawed with probability ``flaw(task_id)``.
+    """A Policy whose turns script PythonMath-v0 episodes, flawed with probability ``flaw(task_id)``.
 
     Token ids are UTF-8 bytes plus 256 (end of turn); the context is one JSON line per
     message, so the policy can read the transcript back from its own token ids. The first
@@ -53,7 +52,6 @@ class ScriptedPolicy:
         self.by_prompt = {t.prompt: t for t in tasks.values()}
         self.flaw = dict(flaw)
         self.answer_slip = answer_slip
-        self.demonstrator = PythonMathDemonstrator()
         self.calls: list[list[tuple[int, ...]]] = []
         self._lock = threading.Lock()
 
@@ -84,13 +82,24 @@ class ScriptedPolicy:
             messages = self._messages(ctx)
             task = self.by_prompt[next(m["content"] for m in messages if m["role"] == "user")]
             flawed = bool(rng.random() < self.flaw.get(task.task_id, 0.0))
-            text = self.demonstrator.act(task, messages, flawed=flawed, rng=rng)
+            text = self._act(task, messages, flawed)
             if text.startswith("<answer>") and rng.random() < self.answer_slip:
                 text = "<answer>\\boxed{-1}</answer>"
             ids = self._line({"role": "assistant", "content": text})[:-1] + [EOT]
             out.append(Generation(token_ids=tuple(ids), logprobs=tuple(-0.5 for _ in ids), text=text,
                                   finish_reason="stop"))
         return out
+
+    @staticmethod
+    def _act(task: Task, messages: Sequence[Mapping[str, Any]], flawed: bool) -> str:
+        """Run the task's program (a wrong one when flawed), then box the last line it printed."""
+        outputs = [m["content"] for m in messages if m["role"] == "tool"]
+        if not outputs:
+            answer = str(task.data["answer"])
+            code = f"print({answer!r} + '7')" if flawed else str(task.data.get("solution_code") or f"print({answer!r})")
+            return '<tool_call>' + json.dumps({"name": "python", "arguments": {"code": code}}) + '</tool_call>'
+        lines = outputs[-1].strip().splitlines()
+        return f"<answer>\\boxed{{{lines[-1].strip() if lines else ''}}}</answer>"
 
     def extend(self, context: TokenContext, generation: Generation,
                observation: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> TokenContext:

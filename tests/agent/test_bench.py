@@ -1,0 +1,71 @@
+"""`trace-gym bench`: equal budgets across strategies, outputs on disk, a user strategy by module path, the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from trace_agent.bench import BenchConfig, add_bench_parser, resolve_strategy, run_bench, summarize
+from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer
+from trace_agent.rollout import RolloutConfig
+from trace_agent.strategies import Budget, Strategy
+
+from .test_rollout import make_math_env, scripted_setup
+
+
+def test_bench_runs_every_strategy_at_equal_budget_and_writes_its_outputs(tmp_path) -> None:
+    policy, _ = scripted_setup(300)  # flaw rates spread over the whole default task set
+    budget = Budget(roots=8, continuations_per_root=2, group_size=4)
+    config = BenchConfig(
+        strategies=("grpo", "pcl", "treepo", "trace", "trace-root", "trace-prefix", "oracle",
+                    "tests.agent.test_strategies:EntropyBranching"),
+        seeds=2, prompts=4, budget=budget, warmup_prompts=4, max_turns=3,
+        rollout=RolloutConfig(workers=2, oracle_samples=2), command="trace-gym bench (test)",
+    )
+    result = run_bench(config, policy=policy, predictor=EmbeddingPredictor(HashedNGramFeaturizer(dim=64)),
+                       make_env=make_math_env, log=lambda _m: None)
+    assert len(result.rows) == 2 * 8
+    names = list(result.summary)
+    assert names == ["grpo", "pcl", "treepo", "trace", "trace-root", "trace-prefix", "oracle", "entropy"]
+    for row in result.rows:
+        assert row["paper_units"] == pytest.approx(budget.paper_units)
+        assert row["active_prompts"] <= budget.max_active
+        assert 0.0 <= row["effective_ratio"] <= 1.0
+    assert result.rows[6]["oracle_generated_tokens"] > 0
+    assert "warmup_refresh" in result.predictor
+    paths = result.write(tmp_path)
+    assert {p.name for p in paths} == {"bench.json", "bench.md", "effective_ratio.png", "branch_depths.png"}
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["config"]["budget"]["roots"] == 8 and len(data["rows"]) == 16
+    md = (tmp_path / "bench.md").read_text()
+    assert "| trace |" in md and "trace-gym bench (test)" in md and "trace_over_grpo" in md
+
+
+def test_summary_is_mean_std_min_max_over_seeds() -> None:
+    base = {k: 0 for k in ("mixed_trees", "active_prompts", "contrast_pairs", "skipped", "root_rollouts",
+                           "continuations", "paper_units", "generated_tokens", "env_steps", "wall_seconds",
+                           "oracle_generated_tokens")}
+    rows = [dict(base, strategy="a", effective_ratio=r, branch_depths={"1": 2}, continuation_depths={})
+            for r in (0.25, 0.75)]
+    s = summarize(rows)["a"]
+    assert s["effective_ratio"] == {"mean": 0.5, "std": pytest.approx(0.353553, rel=1e-5), "min": 0.25, "max": 0.75}
+    assert s["branch_depths"] == {"1": 2.0}
+
+
+def test_strategies_resolve_by_name_or_module_path() -> None:
+    assert resolve_strategy("trace").name == "trace"
+    user = resolve_strategy("tests.agent.test_strategies:EntropyBranching")
+    assert isinstance(user, Strategy) and user.name == "entropy"
+    with pytest.raises(ValueError, match="cannot load"):
+        resolve_strategy("tests.agent.nowhere:Nothing")
+
+
+def test_bench_parser_options() -> None:
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--env", "trace_envs/WikiQA-v0", "--budget", "16,6", "--strategies",
+                              "grpo,trace", "--seeds", "3", "--prompts", "8", "--out", "x"])
+    assert args.budget == "16,6" and args.seeds == 3 and args.func is not None
+    assert Budget.parse(args.budget, group_size=args.group_size).paper_units == 16 * 4

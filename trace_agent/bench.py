@@ -1,0 +1,456 @@
+"""`trace-gym bench`: sampling strategies compared at equal budget on one env, policy and prompt pool.
+
+For every seed, a candidate pool of ``prompts`` tasks is drawn (the same pool for every
+strategy of that seed, and the same sampling seeds, so strategies see common random
+numbers) and each strategy collects one batch with :class:`~trace_agent.rollout.TreeCollector`
+under the same :class:`~trace_agent.strategies.Budget`. Before the measured batches the
+success predictor (the CPU :class:`~trace_agent.predictor.EmbeddingPredictor`) is warmed
+up on TreePO-style trees of *other* tasks of the same split, as in training where it
+learns from earlier batches; it is not updated during the measured batches, so every
+strategy meets the same predictor.
+
+Per (strategy, seed) the table holds: effective ratio (mixed trees / active prompts),
+mixed groups, contrast pairs, prompts skipped, the depth histogram of branch points,
+root rollouts and continuations, paper units, generated tokens, env steps, wall time and,
+for Oracle, the Monte-Carlo cost outside the budget. The summary gives mean, standard
+deviation, min and max over seeds. Outputs under ``--out``: ``bench.json`` (config, rows,
+summary, predictor metrics), ``bench.md`` (Markdown tables + the command), PNG plots.
+
+Strategies are named (:data:`~trace_agent.strategies.STRATEGY_NAMES`) or given as
+``module:attribute`` (a Strategy class or factory called without arguments), so a user's
+strategy runs in the bench without touching the library::
+
+    trace-gym bench --policy demo --strategies grpo,trace,mypkg.branching:EntropyBranching
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import shlex
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trace_agent.rollout import Collection, PromptSpec, RolloutConfig, TreeCollector
+from trace_agent.strategies import STRATEGY_NAMES, Budget, Strategy, TreePO, make_strategy
+
+__all__ = [
+    "BenchConfig",
+    "BenchResult",
+    "DEFAULT_DEMO_CACHE",
+    "add_bench_parser",
+    "load_policy",
+    "resolve_strategy",
+    "run_bench",
+    "main",
+]
+
+DEFAULT_DEMO_CACHE = Path.home() / ".cache" / "trace-gym" / "demo_policy"
+DEFAULT_STRATEGIES: tuple[str, ...] = ("grpo", "pcl", "treepo", "trace", "trace-root", "trace-prefix", "oracle")
+_SUMMARY_KEYS = ("effective_ratio", "mixed_trees", "active_prompts", "contrast_pairs", "skipped", "root_rollouts",
+                 "continuations", "paper_units", "generated_tokens", "env_steps", "wall_seconds",
+                 "oracle_generated_tokens")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    """One benchmark run.
+
+    Attributes:
+        env_id: the registered env.
+        env_kwargs: extra ``gym.make`` arguments (e.g. ``{"tasks": "test"}`` for PythonMath-v0).
+        max_turns: the env's turn limit.
+        strategies: strategy names or ``module:attribute`` specs, in table order.
+        seeds: number of seeds (0 .. seeds-1): one candidate pool and one batch per strategy each.
+        prompts: candidate pool size per batch (>= ``budget.max_active``).
+        budget: the batch budget (same for every strategy).
+        warmup_prompts: tasks the predictor is warmed up on (disjoint from the measured ones), in
+            batches of ``budget.max_active`` prompts collected TreePO-style with ``budget``; the
+            predictor is refreshed on all warm-up trees after each batch.
+        rollout: sampling settings (max_new_tokens, temperature, workers, oracle_samples...).
+        command: the command line, recorded in the outputs.
+    """
+
+    env_id: str = "trace_envs/PythonMath-v0"
+    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    max_turns: int = 4
+    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
+    seeds: int = 5
+    prompts: int = 16
+    budget: Budget = field(default_factory=lambda: Budget(roots=32, continuations_per_root=2, group_size=4))
+    warmup_prompts: int = 48
+    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(max_new_tokens=160))
+    command: str = ""
+
+    def __post_init__(self) -> None:
+        if self.seeds < 1 or self.prompts < 1 or self.max_turns < 1 or self.warmup_prompts < 0:
+            raise ValueError("seeds, prompts and max_turns must be >= 1, warmup_prompts >= 0")
+        if self.prompts < self.budget.max_active:
+            raise ValueError(f"the pool ({self.prompts}) must hold at least budget.max_active "
+                             f"({self.budget.max_active}) prompts")
+        if not self.strategies:
+            raise ValueError("name at least one strategy")
+
+
+def resolve_strategy(spec: str | Strategy) -> Strategy:
+    """A Strategy from a built-in name, a ``module:attribute`` spec, or the object itself."""
+    if not isinstance(spec, str):
+        return spec
+    if ":" not in spec:
+        return make_strategy(spec)
+    module, _, attr = spec.partition(":")
+    try:
+        target = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot load strategy {spec!r}: {exc}") from None
+    strategy = target() if isinstance(target, type) or not isinstance(target, Strategy) else target
+    if not isinstance(strategy, Strategy):
+        raise ValueError(f"{spec!r} is not a Strategy (needs name, branching, allocate_roots, allocate_continuations)")
+    return strategy
+
+
+def load_policy(spec: str, *, cache_dir: str | Path = DEFAULT_DEMO_CACHE, log: Callable[[str], None] = print) -> Any:
+    """``"demo"``: the offline demo policy from ``cache_dir`` (built there first if missing); else an HF model dir."""
+    from trace_agent.policy import demo
+
+    if spec == "demo":
+        path = Path(cache_dir)
+        if not (path / "config.json").exists():
+            log(f"building the demo policy in {path} (a few minutes, once)")
+            demo.build_demo_policy(path, log=log)
+        return demo.load_demo_policy(path)
+    from trace_agent.policy.hf import HFPolicy
+
+    return HFPolicy.from_pretrained(spec)
+
+
+# --------------------------------------------------------------------------------------------------
+# results
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchResult:
+    """Rows (one per strategy and seed), the per-strategy summary and the predictor's warm-up metrics."""
+
+    config: BenchConfig
+    rows: tuple[dict[str, Any], ...]
+    summary: dict[str, dict[str, dict[str, float]]]
+    predictor: dict[str, Any]
+
+    def to_json(self) -> str:
+        cfg = asdict(self.config)
+        return json.dumps({"config": cfg, "rows": list(self.rows), "summary": self.summary,
+                           "predictor": self.predictor}, indent=2, default=_json_default, allow_nan=True)
+
+    def comparisons(self) -> dict[str, float]:
+        """TRACE vs GRPO (ratio), vs TreePO (points) and vs Oracle (share), on mean effective ratios."""
+        mean = {name: s["effective_ratio"]["mean"] for name, s in self.summary.items()}
+        out: dict[str, float] = {}
+        if "trace" in mean:
+            t = mean["trace"]
+            if "grpo" in mean:
+                out["trace_over_grpo"] = t / mean["grpo"] if mean["grpo"] else math.inf
+            if "treepo" in mean:
+                out["trace_minus_treepo_points"] = 100.0 * (t - mean["treepo"])
+            if "oracle" in mean:
+                out["trace_share_of_oracle"] = t / mean["oracle"] if mean["oracle"] else math.nan
+        return out
+
+    def to_markdown(self) -> str:
+        b = self.config.budget
+        lines = [
+            f"Command: `{self.config.command}`" if self.config.command else "",
+            "",
+            f"Env `{self.config.env_id}`, budget (M, N) = ({b.roots}, {b.continuations_per_root}), group size "
+            f"{b.group_size} (at most {b.max_active} active prompts of a pool of {self.config.prompts}), "
+            f"{b.paper_units:g} paper units per batch; {self.config.seeds} seeds; mean ± std over seeds "
+            f"[min, max].",
+            "",
+            "| strategy | effective ratio | mixed groups | contrast pairs | skipped | roots + conts | paper units "
+            "| gen. tokens | env steps | wall s | branch depths |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for name, s in self.summary.items():
+            er = s["effective_ratio"]
+            depths = s.get("branch_depths", {})
+            hist = " ".join(f"{d}:{c:g}" for d, c in sorted(depths.items(), key=lambda kv: int(kv[0]))) or "-"
+            lines.append(
+                f"| {name} | {er['mean']:.3f} ± {er['std']:.3f} [{er['min']:.2f}, {er['max']:.2f}] "
+                f"| {s['mixed_trees']['mean']:.1f} / {s['active_prompts']['mean']:.1f} "
+                f"| {s['contrast_pairs']['mean']:.1f} | {s['skipped']['mean']:.1f} "
+                f"| {s['root_rollouts']['mean']:.1f} + {s['continuations']['mean']:.1f} "
+                f"| {s['paper_units']['mean']:.1f} | {s['generated_tokens']['mean']:.0f} "
+                f"| {s['env_steps']['mean']:.0f} | {s['wall_seconds']['mean']:.1f} | {hist} |"
+            )
+        comp = self.comparisons()
+        if comp:
+            lines += ["", "Comparisons on mean effective ratio: " + ", ".join(
+                f"{k} = {v:.2f}" for k, v in comp.items())]
+        if self.predictor:
+            keys = ("pre_spearman_root", "pre_spearman_prefix", "pre_mse", "examples")
+            shown = {k: self.predictor.get("measured", {}).get(k) for k in keys}
+            lines += ["", "Predictor on the measured trees (after warm-up, before any update): " + ", ".join(
+                f"{k.removeprefix('pre_')} = {v:.3f}" for k, v in shown.items() if isinstance(v, float))]
+        return "\n".join(lines).strip() + "\n"
+
+    def write(self, out_dir: str | Path) -> list[Path]:
+        """``bench.json``, ``bench.md`` and the plots under ``out_dir``; returns the paths."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = [out / "bench.json", out / "bench.md"]
+        paths[0].write_text(self.to_json())
+        paths[1].write_text(self.to_markdown())
+        paths += plot_result(self, out)
+        return paths
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, (np.integer, np.floating)):
+        return obj.item()
+    if isinstance(obj, Path):
+        return str(obj)
+    return str(obj)
+
+
+def _row(collection: Collection, seed: int) -> dict[str, Any]:
+    s = collection.stats()
+    return {
+        "strategy": collection.strategy, "seed": seed, "effective_ratio": s.effective_ratio,
+        "mixed_trees": s.mixed_trees, "active_prompts": s.active_prompts, "contrast_pairs": s.contrast_pairs,
+        "skipped": len(collection.skipped), "root_rollouts": s.root_rollouts, "continuations": s.continuations,
+        "paper_units": s.paper_units, "generated_tokens": s.generated_tokens, "env_steps": s.env_steps,
+        "wall_seconds": collection.wall_seconds, "oracle_generated_tokens": collection.oracle_generated_tokens,
+        "oracle_env_steps": collection.oracle_env_steps, "leaves": s.leaves, "successes": s.successes,
+        "branch_depths": {str(k): v for k, v in s.branch_depths.items()},
+        "continuation_depths": {str(k): v for k, v in s.continuation_depths.items()},
+    }
+
+
+def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per strategy (in first-seen order): mean / std / min / max over seeds, mean depth histograms."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(r["strategy"] for r in rows):
+        mine = [r for r in rows if r["strategy"] == name]
+        entry: dict[str, Any] = {}
+        for key in _SUMMARY_KEYS:
+            vals = np.asarray([float(r[key]) for r in mine])
+            vals = vals[np.isfinite(vals)]
+            entry[key] = {"mean": float(vals.mean()) if vals.size else math.nan,
+                          "std": float(vals.std(ddof=1)) if vals.size > 1 else 0.0,
+                          "min": float(vals.min()) if vals.size else math.nan,
+                          "max": float(vals.max()) if vals.size else math.nan}
+        for hist in ("branch_depths", "continuation_depths"):
+            total: dict[str, float] = {}
+            for r in mine:
+                for d, c in r[hist].items():
+                    total[d] = total.get(d, 0.0) + c / len(mine)
+            entry[hist] = total
+        out[name] = entry
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# running
+
+
+def _task_ids(config: BenchConfig) -> list[str]:
+    import gymnasium as gym
+
+    import trace_envs  # noqa: F401
+
+    env = gym.make(config.env_id, max_turns=config.max_turns, **dict(config.env_kwargs)).unwrapped
+    try:
+        return list(env.tasks.ids())
+    finally:
+        env.close()
+
+
+def run_bench(
+    config: BenchConfig,
+    *,
+    policy: Any,
+    strategies: Sequence[Strategy] | None = None,
+    predictor: Any = None,
+    make_env: Callable[[], Any] | None = None,
+    log: Callable[[str], None] = print,
+) -> BenchResult:
+    """Warm the predictor up, then run every strategy for every seed; returns the rows and the summary.
+
+    ``strategies`` overrides ``config.strategies`` (objects instead of names); ``predictor``
+    defaults to a fresh :class:`~trace_agent.predictor.EmbeddingPredictor`; ``make_env``
+    defaults to ``gym.make(config.env_id, max_turns=..., **env_kwargs).unwrapped``.
+    """
+    import gymnasium as gym
+
+    import trace_envs  # noqa: F401
+    from trace_agent.predictor import EmbeddingPredictor, prediction_metrics, refresh_predictor, tree_examples
+
+    chosen = [resolve_strategy(s) for s in (strategies if strategies is not None else config.strategies)]
+    factory = make_env or (lambda: gym.make(config.env_id, max_turns=config.max_turns, **dict(config.env_kwargs))
+                           .unwrapped)
+    predictor = predictor if predictor is not None else EmbeddingPredictor()
+    ids = _task_ids(config)
+    order = np.random.default_rng(12345).permutation(len(ids))
+    n_warm = min(config.warmup_prompts, max(0, len(ids) - config.prompts))
+    warm_ids = [ids[i] for i in order[:n_warm]]
+    measured_ids = [ids[i] for i in order[n_warm:]]
+    oracle_cache: dict[str, float] = {}
+    info: dict[str, Any] = {"warmup_tasks": n_warm}
+    rows: list[dict[str, Any]] = []
+    with TreeCollector(make_env=factory, policy=policy, predictor=predictor, config=config.rollout,
+                       root_oracle=oracle_cache) as collector:
+        t0 = time.perf_counter()
+        warm_trees = []
+        chunk = config.budget.max_active
+        for start in range(0, n_warm - chunk + 1, chunk):
+            pool = [PromptSpec(task_id=t) for t in warm_ids[start:start + chunk]]
+            batch = collector.collect(pool, _WarmUp(), config.budget, seed=10_000 + start)
+            warm_trees.extend(batch.trees)
+            info["warmup_refresh"] = refresh_predictor(predictor, warm_trees)
+        log(f"warm-up: {len(warm_trees)} trees on {n_warm} tasks in {time.perf_counter() - t0:.0f}s")
+        measured_trees = []
+        for seed in range(config.seeds):
+            rng = np.random.default_rng(seed)
+            pool_ids = [measured_ids[i] for i in rng.choice(len(measured_ids), size=config.prompts, replace=False)]
+            pool = [PromptSpec(task_id=t) for t in pool_ids]
+            for strategy in chosen:
+                batch = collector.collect(pool, strategy, config.budget, seed=seed)
+                row = _row(batch, seed)
+                rows.append(row)
+                measured_trees.extend(batch.trees)
+                log(f"seed {seed} {strategy.name:>12}: effective {row['effective_ratio']:.3f} "
+                    f"({row['mixed_trees']}/{row['active_prompts']}), pairs {row['contrast_pairs']}, "
+                    f"units {row['paper_units']:g}, tokens {row['generated_tokens']}, {row['wall_seconds']:.1f}s")
+        examples = tree_examples(measured_trees)
+        if len(examples):
+            pred = predictor.predict(examples.contexts)
+            info["measured"] = {f"pre_{k}": v for k, v in prediction_metrics(pred, examples).items()}
+    return BenchResult(config=config, rows=tuple(rows), summary=summarize(rows), predictor=info)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _WarmUp(TreePO):
+    """Warm-up trees: uniform roots, random prefixes (root and prefix targets for the predictor)."""
+
+    name: str = "warmup"
+
+
+# --------------------------------------------------------------------------------------------------
+# plots
+
+
+def plot_result(result: BenchResult, out_dir: Path) -> list[Path]:
+    """Effective ratio per strategy (mean ± std, seeds as dots) and branch-depth histograms, as PNG."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    names = list(result.summary)
+    paths = []
+    fig = Figure(figsize=(max(5.0, 1.1 * len(names)), 3.6))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    means = [result.summary[n]["effective_ratio"]["mean"] for n in names]
+    stds = [result.summary[n]["effective_ratio"]["std"] for n in names]
+    ax.bar(range(len(names)), means, yerr=stds, color="#5b8cc0", capsize=4)
+    for i, n in enumerate(names):
+        vals = [r["effective_ratio"] for r in result.rows if r["strategy"] == n]
+        ax.scatter([i] * len(vals), vals, color="black", s=8, zorder=3)
+    ax.set_xticks(range(len(names)), names, rotation=20)
+    ax.set_ylabel("effective ratio (mixed / active)")
+    ax.set_ylim(0, 1)
+    b = result.config.budget
+    ax.set_title(f"{result.config.env_id.split('/')[-1]}, (M, N) = ({b.roots}, {b.continuations_per_root}), "
+                 f"{result.config.seeds} seeds")
+    fig.tight_layout()
+    paths.append(out_dir / "effective_ratio.png")
+    fig.savefig(paths[-1], dpi=110)
+
+    fig = Figure(figsize=(max(5.0, 1.1 * len(names)), 3.6))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    depths = sorted({int(d) for n in names for d in result.summary[n]["continuation_depths"]})
+    width = 0.8 / max(1, len(depths))
+    for j, d in enumerate(depths):
+        ax.bar([i + j * width for i in range(len(names))],
+               [result.summary[n]["continuation_depths"].get(str(d), 0.0) for n in names], width=width,
+               label=f"depth {d}")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, rotation=20)
+    ax.set_ylabel("continuations per batch")
+    ax.set_title("where continuations started (depth of the restored save point)")
+    if depths:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(out_dir / "branch_depths.png")
+    fig.savefig(paths[-1], dpi=110)
+    return paths
+
+
+# --------------------------------------------------------------------------------------------------
+# command line
+
+
+def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``bench`` to a ``trace-gym`` subparsers object."""
+    p = subparsers.add_parser("bench", help="compare sampling strategies at equal budget",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", default="trace_envs/PythonMath-v0", help="registered env id")
+    p.add_argument("--env-kwargs", default="{}", help='extra gym.make arguments as JSON, e.g. \'{"tasks": "test"}\'')
+    p.add_argument("--max-turns", type=int, default=4)
+    p.add_argument("--policy", default="demo", help='"demo" or a saved transformers policy directory')
+    p.add_argument("--policy-cache", default=str(DEFAULT_DEMO_CACHE), help="where the demo policy is built/loaded")
+    p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
+                   help=f"comma-separated: {', '.join(STRATEGY_NAMES)} or module:attribute")
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--prompts", type=int, default=16, help="candidate pool size per batch")
+    p.add_argument("--budget", default="32,2", help="M,N: root rollouts per batch, continuations per root")
+    p.add_argument("--group-size", type=int, default=4, help="baseline rollouts per prompt (M / group = prompts)")
+    p.add_argument("--warmup-prompts", type=int, default=48)
+    p.add_argument("--max-new-tokens", type=int, default=160)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--oracle-samples", type=int, default=8)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--out", default="artifacts/bench", help="output directory")
+    p.set_defaults(func=_cli)
+    return p
+
+
+def _cli(args: argparse.Namespace) -> int:
+    if not hasattr(args, "argv"):
+        args.argv = sys.argv[sys.argv.index("bench") + 1:] if "bench" in sys.argv else []
+    budget = Budget.parse(args.budget, group_size=args.group_size)
+    config = BenchConfig(
+        env_id=args.env, env_kwargs=json.loads(args.env_kwargs), max_turns=args.max_turns,
+        strategies=tuple(s.strip() for s in args.strategies.split(",") if s.strip()), seeds=args.seeds,
+        prompts=args.prompts, budget=budget, warmup_prompts=args.warmup_prompts,
+        rollout=RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                              workers=args.workers, oracle_samples=args.oracle_samples),
+        command=" ".join(["trace-gym bench", *(shlex.quote(a) for a in args.argv)]),
+    )
+    policy = load_policy(args.policy, cache_dir=args.policy_cache)
+    result = run_bench(config, policy=policy)
+    paths = result.write(args.out)
+    print(result.to_markdown())
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m trace_agent.bench ...`` (the same options as ``trace-gym bench``)."""
+    parser = argparse.ArgumentParser(prog="trace-gym")
+    add_bench_parser(parser.add_subparsers(dest="command", required=True))
+    rest = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(["bench", *rest])
+    args.argv = rest
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
