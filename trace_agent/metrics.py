@@ -1,0 +1,143 @@
+"""Run metrics: JSONL (always), TensorBoard and Weights & Biases (when available), learning-curve PNGs.
+
+:class:`MetricsLogger` writes one JSON object per step to ``metrics.jsonl`` (flat
+``name: float`` pairs plus ``step``), mirrors scalars to TensorBoard
+(``torch.utils.tensorboard``) and W&B when enabled, and can truncate the JSONL
+back to a step on resume (so a resumed run neither loses nor repeats lines).
+:func:`plot_learning_curves` draws the standard panels from a ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = ["MetricsLogger", "read_metrics", "plot_learning_curves", "CURVE_PANELS"]
+
+#: (title, metric keys) of the learning-curve panels.
+CURVE_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("held-out success", ("eval/success",)),
+    ("train success", ("rollout/success_rate",)),
+    ("effective ratio", ("rollout/effective_ratio",)),
+    ("predictor", ("predictor/pre_mse", "predictor/pre_spearman_root", "predictor/pre_spearman_prefix")),
+    ("policy loss", ("update/loss",)),
+    ("time share", ("time/generation_share", "time/env_share", "time/predictor_share", "time/update_share")),
+)
+
+
+def _finite(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+class MetricsLogger:
+    """Per-step scalar logging to ``<run>/metrics.jsonl`` (+ TensorBoard, + W&B).
+
+    Args:
+        run_dir: the run directory.
+        tensorboard: also write TensorBoard events under ``<run>/tb``.
+        wandb: ``True`` logs to W&B when installed; ``"auto"`` only when it is installed and
+            ``WANDB_API_KEY`` or ``WANDB_MODE`` is set; ``False`` never.
+        config: run configuration (sent to W&B).
+        resume_step: drop JSONL lines with ``step > resume_step`` (a resumed run rewrites them).
+    """
+
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, wandb: bool | Literal["auto"] = "auto",
+                 config: Mapping[str, Any] | None = None, resume_step: int | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        if resume_step is not None and self.path.exists():
+            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        elif resume_step is None and self.path.exists():
+            self.path.unlink()
+        self._tb: Any = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=resume_step + 1 if resume_step else None)
+            except ImportError:  # pragma: no cover - tensorboard is part of the agent extra
+                self._tb = None
+        self._wandb: Any = None
+        if wandb is True or (wandb == "auto" and (os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE"))):
+            try:
+                import wandb as wb
+
+                self._wandb = wb.init(project="trace-gym", dir=str(self.run_dir), config=dict(config or {}),
+                                      resume="allow")
+            except ImportError:
+                self._wandb = None
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """Write one step's metrics (non-numeric values go to JSONL only); returns the JSON record."""
+        record: dict[str, Any] = {"step": int(step)}
+        for k, v in metrics.items():
+            f = _finite(v)
+            record[k] = f if f is not None else (None if isinstance(v, float | int) else v)
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, default=str) + "\n")
+        scalars = {k: v for k, v in record.items() if k != "step" and isinstance(v, float)}
+        if self._tb is not None:
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
+        return record
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl``."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def plot_learning_curves(records: Sequence[Mapping[str, Any]] | str | Path, path: str | Path, *,
+                         title: str | None = None,
+                         panels: Sequence[tuple[str, Sequence[str]]] = CURVE_PANELS) -> Path:
+    """Learning curves (one panel per entry of ``panels``, empty ones skipped) as a PNG; returns the path."""
+    from matplotlib.figure import Figure
+
+    recs = read_metrics(records) if isinstance(records, str | Path) else list(records)
+    used = [(t, [k for k in keys if any(_finite(r.get(k)) is not None for r in recs)]) for t, keys in panels]
+    used = [(t, ks) for t, ks in used if ks]
+    cols = 3
+    rows = max(1, math.ceil(len(used) / cols))
+    fig = Figure(figsize=(4.2 * cols, 3.2 * rows), dpi=100)
+    for i, (panel, keys) in enumerate(used):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        for k in keys:
+            pts = [(r["step"], _finite(r.get(k))) for r in recs if _finite(r.get(k)) is not None]
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, marker="o", ms=3, label=k.split("/", 1)[-1])
+        ax.set_title(panel)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if len(keys) > 1:
+            ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    return out
