@@ -191,8 +191,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         emb.update(fit_ctx, fit_y)
         res["minilm_cold_ctx_per_s"] = throughput(emb.predict, contexts)
         res["minilm_warm_ctx_per_s"] = throughput(emb.predict, contexts)
+        prompts_only = [make_context(c.split("\n<|trace-history|>")[0] + " (root)") for c in contexts]
+        res["minilm_prompt_ctx_per_s"] = throughput(emb.predict, prompts_only)
         print(f"  MiniLM + logistic head, cold cache  {res['minilm_cold_ctx_per_s']:9.1f} contexts/s")
         print(f"  MiniLM + logistic head, warm cache  {res['minilm_warm_ctx_per_s']:9.1f} contexts/s")
+        print(f"  MiniLM, prompts only (root scoring) {res['minilm_prompt_ctx_per_s']:9.1f} contexts/s")
     except (ImportError, OSError) as exc:
         print(f"  MiniLM unavailable: {exc}")
     hashed = EmbeddingPredictor(HashedNGramFeaturizer())
@@ -204,10 +207,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     critic.predict(contexts[:16])
     res["tiny_lm_ctx_per_s"] = throughput(critic.predict, contexts)
     print(f"  tiny Qwen3 critic (h=64, 2 layers)  {res['tiny_lm_ctx_per_s']:9.1f} contexts/s")
-    score_4096_s = 4096 / res.get("minilm_cold_ctx_per_s", res["hashed_ctx_per_s"])
+    score_4096_s = 4096 / res.get("minilm_prompt_ctx_per_s", res["hashed_ctx_per_s"])
     res["roots_over_scoring"] = res["roots_exact_ms"] / 1e3 / score_4096_s
-    print(f"  exact root allocation = {100 * res['roots_over_scoring']:.2f}% of scoring the 4096 candidates "
-          f"with the CPU default ({score_4096_s:.1f} s, extrapolated from {n_score})")
+    print(f"  exact root allocation = {100 * res['roots_over_scoring']:.2f}% of scoring the 4096 candidate "
+          f"prompts with the CPU default ({score_4096_s:.1f} s, extrapolated from {n_score})")
     _write(args.json, res)
     return res
 
