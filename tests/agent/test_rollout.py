@@ -191,11 +191,11 @@ def _check_budget(batch: Collection, budget: Budget, branching: bool) -> None:
 
 @pytest.mark.parametrize("strategy", [GRPO(), TreePO(), TRACE()], ids=lambda s: s.name)
 def test_trees_spend_exactly_the_budget_in_both_units(strategy) -> None:
-    from trace_agent.predictor import EmbeddingPredictor
+    from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer
 
     policy, prompts = scripted_setup(6)
     budget = Budget(roots=8, continuations_per_root=2, group_size=4)
-    predictor = EmbeddingPredictor()
+    predictor = EmbeddingPredictor(HashedNGramFeaturizer(dim=64))
     with TreeCollector(make_env=make_math_env, policy=policy, predictor=predictor,
                        config=RolloutConfig(workers=2, seed=1)) as collector:
         batch = collector.collect(prompts, strategy, budget, seed=3)

@@ -166,7 +166,7 @@ def test_a_user_strategy_plugs_into_the_collector() -> None:
     pytest.param(e, marks=pytest.mark.slow) if e.endswith("BFCL-v0") else e for e in trace_envs.registered_ids()
 ])
 def test_every_strategy_runs_on_every_env_with_the_hf_policy(env_id, tiny_hf_policy) -> None:  # noqa: F811
-    from trace_agent.predictor import EmbeddingPredictor
+    from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer
 
     probe = gym.make(env_id).unwrapped
     task_ids = probe.tasks.ids()[:4]
@@ -174,7 +174,7 @@ def test_every_strategy_runs_on_every_env_with_the_hf_policy(env_id, tiny_hf_pol
     budget = Budget(roots=4, continuations_per_root=1, group_size=2)
     config = RolloutConfig(workers=2, max_new_tokens=4, oracle_samples=2, seed=0)
     with TreeCollector(make_env=lambda: gym.make(env_id, max_turns=2).unwrapped, policy=tiny_hf_policy,
-                       predictor=EmbeddingPredictor(), config=config) as collector:
+                       predictor=EmbeddingPredictor(HashedNGramFeaturizer(dim=64)), config=config) as collector:
         for name in STRATEGY_NAMES:
             strategy = make_strategy(name)
             batch = collector.collect(prompt_pool(task_ids), strategy, budget, seed=1)
