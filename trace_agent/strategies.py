@@ -75,6 +75,7 @@ __all__ = [
     "random_prefixes",
     "spend_rest_on_root",
     "rollout_ending",
+    "root_repeat_probability",
 ]
 
 
@@ -342,12 +343,32 @@ def _nearest_half(values: NDArray[np.float64], keep: int) -> NDArray[np.int64]:
     return order[:keep]
 
 
-def _exact_prefixes(request: ExpansionRequest, values: NDArray[np.float64]) -> dict[int, int]:
-    if not request.candidates:
+def root_repeat_probability(tree: RolloutTree, value: float) -> float:
+    """q for the root seen as a prefix: the chance a fresh root rollout adds no new outcome.
+
+    0 when the tree is already mixed (any new leaf contrasts with an existing one), ``value``
+    when every leaf succeeded, ``1 - value`` when every leaf failed.
+    """
+    s, f = tree.outcome_counts()
+    if s and f:
+        return 0.0
+    return float(value) if s else 1.0 - float(value)
+
+
+def _exact_prefixes(request: ExpansionRequest, values: NDArray[np.float64],
+                    root_value: float | None = None) -> dict[int, int]:
+    nodes = list(request.candidates)
+    q = list(np.atleast_1d(repeat_probability(np.clip(values, 0.0, 1.0), request.endings()))) if nodes else []
+    costs = [1] * len(nodes)
+    if root_value is not None:
+        nodes.append(request.tree.root)
+        q.append(root_repeat_probability(request.tree, root_value))
+        costs.append(request.root_exchange)
+    if not nodes:
         return {}
-    q = repeat_probability(np.clip(values, 0.0, 1.0), request.endings())
-    counts = allocate_prefixes(np.atleast_1d(q), request.budget, cap=request.prefix_cap)
-    return {n.node_id: k for n, k in zip(request.candidates, counts, strict=True) if k}
+    counts = allocate_prefixes(np.asarray(q), request.budget, cap=request.prefix_cap,
+                               costs=costs if root_value is not None else None)
+    return {n.node_id: k for n, k in zip(nodes, counts, strict=True) if k}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -413,18 +434,26 @@ class TRACE:
 
     ``roots=False`` replaces stage 1 by uniform roots (the "prefix allocation only" ablation);
     ``prefixes=False`` replaces stage 2 by uniformly random prefixes ("root allocation only").
+    ``root_prefix=True`` (an extension beyond the paper) also offers the root itself to the
+    prefix problem, at ``root_exchange`` units per fresh root rollout, with
+    q = :func:`root_repeat_probability` (solved exactly by the cost-aware DP).
     """
 
     name: str = "trace"
     branching: bool = True
     roots: bool = True
     prefixes: bool = True
+    root_prefix: bool = False
 
     def _root_values(self, request: RootRequest) -> NDArray[np.float64]:
         return request.predicted()
 
     def _node_values(self, request: ExpansionRequest) -> NDArray[np.float64]:
         return request.predicted()
+
+    def _prompt_value(self, request: ExpansionRequest) -> float:
+        root = request.tree.root
+        return float(root.value) if root.value is not None else float(request.predicted([root])[0])
 
     def allocate_roots(self, request: RootRequest) -> list[int]:
         if not self.roots:
@@ -436,7 +465,9 @@ class TRACE:
         if not self.prefixes:
             alloc = random_prefixes(request.candidates, request.budget, request.rng, cap=request.prefix_cap)
         else:
-            alloc = _exact_prefixes(request, self._node_values(request)) if request.candidates else {}
+            root_value = self._prompt_value(request) if self.root_prefix else None
+            values = self._node_values(request) if request.candidates else np.zeros(0)
+            alloc = _exact_prefixes(request, values, root_value)
         return spend_rest_on_root(alloc, request)
 
 
@@ -456,9 +487,14 @@ class Oracle(TRACE):
     def _node_values(self, request: ExpansionRequest) -> NDArray[np.float64]:
         return request.oracle()
 
+    def _prompt_value(self, request: ExpansionRequest) -> float:
+        root = request.tree.root  # root.value holds the Monte-Carlo rate the roots were allocated with
+        return float(root.value) if root.value is not None else float(request.oracle([root])[0])
+
 
 #: Names accepted by :func:`make_strategy`.
-STRATEGY_NAMES: tuple[str, ...] = ("grpo", "pcl", "treepo", "trace", "trace-root", "trace-prefix", "oracle")
+STRATEGY_NAMES: tuple[str, ...] = ("grpo", "pcl", "treepo", "trace", "trace-root", "trace-prefix", "oracle",
+                                   "trace+rootprefix", "oracle+rootprefix")
 
 
 def make_strategy(name: str) -> Strategy:
@@ -471,6 +507,8 @@ def make_strategy(name: str) -> Strategy:
         "trace-root": lambda: TRACE(name="trace-root", prefixes=False),
         "trace-prefix": lambda: TRACE(name="trace-prefix", roots=False),
         "oracle": Oracle,
+        "trace+rootprefix": lambda: TRACE(name="trace+rootprefix", root_prefix=True),
+        "oracle+rootprefix": lambda: Oracle(name="oracle+rootprefix", root_prefix=True),
     }
     try:
         return table[name]()

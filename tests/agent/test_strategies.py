@@ -117,6 +117,19 @@ def test_rest_of_the_budget_goes_to_root_rollouts_when_there_is_no_prefix() -> N
     assert spend_rest_on_root({}, request) == {0: 3}
 
 
+def test_root_as_a_prefix_costs_two_units_and_follows_the_exact_dp() -> None:
+    tree = build_tree(roots=3, depth=2, continuations=0, rate=0.0, seed=0)  # all leaves fail
+    tree.root.value = 0.5
+    cands = [n for n in tree.nodes if not n.is_root and not n.is_leaf]
+    request = _expansion(tree, 6, np.full(len(cands), 0.02))
+    got = TRACE(root_prefix=True).allocate_continuations(request)
+    q = list(repeat_probability(np.full(len(cands), 0.02), request.endings())) + [0.5]
+    expected = allocate_prefixes(q, 6, costs=[1] * len(cands) + [2])
+    assert got == {n.node_id: k for n, k in zip([*cands, tree.root], expected) if k}
+    assert got.get(0, 0) >= 1  # a failing prefix at v = 0.02 is worth less than a coin-flip root
+    assert sum(v for k, v in got.items() if k) + 2 * got.get(0, 0) <= 6
+
+
 def test_make_strategy_knows_every_name() -> None:
     for name in STRATEGY_NAMES:
         s = make_strategy(name)
