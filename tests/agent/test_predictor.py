@@ -27,6 +27,21 @@ from trace_agent.predictor import (
 )
 from trace_agent.tree import CONTEXT_SEPARATOR, RolloutTree, make_context
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> object:
+    """One intra-op thread: on a small shared CPU box, oversubscribed torch threads are many times slower."""
+    try:
+        import torch
+    except ImportError:
+        yield None
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield None
+    torch.set_num_threads(before)
+
+
 # ----------------------------------------------------------------------------- synthetic task family
 
 TOPICS = ["arithmetic", "geometry", "history", "chemistry", "poetry", "programming", "biology", "law"]
