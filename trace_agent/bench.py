@@ -55,7 +55,7 @@ __all__ = [
 
 DEFAULT_DEMO_CACHE = Path.home() / ".cache" / "trace-gym" / "demo_policy"
 DEFAULT_STRATEGIES: tuple[str, ...] = ("grpo", "pcl", "treepo", "trace", "trace-root", "trace-prefix", "oracle")
-_SUMMARY_KEYS = ("effective_ratio", "mixed_trees", "active_prompts", "contrast_pairs", "skipped", "root_rollouts",
+_SUMMARY_KEYS = ("effective_ratio", "success_rate", "mixed_trees", "active_prompts", "contrast_pairs", "skipped", "root_rollouts",
                  "continuations", "paper_units", "generated_tokens", "env_steps", "wall_seconds",
                  "oracle_generated_tokens")
 
@@ -174,9 +174,9 @@ class BenchResult:
             f"{b.paper_units:g} paper units per batch; {self.config.seeds} seeds; mean ± std over seeds "
             f"[min, max].",
             "",
-            "| strategy | effective ratio | mixed groups | contrast pairs | skipped | roots + conts | paper units "
-            "| gen. tokens | env steps | wall s | branch depths |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+            "| strategy | effective ratio | mixed groups | contrast pairs | skipped | leaf success | roots + conts "
+            "| paper units | gen. tokens | env steps | wall s | branch depths |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for name, s in self.summary.items():
             er = s["effective_ratio"]
@@ -185,7 +185,7 @@ class BenchResult:
             lines.append(
                 f"| {name} | {er['mean']:.3f} ± {er['std']:.3f} [{er['min']:.2f}, {er['max']:.2f}] "
                 f"| {s['mixed_trees']['mean']:.1f} / {s['active_prompts']['mean']:.1f} "
-                f"| {s['contrast_pairs']['mean']:.1f} | {s['skipped']['mean']:.1f} "
+                f"| {s['contrast_pairs']['mean']:.1f} | {s['skipped']['mean']:.1f} | {s['success_rate']['mean']:.2f} "
                 f"| {s['root_rollouts']['mean']:.1f} + {s['continuations']['mean']:.1f} "
                 f"| {s['paper_units']['mean']:.1f} | {s['generated_tokens']['mean']:.0f} "
                 f"| {s['env_steps']['mean']:.0f} | {s['wall_seconds']['mean']:.1f} | {hist} |"
@@ -199,6 +199,11 @@ class BenchResult:
             shown = {k: self.predictor.get("measured", {}).get(k) for k in keys}
             lines += ["", "Predictor on the measured trees (after warm-up, before any update): " + ", ".join(
                 f"{k.removeprefix('pre_')} = {v:.3f}" for k, v in shown.items() if isinstance(v, float))]
+        rates = self.predictor.get("oracle_prompt_rates")
+        if rates:
+            lines += ["", f"Monte-Carlo success rates of the {rates['prompts']} measured prompts (Oracle's "
+                      f"{self.config.rollout.oracle_samples} samples each): {rates['all_fail']} never solved, "
+                      f"{rates['all_success']} always solved, {rates['mixed']} in between (mean {rates['mean']:.2f})."]
         return "\n".join(lines).strip() + "\n"
 
     def write(self, out_dir: str | Path) -> list[Path]:
@@ -224,6 +229,7 @@ def _row(collection: Collection, seed: int) -> dict[str, Any]:
     s = collection.stats()
     return {
         "strategy": collection.strategy, "seed": seed, "effective_ratio": s.effective_ratio,
+        "success_rate": s.successes / s.leaves if s.leaves else math.nan,
         "mixed_trees": s.mixed_trees, "active_prompts": s.active_prompts, "contrast_pairs": s.contrast_pairs,
         "skipped": len(collection.skipped), "root_rollouts": s.root_rollouts, "continuations": s.continuations,
         "paper_units": s.paper_units, "generated_tokens": s.generated_tokens, "env_steps": s.env_steps,
@@ -329,6 +335,12 @@ def run_bench(
                 log(f"seed {seed} {strategy.name:>12}: effective {row['effective_ratio']:.3f} "
                     f"({row['mixed_trees']}/{row['active_prompts']}), pairs {row['contrast_pairs']}, "
                     f"units {row['paper_units']:g}, tokens {row['generated_tokens']}, {row['wall_seconds']:.1f}s")
+        if oracle_cache:
+            rates = np.asarray(list(oracle_cache.values()))
+            info["oracle_prompt_rates"] = {"prompts": int(rates.size), "all_fail": int(np.sum(rates == 0.0)),
+                                           "all_success": int(np.sum(rates == 1.0)),
+                                           "mixed": int(np.sum((rates > 0) & (rates < 1))),
+                                           "mean": float(rates.mean())}
         examples = tree_examples(measured_trees)
         if len(examples):
             pred = predictor.predict(examples.contexts)

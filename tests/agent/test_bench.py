@@ -44,7 +44,7 @@ def test_bench_runs_every_strategy_at_equal_budget_and_writes_its_outputs(tmp_pa
 
 
 def test_summary_is_mean_std_min_max_over_seeds() -> None:
-    base = {k: 0 for k in ("mixed_trees", "active_prompts", "contrast_pairs", "skipped", "root_rollouts",
+    base = {k: 0 for k in ("success_rate", "mixed_trees", "active_prompts", "contrast_pairs", "skipped", "root_rollouts",
                            "continuations", "paper_units", "generated_tokens", "env_steps", "wall_seconds",
                            "oracle_generated_tokens")}
     rows = [dict(base, strategy="a", effective_ratio=r, branch_depths={"1": 2}, continuation_depths={})
