@@ -295,6 +295,7 @@ class TreeCollector:
             self._executor = None
         with self._lock:
             envs, self._envs = self._envs, []
+            self._local = threading.local()
         for env in envs:
             env.close()
 
