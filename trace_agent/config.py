@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 __all__ = [
     "STRATEGIES",
+    "OBJECTIVE_NAMES",
     "PolicyConfig",
     "SamplingSettings",
     "RolloutSettings",
@@ -47,6 +48,7 @@ __all__ = [
 ]
 
 STRATEGIES: tuple[str, ...] = ("trace", "grpo", "pcl", "treepo", "trace-root", "trace-prefix", "oracle")
+OBJECTIVE_NAMES: tuple[str, ...] = ("treerpo", "tree-grpo", "grpo")
 
 
 class ConfigError(ValueError):

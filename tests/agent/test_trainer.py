@@ -265,3 +265,25 @@ json.dump(batches, open({str(tmp_path / 'b.json')!r}, 'w'))
     resumed_batches = json.loads((tmp_path / "b.json").read_text())
     assert resumed_batches == json.loads(json.dumps(batches_a[2:]))
     assert state_equal(straight.learner.model.state_dict(), torch.load(tmp_path / "w.pt"))
+
+
+def test_run_training_end_to_end(tmp_path: Path) -> None:
+    """run_training: eval before/after, metrics.jsonl, checkpoint, final policy, PNG curves, summary; then resume."""
+    from trace_agent.config import EvalConfig, LogConfig
+    from trace_agent.metrics import read_metrics
+    from trace_agent.train_cli import run_training
+
+    cfg = tiny_config(tmp_path / "run", steps=1, eval=EvalConfig(tasks=2, samples=2),
+                      log=LogConfig(tensorboard=True, wandb=False, progress=False))
+    report = run_training(cfg, log=lambda _m: None)
+    assert report.steps == 1 and report.before is not None and report.after is not None
+    assert report.after.tasks == 2 and report.after.episodes == 4 and len(report.effective_ratio) == 1
+    run = tmp_path / "run"
+    for name in ("metrics.jsonl", "learning_curves.png", "summary.json", "config.yaml", "policy/config.json"):
+        assert (run / name).exists(), name
+    assert Trainer.latest_checkpoint(run) is not None and any((run / "tb").iterdir())
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 1]
+    more = TrainConfig(**{**cfg.__dict__, "steps": 2})
+    report2 = run_training(more, resume=True, evaluate=False, log=lambda _m: None)
+    assert report2.steps == 2
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 1, 2]

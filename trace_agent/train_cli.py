@@ -1,0 +1,319 @@
+"""``trace-gym train`` and ``trace-gym eval``; :func:`run_training` and :func:`evaluate_heldout` behind them.
+
+::
+
+    trace-gym train --env trace_envs/PythonMath-v0 --policy demo --strategy trace --objective treerpo \\
+        --steps 10 --out runs/trace
+    trace-gym train --config docs/configs/demo.yaml --set optim.lr=1e-4 --set rollout.strategy=grpo
+    trace-gym train --out runs/trace --resume          # continue a killed run from its last checkpoint
+    trace-gym eval --policy hf --policy-path runs/trace/policy --tasks 50 --samples 4
+
+A run directory holds ``config.yaml``, ``metrics.jsonl`` (one line per step, step 0 =
+before training), TensorBoard events (``tb/``), ``checkpoints/step_<k>/``, the final
+policy (``policy/``, loadable with ``HFPolicy.from_pretrained``), ``learning_curves.png``
+and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from trace_agent.config import OBJECTIVE_NAMES, STRATEGIES, TrainConfig, load_config
+
+__all__ = [
+    "EvalResult",
+    "TrainReport",
+    "evaluate_heldout",
+    "run_training",
+    "config_from_args",
+    "add_train_parser",
+    "add_eval_parser",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalResult:
+    """Held-out success: mean reward over ``tasks`` x ``samples`` episodes, and per-task rates."""
+
+    success: float
+    tasks: int
+    samples: int
+    episodes: int
+    solved_tasks: int
+    seconds: float
+    per_task: dict[str, float]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainReport:
+    """What :func:`run_training` did (also written to ``<out>/summary.json``)."""
+
+    out_dir: str
+    steps: int
+    before: EvalResult | None
+    after: EvalResult | None
+    effective_ratio: tuple[float, ...]
+    train_success: tuple[float, ...]
+    paper_units: float
+    generated_tokens: float
+    predictor_share: float
+    wall_seconds: float
+    plot: str
+    policy_dir: str
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, default=float)
+
+
+def evaluate_heldout(policy: Any, config: TrainConfig, *, seed: int = 12345) -> EvalResult:
+    """Play ``config.eval.samples`` episodes on each of the first ``config.eval.tasks`` held-out tasks.
+
+    Episodes run in waves of ``policy.max_batch_size`` side by side (one env each, reused across
+    waves): one batched ``policy.generate`` per turn over the wave's live episodes, whatever
+    task they belong to.
+    The draw is fixed by ``seed`` (same seed, same weights: same episodes).
+    """
+    from trace_agent.policy.demo import observation_messages
+    from trace_agent.trainer import make_env_factory, task_ids
+
+    e, s = config.eval, config.sampling
+    ids = task_ids(config.env_id, e.split, env_kwargs=config.env_kwargs)
+    ids = ids[:e.tasks] if e.tasks else ids
+    t0 = time.perf_counter()
+    make = make_env_factory(config.env_id, e.split, max_turns=s.max_turns, env_kwargs=config.env_kwargs)
+    episodes = [(t, k) for t in range(len(ids)) for k in range(e.samples)]
+    wave = max(1, min(len(episodes), getattr(policy, "max_batch_size", 32)))
+    envs = [make() for _ in range(wave)]
+    rewards = [0.0] * len(episodes)
+    try:
+        for w0 in range(0, len(episodes), wave):
+            batch = list(range(w0, min(w0 + wave, len(episodes))))
+            contexts = {}
+            for j, i in enumerate(batch):
+                t, k = episodes[i]
+                envs[j].reset(seed=seed + 1000 * t + k, options={"task_id": ids[t]})
+                contexts[i] = policy.render(envs[j].messages, envs[j].tools)
+            alive = list(batch)
+            turn = 0
+            while alive:
+                gens = policy.generate([contexts[i] for i in alive], max_new_tokens=s.max_new_tokens,
+                                       temperature=e.temperature, top_p=s.top_p, seed=seed + 7919 * turn + w0)
+                still = []
+                for i, g in zip(alive, gens):
+                    env = envs[i - w0]
+                    _, reward, terminated, truncated, _ = env.step(g.text)
+                    rewards[i] = float(reward)
+                    if not (terminated or truncated):
+                        contexts[i] = policy.extend(contexts[i], g, observation_messages(env.messages))
+                        still.append(i)
+                alive = still
+                turn += 1
+    finally:
+        for env in envs:
+            env.close()
+    per: dict[str, list[float]] = {}
+    for (t, _), r in zip(episodes, rewards):
+        per.setdefault(ids[t], []).append(r)
+    per_task = {k: float(sum(r > 0 for r in v) / len(v)) for k, v in per.items()}
+    return EvalResult(success=float(sum(r > 0 for r in rewards) / max(len(rewards), 1)), tasks=len(ids),
+                      samples=e.samples, episodes=len(rewards), solved_tasks=sum(v > 0 for v in per_task.values()),
+                      seconds=time.perf_counter() - t0, per_task=per_task)
+
+
+def _eval_metrics(result: EvalResult) -> dict[str, float]:
+    return {"eval/success": result.success, "eval/solved_tasks": float(result.solved_tasks),
+            "eval/tasks": float(result.tasks), "eval/episodes": float(result.episodes), "eval/seconds": result.seconds}
+
+
+def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool = True,
+                 log: Callable[[str], None] = print) -> TrainReport:
+    """Train ``config`` end to end: held-out eval, ``steps`` steps (checkpointed), eval, final policy, plots.
+
+    With ``resume`` the newest checkpoint under ``config.out_dir`` is loaded (if any) and the
+    run continues from its step; metrics lines after that step are dropped and rewritten.
+    """
+    from tqdm import tqdm
+
+    from trace_agent.metrics import MetricsLogger, plot_learning_curves, read_metrics
+    from trace_agent.trainer import Trainer
+
+    t_start = time.perf_counter()
+    out = Path(config.out_dir)
+    trainer = Trainer(config)
+    start = 0
+    ckpt = Trainer.latest_checkpoint(out) if resume else None
+    if ckpt is not None:
+        start = trainer.load_checkpoint(ckpt)
+        log(f"resumed from {ckpt} (step {start})")
+    trainer.save_config()
+    logger = MetricsLogger(out, tensorboard=config.log.tensorboard, wandb=config.log.wandb,
+                           config={"steps": config.steps}, resume_step=start if ckpt is not None else None)
+    before: EvalResult | None = None
+    after: EvalResult | None = None
+    try:
+        if evaluate and start == 0:
+            before = evaluate_heldout(trainer.engine, config)
+            logger.log(0, _eval_metrics(before))
+            log(f"held-out success before: {before.success:.3f} ({before.tasks} tasks x {before.samples} samples, "
+                f"{before.seconds:.0f}s)")
+        bar = tqdm(range(start, config.steps), initial=start, total=config.steps, desc="train", unit="step",
+                   disable=not config.log.progress, dynamic_ncols=True)
+        for _ in bar:
+            result = trainer.step()
+            metrics = dict(result.metrics)
+            k = result.step
+            if evaluate and config.eval.every and k % config.eval.every == 0 and k < config.steps:
+                metrics.update(_eval_metrics(evaluate_heldout(trainer.engine, config)))
+            if config.log.save_trees:
+                from trace_agent.tree import save_jsonl
+
+                save_jsonl(result.trees, out / "trees" / f"step_{k:06d}.jsonl")
+            logger.log(k, metrics)
+            bar.set_postfix(success=f"{metrics['rollout/success_rate']:.2f}",
+                            eff=f"{metrics['rollout/effective_ratio']:.2f}", loss=f"{metrics['update/loss']:.3f}")
+            if config.log.checkpoint_every and k % config.log.checkpoint_every == 0:
+                trainer.save_checkpoint()
+                trainer.prune_checkpoints()
+        bar.close()
+        if trainer.step_count and (not config.log.checkpoint_every or trainer.step_count % config.log.checkpoint_every):
+            trainer.save_checkpoint()
+            trainer.prune_checkpoints()
+        if evaluate:
+            after = evaluate_heldout(trainer.engine, config)
+            logger.log(trainer.step_count, _eval_metrics(after))
+            log(f"held-out success after: {after.success:.3f} ({after.tasks} tasks x {after.samples} samples, "
+                f"{after.seconds:.0f}s)")
+    finally:
+        logger.close()
+        close = getattr(trainer.collector, "close", None)
+        if callable(close):
+            close()
+    policy_dir = out / "policy"
+    trainer.learner.model.save_pretrained(policy_dir)
+    trainer.learner.tokenizer.save_pretrained(policy_dir)
+    records = read_metrics(logger.path)
+    plot = plot_learning_curves(records, out / "learning_curves.png",
+                                title=f"{config.rollout.strategy} / {config.objective.name} on {config.env_id}")
+    steps = [r for r in records if "rollout/effective_ratio" in r]
+
+    def series(key: str) -> tuple[float, ...]:
+        return tuple(math.nan if r.get(key) is None else float(r[key]) for r in steps)
+
+    shares = [r["time/predictor_s"] for r in steps if r.get("time/predictor_s") is not None]
+    walls = [r["time/step_s"] for r in steps if r.get("time/step_s") is not None]
+    report = TrainReport(
+        out_dir=str(out), steps=trainer.step_count, before=before, after=after,
+        effective_ratio=series("rollout/effective_ratio"), train_success=series("rollout/success_rate"),
+        paper_units=trainer.totals.get("paper_units", 0.0), generated_tokens=trainer.totals.get("generated_tokens", 0.0),
+        predictor_share=sum(shares) / sum(walls) if walls and sum(walls) > 0 else math.nan,
+        wall_seconds=time.perf_counter() - t_start, plot=str(plot), policy_dir=str(policy_dir),
+    )
+    (out / "summary.json").write_text(report.to_json())
+    return report
+
+
+# --------------------------------------------------------------------------------------------------
+# command line
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML config (see docs/configs/); flags and --set override it")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="override any config field, e.g. --set optim.lr=1e-4 (repeatable; values are YAML)")
+    parser.add_argument("--env", help="env id (config: env_id)")
+    parser.add_argument("--policy", choices=("demo", "hf", "vllm", "tiny"), help="policy kind (config: policy.kind)")
+    parser.add_argument("--policy-path", help="checkpoint directory or hub name (config: policy.path)")
+    parser.add_argument("--device", help="torch device of the policy (config: policy.device)")
+    parser.add_argument("--seed", type=int, help="run seed (config: seed)")
+    parser.add_argument("--tasks", type=int, help="held-out tasks to evaluate (config: eval.tasks)")
+    parser.add_argument("--samples", type=int, help="episodes per held-out task (config: eval.samples)")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The run's config: ``--config`` YAML, then the named flags, then ``--set`` overrides."""
+    flags: list[str] = []
+
+    def put(key: str, value: Any) -> None:
+        if value is not None:
+            flags.append(f"{key}={json.dumps(value) if isinstance(value, str) else value}")
+
+    put("env_id", args.env)
+    put("policy.kind", args.policy)
+    put("policy.path", args.policy_path)
+    put("policy.device", args.device)
+    put("seed", args.seed)
+    put("eval.tasks", args.tasks)
+    put("eval.samples", args.samples)
+    for name, key in (("strategy", "rollout.strategy"), ("objective", "objective.name"), ("steps", "steps"),
+                      ("out", "out_dir"), ("lr", "optim.lr")):
+        put(key, getattr(args, name, None))
+    return load_config(args.config, [*flags, *args.overrides])
+
+
+def _train_main(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    if args.no_progress:
+        config = replace(config, log=replace(config.log, progress=False))
+    report = run_training(config, resume=args.resume, evaluate=not args.no_eval)
+    ratios = ", ".join("nan" if math.isnan(x) else f"{x:.2f}" for x in report.effective_ratio)
+    print(f"effective ratio per step: {ratios}")
+    if report.before and report.after:
+        print(f"held-out success: {report.before.success:.3f} -> {report.after.success:.3f} "
+              f"({report.after.tasks} tasks x {report.after.samples} samples)")
+    print(f"predictor share of step wall-clock: {report.predictor_share:.1%}")
+    print(f"plots: {report.plot}\nmetrics: {Path(report.out_dir) / 'metrics.jsonl'}\npolicy: {report.policy_dir}")
+    return 0
+
+
+def _eval_main(args: argparse.Namespace) -> int:
+    from trace_agent.trainer import build_policies
+
+    config = config_from_args(args)
+    if args.split:
+        config = replace(config, eval=replace(config.eval, split=args.split))
+    _, engine = build_policies(config.policy, seed=config.seed)
+    result = evaluate_heldout(engine, config, seed=args.eval_seed)
+    print(json.dumps({k: v for k, v in asdict(result).items() if k != "per_task"} if not args.per_task
+                     else asdict(result), indent=1))
+    return 0
+
+
+def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``train`` to a ``trace-gym`` subparsers object."""
+    p = subparsers.add_parser("train", help="train a policy with TRACE / GRPO / PCL / TreePO rollouts",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(p)
+    p.add_argument("--strategy", choices=STRATEGIES, help="rollout strategy (config: rollout.strategy)")
+    p.add_argument("--objective", choices=OBJECTIVE_NAMES, help="policy objective (config: objective.name)")
+    p.add_argument("--steps", type=int, help="training steps (config: steps)")
+    p.add_argument("--lr", type=float, help="learning rate (config: optim.lr)")
+    p.add_argument("--out", help="run directory (config: out_dir)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the run directory")
+    p.add_argument("--no-eval", action="store_true", help="skip held-out evaluation before and after")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_train_main)
+    return p
+
+
+def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``eval`` to a ``trace-gym`` subparsers object."""
+    p = subparsers.add_parser("eval", help="held-out success of a policy on an env's test split")
+    _common(p)
+    p.add_argument("--split", help="task split to evaluate (config: eval.split)")
+    p.add_argument("--eval-seed", type=int, default=12345, help="seed of the evaluation episodes")
+    p.add_argument("--per-task", action="store_true", help="print every task's success rate")
+    p.set_defaults(func=_eval_main)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - `trace-gym` is the entry point
+    from trace_agent.cli import main as cli_main
+
+    return cli_main(argv)
