@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/demo_train.py                    # build the demo policy if needed, train, report
     .venv/bin/python scripts/demo_train.py --steps 4 --eval-tasks 20 --out runs/demo
+    .venv/bin/python scripts/demo_train.py --compare trace,grpo --seeds 0,1,2 --out runs/compare   # equal budget
 
 Steps: (1) build the demo policy into ``artifacts/demo_policy`` unless it is there
 (``trace_agent.policy.demo.build_demo_policy``); (2) measure its held-out success on the
@@ -10,6 +11,11 @@ the TreeRPO objective on the train split; (4) measure held-out success again; (5
 a short report: success before/after with the number of held-out tasks and episodes,
 the effective ratio of every step, the predictor's share of wall-clock, where the
 plots and metrics are.
+
+``--compare A,B --seeds 0,1,2`` trains the same demo policy with each strategy and seed at
+equal budget (the config's (M, N); a flat strategy such as GRPO spends the same paper
+units as M + M*N/2 root rollouts), evaluates the shared starting policy once and every
+trained policy on the same held-out episodes, and prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -76,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-samples", type=int, default=4)
     parser.add_argument("--resume", action="store_true", help="continue a killed run from its checkpoint")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--compare", help="comma-separated strategies to compare at equal budget (e.g. trace,grpo)")
+    parser.add_argument("--seeds", default="0,1,2", help="seeds of --compare")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -93,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"built in {rep.total_seconds:.0f}s ({rep.num_parameters:,} parameters)", flush=True)
     t_build = time.perf_counter() - t0
     config = replace(config, policy=replace(config.policy, demo_build_steps=None))
+    if args.compare:
+        return compare(config, [x.strip() for x in args.compare.split(",")],
+                       [int(x) for x in args.seeds.split(",")])
     report = run_training(config, resume=args.resume, log=lambda m: print(m, flush=True))
     total = time.perf_counter() - t0
 
@@ -111,6 +122,59 @@ def main(argv: list[str] | None = None) -> int:
     print(f"time: {total:.0f}s total ({t_build:.0f}s demo policy, {report.wall_seconds:.0f}s training run with evals)")
     print(f"plots: {report.plot}\nmetrics: {Path(report.out_dir) / 'metrics.jsonl'} (TensorBoard: "
           f"{Path(report.out_dir) / 'tb'})\ntrained policy: {report.policy_dir}")
+    return 0
+
+
+def compare(config: TrainConfig, strategies: list[str], seeds: list[int]) -> int:
+    """Train each (strategy, seed) from the same policy at equal budget; print a Markdown table."""
+    import json
+    import statistics
+
+    from trace_agent.train_cli import evaluate_heldout, run_training
+    from trace_agent.trainer import build_policies
+
+    out = Path(config.out_dir)
+    base_policy, _ = build_policies(config.policy, seed=0)
+    base = evaluate_heldout(base_policy, config)
+    del base_policy
+    print(f"starting policy: held-out success {base.success:.3f} ({base.tasks} tasks x {base.samples} samples)",
+          flush=True)
+    rows = []
+    for seed in seeds:
+        for strategy in strategies:
+            cfg = replace(config, seed=seed, out_dir=str(out / f"{strategy}_s{seed}"),
+                          rollout=replace(config.rollout, strategy=strategy))
+            t = time.perf_counter()
+            rep = run_training(cfg, evaluate="after", log=lambda m: None)
+            assert rep.after is not None
+            eff = [x for x in rep.effective_ratio if not math.isnan(x)]
+            rows.append({"strategy": strategy, "seed": seed, "after": rep.after.success,
+                         "effective_ratio": sum(eff) / len(eff) if eff else math.nan,
+                         "train_success": statistics.fmean(x for x in rep.train_success if not math.isnan(x)),
+                         "paper_units": rep.paper_units, "generated_tokens": rep.generated_tokens,
+                         "predictor_share": rep.predictor_share, "seconds": time.perf_counter() - t})
+            print(json.dumps(rows[-1]), flush=True)
+    (out / "compare.json").write_text(json.dumps({"base": base.success, "tasks": base.tasks,
+                                                   "samples": base.samples, "rows": rows}, indent=1))
+    r = config.rollout
+    print(f"\n{len(seeds)} seeds x {config.steps} steps; budget per step {r.paper_budget:g} paper units "
+          f"(M={r.roots}, N={r.continuations_per_root}, group {r.group_size}); objective {config.objective.name}; "
+          f"held-out: {base.tasks} test tasks x {base.samples} samples; starting policy {base.success:.3f}\n")
+    print("| strategy | held-out success after (mean ± sd over seeds) | per seed | effective ratio | "
+          "train rollout success | paper units | generated tokens | predictor share | wall s/run |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for strategy in strategies:
+        rs = [x for x in rows if x["strategy"] == strategy]
+        after = [x["after"] for x in rs]
+        sd = statistics.stdev(after) if len(after) > 1 else 0.0
+
+        def mean(key: str, rs: list = rs) -> float:
+            return statistics.fmean(x[key] for x in rs)
+
+        print(f"| {strategy} | {statistics.fmean(after):.3f} ± {sd:.3f} | "
+              f"{' / '.join(f'{a:.3f}' for a in after)} | {mean('effective_ratio'):.2f} | "
+              f"{mean('train_success'):.2f} | {mean('paper_units'):.0f} | {mean('generated_tokens'):.0f} | "
+              f"{mean('predictor_share'):.1%} | {mean('seconds'):.0f} |")
     return 0
 
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from trace_agent.config import OBJECTIVE_NAMES, STRATEGIES, TrainConfig, load_config
 
@@ -132,12 +132,14 @@ def _eval_metrics(result: EvalResult) -> dict[str, float]:
             "eval/tasks": float(result.tasks), "eval/episodes": float(result.episodes), "eval/seconds": result.seconds}
 
 
-def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool = True,
+def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool | Literal["after"] = True,
                  log: Callable[[str], None] = print) -> TrainReport:
     """Train ``config`` end to end: held-out eval, ``steps`` steps (checkpointed), eval, final policy, plots.
 
     With ``resume`` the newest checkpoint under ``config.out_dir`` is loaded (if any) and the
     run continues from its step; metrics lines after that step are dropped and rewritten.
+    ``evaluate="after"`` skips the evaluation before training (e.g. when comparing runs that
+    start from the same policy).
     """
     from tqdm import tqdm
 
@@ -158,7 +160,7 @@ def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool = 
     before: EvalResult | None = None
     after: EvalResult | None = None
     try:
-        if evaluate and start == 0:
+        if evaluate is True and start == 0:
             before = evaluate_heldout(trainer.engine, config)
             logger.log(0, _eval_metrics(before))
             log(f"held-out success before: {before.success:.3f} ({before.tasks} tasks x {before.samples} samples, "
