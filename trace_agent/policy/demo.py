@@ -39,7 +39,7 @@ from trace_agent.policy.chat import END_OF_TURN, QWEN3_CHAT_TEMPLATE, QWEN3_SPEC
 
 if TYPE_CHECKING:
     from trace_agent.policy.hf import HFPolicy
-    from trace_envs.core import BranchableEnv
+    from trace_envs.core import BranchableEnv, Task
 
 __all__ = [
     "DemoModelConfig",
@@ -56,6 +56,7 @@ __all__ = [
     "train_demo_tokenizer",
     "make_demo_model",
     "tiny_policy",
+    "short_program",
     "build_demo_policy",
     "load_demo_policy",
     "evaluate_policy",
@@ -188,6 +189,7 @@ class Demonstrator(Protocol):
     ``messages`` with the tool observations so far, and any env-specific helper such as BFCL's
     ``ground_truth_actions``). ``flawed`` asks for a plausible mistake (the demonstration then
     usually fails), so a policy trained on the mix stays imperfect. ``rng`` is the only randomness.
+    A demonstrator may also define ``covers(task) -> bool``; tasks it does not cover are not demonstrated.
     """
 
     env_id: str
@@ -220,8 +222,50 @@ def _tool_call(name: str, arguments: Mapping[str, Any]) -> str:
 _INT = re.compile(r"(?<![\w.])(\d+)(?![\w.])")
 
 
+def short_program(family: str, p: Mapping[str, Any]) -> str | None:
+    """A one-line program (sympy / stdlib) that prints a generated task's answer, or None.
+
+    Used for levels 1–2, where each is checked against the task's answer in the tests;
+    a small model learns these far faster than the long reference ``solution_code``.
+    """
+    f = family
+    if f == "divisor_count":
+        return f"print(sympy.divisor_count({p['n']}))"
+    if f == "divisor_sum":
+        return f"print(sympy.divisor_sigma({p['n']}))"
+    if f == "totient":
+        return f"print(sympy.totient({p['n']}))"
+    if f == "prime_count":
+        return f"print(sympy.primepi({p['b']}) - sympy.primepi({p['a'] - 1}))"
+    if f == "digit_sum_power":
+        return f"print(sum(map(int, str({p['a']}**{p['b']}))))"
+    if f == "modpow":
+        return f"print(pow({p['a']}, {p['b']}, {p['m']}))"
+    if f == "mod_inverse":
+        return f"print(pow({p['a']}, -1, {p['m']}))"
+    if f == "binomial":
+        return f"print(math.comb({p['n']}, {p['k']}))"
+    if f == "derangements":
+        return f"print(sympy.subfactorial({p['n']}))"
+    if f == "power_sum":
+        return f"print(sum(k**{p['p']} for k in range(1, {p['n']} + 1)))"
+    if f == "fibonacci":
+        return f"print(sympy.fibonacci({p['n']}))"
+    if f == "count_divisible":
+        return (f"print(sum(1 for k in range(1, {p['n']} + 1) "
+                f"if (k % {p['a']} == 0 or k % {p['b']} == 0) and k % {p['c']}))")
+    if f == "digit_sum_count":
+        return f"print(sum(1 for k in range(1, {p['n']} + 1) if sum(map(int, str(k))) == {p['s']}))"
+    if f == "coprime_probability":
+        return f"print(sympy.Rational(sum(math.gcd(k, {p['m']}) == 1 for k in range(1, {p['n']} + 1)), {p['n']}))"
+    return None
+
+
 class PythonMathDemonstrator:
-    """PythonMath-v0: run the task's ``solution_code``, then box what it printed.
+    """PythonMath-v0: run a program for the task, then box what it printed.
+
+    The program is a one-liner (:func:`short_program`) for levels 1–2 and the task's reference
+    ``solution_code`` for level 3, so level-3 problems stay hard for a small model.
 
     A flawed demonstration changes one integer literal of the program by ±1 (or ±2); the
     answer then boxes the wrong output, as a careless solver would.
@@ -229,11 +273,26 @@ class PythonMathDemonstrator:
 
     env_id = "trace_envs/PythonMath-v0"
 
+    def covers(self, task: Task) -> bool:
+        """Only levels 1–2 of the families with a one-line program are demonstrated.
+
+        The rest (level 3, and families such as lattice paths) the policy never sees solved,
+        which keeps it imperfect in a useful way: some prompts always fail, some are mixed.
+        """
+        data = task.data
+        return int(data.get("level", 3)) <= 2 and short_program(str(data.get("family")), data.get("params", {})) is not None
+
     def act(self, env: BranchableEnv, *, flawed: bool, rng: np.random.Generator) -> str:
         task = env.task
         tool_outputs = [m["content"] for m in env.messages if m.get("role") == "tool"]
         if not tool_outputs:
-            code = str(task.data.get("solution_code") or f"print({task.data['answer']!r})")
+            short = None
+            if int(task.data.get("level", 3)) <= 2 and "family" in task.data:
+                short = short_program(str(task.data["family"]), task.data.get("params", {}))
+            if short is not None:
+                code = "import math, sympy\n" + short
+            else:
+                code = str(task.data.get("solution_code") or f"print({task.data['answer']!r})")
             if flawed:
                 code = _perturb_code(code, rng)
             return _tool_call("python", {"code": code})
@@ -318,6 +377,9 @@ def collect_demonstrations(
     demos: list[Demonstration] = []
     try:
         ids = list(task_ids) if task_ids is not None else env.tasks.ids()
+        covers = getattr(demonstrator, "covers", None)
+        if covers is not None:
+            ids = [task_id for task_id in ids if covers(env.tasks[task_id])]
         for task_id in ids:
             for _ in range(demos_per_task):
                 flawed = bool(rng.random() < flawed_fraction)
