@@ -48,8 +48,10 @@ __all__ = [
     "DEFAULT_DEMO_CACHE",
     "add_bench_parser",
     "load_policy",
+    "plot_result",
     "resolve_strategy",
     "run_bench",
+    "summarize",
     "main",
 ]
 
