@@ -353,30 +353,56 @@ register_demonstrator(WikiQADemonstrator.env_id, WikiQADemonstrator)
 register_demonstrator(BFCLDemonstrator.env_id, BFCLDemonstrator)
 
 
-def _make_env(env_id: str, *, max_turns: int) -> BranchableEnv:
+def _make_env(env_id: str, *, max_turns: int, demonstration: bool = False) -> BranchableEnv:
+    """The env, on its demonstration task pool when ``demonstration`` and the env has one."""
     import gymnasium as gym
 
     import trace_envs  # noqa: F401  (registers the suite)
 
-    return gym.make(env_id, max_turns=max_turns).unwrapped
+    kwargs: dict[str, Any] = {"max_turns": max_turns}
+    if demonstration and env_id == "trace_envs/PythonMath-v0":
+        kwargs["tasks"] = _math_demonstration_tasks()
+    return gym.make(env_id, **kwargs).unwrapped
+
+
+def _math_demonstration_tasks(batches: int = 10, seed: int = 7) -> Any:
+    """Generated math problems for demonstrations: several times the train split (so the model
+    learns to copy numbers, not to recall problems), deduplicated, none equal to a test problem."""
+    from trace_envs.core import TaskSet
+    from trace_envs.tasks.math_gen import DEFAULT_SPLIT_SIZES, default_math_tasks, generate_math_tasks
+
+    seen = {task.prompt for task in default_math_tasks("test").values()}
+    tasks = []
+    for b in range(batches):
+        for task in generate_math_tasks(DEFAULT_SPLIT_SIZES["train"], seed=seed + b, id_prefix=f"math-demo{b}"):
+            if task.prompt not in seen:
+                seen.add(task.prompt)
+                tasks.append(task)
+    return TaskSet(tasks, name=f"math-demo-{batches}x-{seed}")
 
 
 def collect_demonstrations(
     env_id: str,
     *,
     task_ids: Sequence[str] | None = None,
+    limit: int | None = None,
     demos_per_task: int = 1,
     flawed_fraction: float = 0.0,
     seed: int = 0,
     max_turns: int = 4,
 ) -> list[Demonstration]:
-    """Play scripted episodes of ``env_id`` through the real env (train tasks; all when ``task_ids`` is None)."""
+    """Play scripted episodes of ``env_id`` through the real env.
+
+    With ``task_ids``, on those tasks of the env's default (train) task set. Without, on the
+    env's demonstration pool (PythonMath-v0: 3,000 generated problems, none equal to a test
+    problem; other envs: their train tasks), its first ``limit`` tasks when given.
+    """
     demonstrator = demonstrator_for(env_id)
     rng = np.random.default_rng(seed)
-    env = _make_env(env_id, max_turns=max_turns)
+    env = _make_env(env_id, max_turns=max_turns, demonstration=task_ids is None)
     demos: list[Demonstration] = []
     try:
-        ids = list(task_ids) if task_ids is not None else env.tasks.ids()
+        ids = list(task_ids) if task_ids is not None else env.tasks.ids()[:limit]
         covers = getattr(demonstrator, "covers", None)
         if covers is not None:
             ids = [task_id for task_id in ids if covers(env.tasks[task_id])]
@@ -549,12 +575,7 @@ def build_demo_policy(
 
     demos: list[Demonstration] = []
     for k, env_id in enumerate(cfg.env_ids):
-        env = _make_env(env_id, max_turns=cfg.max_turns)
-        ids = env.tasks.ids()
-        env.close()
-        if cfg.tasks_per_env is not None:
-            ids = ids[:cfg.tasks_per_env]
-        demos += collect_demonstrations(env_id, task_ids=ids, demos_per_task=cfg.demos_per_task,
+        demos += collect_demonstrations(env_id, limit=cfg.tasks_per_env, demos_per_task=cfg.demos_per_task,
                                         flawed_fraction=cfg.flawed_fraction, seed=cfg.seed * 1000 + k,
                                         max_turns=cfg.max_turns)
     t_demo = time.perf_counter()
