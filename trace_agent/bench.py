@@ -76,7 +76,7 @@ class BenchConfig:
         budget: the batch budget (same for every strategy).
         warmup_prompts: tasks the predictor is warmed up on (disjoint from the measured ones), in
             batches of ``budget.max_active`` prompts collected TreePO-style with ``budget``; the
-            predictor is refreshed on all warm-up trees after each batch.
+            predictor is refreshed on each batch's trees as it returns (as in training).
         rollout: sampling settings (max_new_tokens, temperature, workers, oracle_samples...).
         command: the command line, recorded in the outputs.
     """
@@ -322,7 +322,7 @@ def run_bench(
             pool = [PromptSpec(task_id=t) for t in warm_ids[start:start + chunk]]
             batch = collector.collect(pool, _WarmUp(), config.budget, seed=10_000 + start)
             warm_trees.extend(batch.trees)
-            info["warmup_refresh"] = refresh_predictor(predictor, warm_trees)
+            info["warmup_refresh"] = refresh_predictor(predictor, batch.trees)  # the predictor keeps a replay buffer
         log(f"warm-up: {len(warm_trees)} trees on {n_warm} tasks in {time.perf_counter() - t0:.0f}s")
         measured_trees = []
         for seed in range(config.seeds):
