@@ -53,7 +53,7 @@ def demo_config(args: argparse.Namespace) -> TrainConfig:
         steps=args.steps,
         seed=args.seed,
         out_dir=args.out,
-        policy=PolicyConfig(kind="demo", path=args.policy_dir, demo_build_steps=args.build_steps),
+        policy=PolicyConfig(kind="demo", path=args.policy_dir, demo_build_steps=args.build_steps, max_batch_size=48),
         sampling=SamplingSettings(max_new_tokens=160, temperature=1.0, max_turns=3),
         rollout=RolloutSettings(strategy=args.strategy, prompts_per_step=16, roots=16, continuations_per_root=1,
                                 group_size=4),
@@ -73,13 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/demo", help="run directory")
     parser.add_argument("--policy-dir", default="artifacts/demo_policy", help="demo policy cache")
     parser.add_argument("--build-steps", type=int, default=None, help="demo-policy warm-start steps if it is built")
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--strategy", default="trace")
     parser.add_argument("--objective", default="treerpo")
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-tasks", type=int, default=40)
-    parser.add_argument("--eval-samples", type=int, default=4)
+    parser.add_argument("--eval-samples", type=int, default=2)
     parser.add_argument("--resume", action="store_true", help="continue a killed run from its checkpoint")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--compare", help="comma-separated strategies to compare at equal budget (e.g. trace,grpo)")
