@@ -346,7 +346,9 @@ def pack_segments(segments: Sequence[Segment]) -> list[PackedSequence]:
     """Pack segments into as few sequences as prefix sharing allows (deterministic, order-preserving).
 
     Segments are placed longest first; a segment joins the first sequence whose ids
-    start with its ``context + generated`` ids, else it opens a new sequence. The result
+    start with its ``context + generated`` ids and whose positions there are still free (two
+    sibling turns that sampled the very same ids are distinct segments), else it opens a new
+    sequence. The result
     lists sequences in the order their longest segment appears in ``segments``.
     """
     order = sorted(range(len(segments)),
@@ -355,12 +357,14 @@ def pack_segments(segments: Sequence[Segment]) -> list[PackedSequence]:
     for i in order:
         seg = segments[i]
         full = seg.context_ids + seg.generated_ids
+        span = range(len(seg.context_ids), len(full))
         host = next((s for s in seqs if s["prompt_id"] == seg.prompt_id and len(s["ids"]) >= len(full)
-                     and s["ids"][:len(full)] == full), None)
-        if host is None:
-            host = {"prompt_id": seg.prompt_id, "ids": full, "segs": [], "first": i}
+                     and s["ids"][:len(full)] == full and not any(j in s["taken"] for j in span)), None)
+        if host is None:  # identical sibling turns (same ids, same context) each get their own sequence
+            host = {"prompt_id": seg.prompt_id, "ids": full, "segs": [], "first": i, "taken": set()}
             seqs.append(host)
         host["segs"].append(seg)
+        host["taken"].update(span)
     seqs.sort(key=lambda s: s["first"])
     out = []
     for s in seqs:

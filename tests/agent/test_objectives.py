@@ -191,3 +191,19 @@ def test_policy_loss_missing_behaviour_logprobs_means_ratio_one() -> None:
     assert loss.item() == pytest.approx(0.0) and stats.ratio_mean == pytest.approx(1.0)
     loss.backward()
     assert logp.grad is not None and logp.grad.tolist() == pytest.approx([-0.5, 0.5])
+
+
+def test_identical_sibling_turns_are_packed_apart() -> None:
+    """Two rollouts that sample the very same first turn are two segments; each is trained once."""
+    t = RolloutTree(prompt_id="twins")
+    t.root.observation_ids = [1]
+    for r in (1.0, 0.0):
+        rid = t.start_rollout()
+        n = t.add_turn(t.root, rollout_id=rid, generated_ids=[5, 6], generated_logprobs=[-1.0, -1.0],
+                       observation_ids=[7])
+        n = t.add_turn(n, rollout_id=rid, generated_ids=[8], generated_logprobs=[-1.0])
+        t.finish(n, r)
+    segs = tree_segments(t, "grpo")
+    packed = pack_segments(segs)
+    assert len(packed) == 2 and sum(p.num_tokens for p in packed) == sum(s.num_tokens for s in segs) == 6
+    assert sorted(p.advantages[0] for p in packed) == pytest.approx([-A, A])
