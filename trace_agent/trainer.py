@@ -596,14 +596,19 @@ def build_predictor(config: PredictorSettings, *, seed: int = 0) -> Any:
 
 def make_env_factory(env_id: str, split: str, *, max_turns: int,
                      env_kwargs: dict[str, Any] | None = None) -> Callable[[], Any]:
-    """A zero-argument factory of ``gymnasium.make(env_id, tasks=split, max_turns=...)`` (unwrapped)."""
+    """A zero-argument factory of ``gymnasium.make(env_id, tasks=split, max_turns=..., **env_kwargs)`` (unwrapped).
+
+    ``split`` is what the env's ``tasks`` argument takes ("train", "test", or a task file path for
+    PythonMath-v0); an explicit ``env_kwargs["tasks"]`` wins.
+    """
 
     def make() -> Any:
         import gymnasium as gym
 
         import trace_envs  # noqa: F401  (registers the suite)
 
-        return gym.make(env_id, tasks=split, max_turns=max_turns, **dict(env_kwargs or {})).unwrapped
+        kwargs = {"tasks": split, "max_turns": max_turns, **dict(env_kwargs or {})}
+        return gym.make(env_id, **kwargs).unwrapped
 
     return make
 
