@@ -35,7 +35,7 @@ $(VLLM_STAMP):
 	touch $(VLLM_STAMP)
 
 demo: setup
-	$(PY) scripts/demo.py
+	$(PY) scripts/demo_train.py --out runs/demo
 
 test: test-fast test-vllm
 

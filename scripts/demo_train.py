@@ -4,8 +4,8 @@
     .venv/bin/python scripts/demo_train.py --steps 4 --eval-tasks 20 --out runs/demo
     .venv/bin/python scripts/demo_train.py --compare trace,grpo --seeds 0,1,2 --out runs/compare   # equal budget
 
-Steps: (1) build the demo policy into ``artifacts/demo_policy`` unless it is there
-(``trace_agent.policy.demo.build_demo_policy``); (2) measure its held-out success on the
+Steps: (1) load the shipped demo policy (``trace_agent/policy/assets/demo_policy``; or
+``--policy-dir DIR``, built there first when missing); (2) measure its held-out success on the
 test split; (3) train it with TRACE (predictor-driven root and prefix allocation) and
 the TreeRPO objective on the train split; (4) measure held-out success again; (5) print
 a short report: success before/after with the number of held-out tasks and episodes,
@@ -71,7 +71,8 @@ def demo_config(args: argparse.Namespace) -> TrainConfig:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/demo", help="run directory")
-    parser.add_argument("--policy-dir", default="artifacts/demo_policy", help="demo policy cache")
+    parser.add_argument("--policy-dir", default="",
+                        help="demo policy dir (default: the shipped one; a missing dir is built first)")
     parser.add_argument("--build-steps", type=int, default=None, help="demo-policy warm-start steps if it is built")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--strategy", default="trace")
@@ -92,15 +93,13 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     config = demo_config(args)
-    if not (Path(config.policy.path) / "config.json").exists():
-        from trace_agent.policy.demo import build_demo_policy
+    from trace_agent.policy.demo import ensure_demo_policy
 
-        print(f"building the demo policy into {config.policy.path} ...", flush=True)
-        rep = build_demo_policy(config.policy.path, seed=args.seed, steps=args.build_steps,
-                                log=lambda m: print(f"  {m}", flush=True))
-        print(f"built in {rep.total_seconds:.0f}s ({rep.num_parameters:,} parameters)", flush=True)
+    policy_dir = ensure_demo_policy(config.policy.path, seed=args.seed, steps=args.build_steps,
+                                    log=lambda m: print(f"  {m}", flush=True))
+    print(f"demo policy: {policy_dir}", flush=True)
     t_build = time.perf_counter() - t0
-    config = replace(config, policy=replace(config.policy, demo_build_steps=None))
+    config = replace(config, policy=replace(config.policy, path=str(policy_dir), demo_build_steps=None))
     if args.compare:
         return compare(config, [x.strip() for x in args.compare.split(",")],
                        [int(x) for x in args.seeds.split(",")])

@@ -45,7 +45,6 @@ from trace_agent.strategies import STRATEGY_NAMES, Budget, Strategy, TreePO, mak
 __all__ = [
     "BenchConfig",
     "BenchResult",
-    "DEFAULT_DEMO_CACHE",
     "add_bench_parser",
     "load_policy",
     "plot_result",
@@ -55,7 +54,6 @@ __all__ = [
     "main",
 ]
 
-DEFAULT_DEMO_CACHE = Path.home() / ".cache" / "trace-gym" / "demo_policy"
 DEFAULT_STRATEGIES: tuple[str, ...] = ("grpo", "pcl", "treepo", "trace", "trace-root", "trace-prefix", "oracle")
 _SUMMARY_KEYS = ("effective_ratio", "success_rate", "mixed_trees", "active_prompts", "contrast_pairs", "skipped", "root_rollouts",
                  "continuations", "paper_units", "generated_tokens", "env_steps", "wall_seconds",
@@ -119,16 +117,13 @@ def resolve_strategy(spec: str | Strategy) -> Strategy:
     return strategy
 
 
-def load_policy(spec: str, *, cache_dir: str | Path = DEFAULT_DEMO_CACHE, log: Callable[[str], None] = print) -> Any:
-    """``"demo"``: the offline demo policy from ``cache_dir`` (built there first if missing); else an HF model dir."""
+def load_policy(spec: str, *, cache_dir: str | Path | None = None, log: Callable[[str], None] = print) -> Any:
+    """``"demo"``: the offline demo policy (the shipped one, or built in ``cache_dir`` if given and
+    missing); else a transformers model dir."""
     from trace_agent.policy import demo
 
     if spec == "demo":
-        path = Path(cache_dir)
-        if not (path / "config.json").exists():
-            log(f"building the demo policy in {path} (a few minutes, once)")
-            demo.build_demo_policy(path, log=log)
-        return demo.load_demo_policy(path)
+        return demo.load_demo_policy(demo.ensure_demo_policy(cache_dir, log=log))
     from trace_agent.policy.hf import HFPolicy
 
     return HFPolicy.from_pretrained(spec)
@@ -419,7 +414,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--env-kwargs", default="{}", help='extra gym.make arguments as JSON, e.g. \'{"tasks": "test"}\'')
     p.add_argument("--max-turns", type=int, default=4)
     p.add_argument("--policy", default="demo", help='"demo" or a saved transformers policy directory')
-    p.add_argument("--policy-cache", default=str(DEFAULT_DEMO_CACHE), help="where the demo policy is built/loaded")
+    p.add_argument("--policy-cache", default=None,
+                   help="with --policy demo: a dir to build/load a demo policy in (default: the shipped one)")
     p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
                    help=f"comma-separated: {', '.join(STRATEGY_NAMES)} or module:attribute")
     p.add_argument("--seeds", type=int, default=5)

@@ -10,7 +10,7 @@ Example YAML (``docs/configs/demo.yaml``)::
 
     steps: 8
     env_id: trace_envs/PythonMath-v0
-    policy: {kind: demo, path: artifacts/demo_policy}
+    policy: {kind: demo, path: ""}
     rollout: {strategy: trace, prompts_per_step: 8, roots: 16, continuations_per_root: 1, group_size: 4}
     objective: {name: treerpo}
 
@@ -65,7 +65,8 @@ class PolicyConfig:
             checkpoint), ``"vllm"`` (generation by ``VLLMPolicy(path)``, training on an
             ``HFPolicy`` of the same checkpoint; weights synced after each update) or
             ``"tiny"`` (an untrained tiny model, for tests).
-        path: checkpoint directory or hub name.
+        path: checkpoint directory or hub name; for ``kind == "demo"``, empty means the shipped demo
+            policy and a directory is built there first when it holds no model.
         device: torch device of the trained model.
         dtype: torch dtype name of the trained model (None: the checkpoint's).
         max_batch_size: contexts per forward pass.
@@ -75,7 +76,7 @@ class PolicyConfig:
     """
 
     kind: Literal["demo", "hf", "vllm", "tiny"] = "demo"
-    path: str = "artifacts/demo_policy"
+    path: str = ""
     device: str = "cpu"
     dtype: str | None = None
     max_batch_size: int = 32

@@ -565,11 +565,10 @@ def build_policies(config: PolicyConfig, *, seed: int = 0) -> tuple[HFPolicy, An
         learner = tiny_policy(seed=seed, device=config.device)
         return learner, learner
     if config.kind == "demo":
-        from trace_agent.policy.demo import build_demo_policy, load_demo_policy
+        from trace_agent.policy.demo import ensure_demo_policy, load_demo_policy
 
-        if not (Path(config.path) / "config.json").exists():
-            build_demo_policy(config.path, seed=seed, steps=config.demo_build_steps)
-        learner = load_demo_policy(config.path, device=config.device, max_batch_size=config.max_batch_size)
+        path = ensure_demo_policy(config.path, seed=seed, steps=config.demo_build_steps)
+        learner = load_demo_policy(path, device=config.device, max_batch_size=config.max_batch_size)
         return learner, learner
     learner = HFPolicy.from_pretrained(config.path, device=config.device, dtype=config.dtype,
                                        max_batch_size=config.max_batch_size,

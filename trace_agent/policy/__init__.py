@@ -3,7 +3,7 @@
 Importing this package imports no torch, transformers or vLLM; the backends load them when used::
 
     from trace_agent.policy import HFPolicy, load_demo_policy
-    policy = load_demo_policy("artifacts/demo_policy")
+    policy = load_demo_policy()  # the shipped demo policy
     ctx = policy.render(env.messages, env.tools)
     (gen,) = policy.generate([ctx], max_new_tokens=128, temperature=1.0, seed=0)
     obs, reward, terminated, truncated, info = env.step(gen.text)

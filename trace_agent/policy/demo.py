@@ -57,6 +57,8 @@ __all__ = [
     "make_demo_model",
     "tiny_policy",
     "short_program",
+    "SHIPPED_DEMO_POLICY",
+    "ensure_demo_policy",
     "build_demo_policy",
     "load_demo_policy",
     "evaluate_policy",
@@ -700,7 +702,27 @@ def _train(model: Any, encoded: Sequence[tuple[list[int], list[bool]]], cfg: Dem
     return losses
 
 
-def load_demo_policy(path: str | Path, *, device: str = "cpu", max_batch_size: int = 32) -> HFPolicy:
+#: The demo policy the project ships (built by ``scripts/build_demo_policy.py --steps 400 --seed 0``;
+#: its ``build_report.json`` holds the losses and timings).
+SHIPPED_DEMO_POLICY = Path(__file__).resolve().parent / "assets" / "demo_policy"
+
+
+def ensure_demo_policy(path: str | Path | None = None, *, seed: int = 0, steps: int | None = None,
+                       log: Callable[[str], None] | None = None) -> Path:
+    """The directory of a demo policy: the shipped one when ``path`` is None or empty, else ``path``,
+    built there first (:func:`build_demo_policy`) when it holds no model."""
+    if not path:
+        return SHIPPED_DEMO_POLICY
+    target = Path(path)
+    if not (target / "config.json").exists():
+        if log is not None:
+            log(f"building the demo policy in {target} (minutes, once)")
+        build_demo_policy(target, seed=seed, steps=steps, log=log)
+    return target
+
+
+def load_demo_policy(path: str | Path = SHIPPED_DEMO_POLICY, *, device: str = "cpu",
+                     max_batch_size: int = 32) -> HFPolicy:
     """The demo policy saved by :func:`build_demo_policy`, loaded with ``HFPolicy.from_pretrained``."""
     from trace_agent.policy.hf import HFPolicy
 
