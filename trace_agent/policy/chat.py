@@ -24,7 +24,7 @@ from typing import Any
 
 from trace_agent.policy.base import Generation, Message, PolicyError, TokenContext
 
-__all__ = ["ChatRenderer", "QWEN3_CHAT_TEMPLATE", "QWEN3_SPECIAL_TOKENS", "END_OF_TURN"]
+__all__ = ["ChatRenderer", "ChatTemplated", "QWEN3_CHAT_TEMPLATE", "QWEN3_SPECIAL_TOKENS", "END_OF_TURN"]
 
 END_OF_TURN = "<|im_end|>"
 QWEN3_SPECIAL_TOKENS: tuple[str, ...] = (
@@ -184,3 +184,29 @@ class ChatRenderer:
         if ids and ids[-1] in self.stop_token_ids:
             ids = ids[:-1]
         return self.decode(ids)
+
+
+class ChatTemplated:
+    """The template half of the :class:`~trace_agent.policy.base.Policy` protocol, for backends
+    that hold a :class:`ChatRenderer` as ``self.chat``: rendering, extending and decoding are the
+    template's business, so every backend shares them (only ``generate``/``logprobs`` differ)."""
+
+    chat: ChatRenderer
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        return self.chat.stop_token_ids
+
+    def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> TokenContext:
+        return self.chat.render(messages, tools)
+
+    def extend(
+        self, context: TokenContext, generation: Generation, observation: Message | Sequence[Message]
+    ) -> TokenContext:
+        return self.chat.extend(context, generation, observation)
+
+    def finish(self, context: TokenContext, generation: Generation) -> TokenContext:
+        return self.chat.finish(context, generation)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.chat.decode(token_ids)

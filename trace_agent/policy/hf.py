@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trace_agent.policy.base import Generation, Message, PolicyError, SamplingConfig, TokenContext
-from trace_agent.policy.chat import ChatRenderer
+from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, TokenContext
+from trace_agent.policy.chat import ChatRenderer, ChatTemplated
 
 if TYPE_CHECKING:
     import torch
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["HFPolicy"]
 
 
-class HFPolicy:
+class HFPolicy(ChatTemplated):
     """A ``transformers`` causal LM as a :class:`Policy`.
 
     Args:
@@ -94,24 +94,6 @@ class HFPolicy:
                    template_kwargs=template_kwargs)
 
     # ------------------------------------------------------------- protocol
-    @property
-    def stop_token_ids(self) -> tuple[int, ...]:
-        return self.chat.stop_token_ids
-
-    def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> TokenContext:
-        return self.chat.render(messages, tools)
-
-    def extend(
-        self, context: TokenContext, generation: Generation, observation: Message | Sequence[Message]
-    ) -> TokenContext:
-        return self.chat.extend(context, generation, observation)
-
-    def finish(self, context: TokenContext, generation: Generation) -> TokenContext:
-        return self.chat.finish(context, generation)
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self.chat.decode(token_ids)
-
     def generate(
         self,
         contexts: Sequence[TokenContext],

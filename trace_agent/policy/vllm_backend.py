@@ -32,8 +32,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trace_agent.policy.base import Generation, Message, PolicyError, SamplingConfig, TokenContext
-from trace_agent.policy.chat import ChatRenderer
+from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, TokenContext
+from trace_agent.policy.chat import ChatRenderer, ChatTemplated
 
 __all__ = ["VLLMPolicy", "vllm_available"]
 
@@ -47,7 +47,7 @@ def vllm_available() -> bool:
     return True
 
 
-class VLLMPolicy:
+class VLLMPolicy(ChatTemplated):
     """A vLLM engine as a :class:`~trace_agent.policy.base.Policy`.
 
     Args:
@@ -90,24 +90,6 @@ class VLLMPolicy:
         self.llm = LLM(model=str(model), tokenizer=str(model), **kwargs)
 
     # ------------------------------------------------------------- protocol
-    @property
-    def stop_token_ids(self) -> tuple[int, ...]:
-        return self.chat.stop_token_ids
-
-    def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> TokenContext:
-        return self.chat.render(messages, tools)
-
-    def extend(
-        self, context: TokenContext, generation: Generation, observation: Message | Sequence[Message]
-    ) -> TokenContext:
-        return self.chat.extend(context, generation, observation)
-
-    def finish(self, context: TokenContext, generation: Generation) -> TokenContext:
-        return self.chat.finish(context, generation)
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self.chat.decode(token_ids)
-
     def generate(
         self,
         contexts: Sequence[TokenContext],
