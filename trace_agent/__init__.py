@@ -9,6 +9,13 @@ The core lives in three modules, importable without torch:
 - :mod:`trace_agent.predictor` - the ``SuccessPredictor`` protocol, the CPU default
   ``EmbeddingPredictor``, the ``LMCritic`` (torch imported lazily) and online training
   from finished trees.
+
+On top of them (policies in :mod:`trace_agent.policy`, torch loaded lazily):
+
+- :mod:`trace_agent.rollout` - ``TreeCollector``: per-prompt tree collection through snapshot/restore.
+- :mod:`trace_agent.strategies` - the ``Strategy`` protocol, ``Budget`` and GRPO / PCL / TreePO / TRACE / Oracle.
+- :mod:`trace_agent.objectives` - GRPO, TreeRPO, Tree-GRPO advantages and the clipped policy loss.
+- :mod:`trace_agent.trainer` - the five-step loop, checkpoints; ``trace-gym`` is :mod:`trace_agent.cli`.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from trace_agent.predictor import (
     score_nodes,
     tree_examples,
 )
+from trace_agent.rollout import Collection, PromptSpec, RolloutConfig, TreeCollector, prompt_pool
+from trace_agent.strategies import GRPO, PCL, TRACE, Budget, Oracle, Strategy, TreePO, make_strategy
 from trace_agent.tree import (
     BatchStats,
     Node,
@@ -49,6 +58,19 @@ from trace_agent.tree import (
 )
 
 __all__ = [
+    "Budget",
+    "Collection",
+    "GRPO",
+    "Oracle",
+    "PCL",
+    "PromptSpec",
+    "RolloutConfig",
+    "Strategy",
+    "TRACE",
+    "TreeCollector",
+    "TreePO",
+    "make_strategy",
+    "prompt_pool",
     "BatchStats",
     "BudgetAccount",
     "BudgetConfig",
