@@ -1,4 +1,4 @@
-"""`make demo`: a scripted look-ahead agent that shows branching at work on PythonMath-v0.
+"""A scripted look-ahead agent that shows branching at work on PythonMath-v0.
 
 The agent is given several candidate programs per problem (the correct one
 and mutated ones — a stand-in for a policy's samples). It runs a shared setup
@@ -6,7 +6,7 @@ cell, takes a snapshot, then tries every candidate in its own branch with
 ``restore()`` and keeps the one the verifier accepts. A greedy agent that
 commits to its first sample is the baseline. Figures printed at the end.
 
-(Training with TRACE replaces this demo once the trainer lands.)
+Run: .venv/bin/python scripts/demo.py [--tasks 24 --k 3]   (`make demo` runs the training demo instead)
 """
 
 from __future__ import annotations
