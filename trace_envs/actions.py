@@ -52,8 +52,22 @@ class ToolCall:
         return json.dumps({"name": self.name, "arguments": dict(self.arguments)}, ensure_ascii=False)
 
 
+class _Problems:
+    """``ok`` and the observation text of a parse result that carries ``errors``."""
+
+    errors: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def error_message(self) -> str:
+        """All problems as one observation text for the model."""
+        return "Error: " + " ".join(self.errors)
+
+
 @dataclass(frozen=True)
-class ParsedAction:
+class ParsedAction(_Problems):
     """What one turn of model text asks for.
 
     Exactly one of these holds: ``errors`` is non-empty (the turn was
@@ -65,14 +79,6 @@ class ParsedAction:
     tool_calls: tuple[ToolCall, ...] = ()
     answer: str | None = None
     errors: tuple[str, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors
-
-    def error_message(self) -> str:
-        """All problems as one observation text for the model."""
-        return "Error: " + " ".join(self.errors)
 
 
 def strip_thinking(text: str) -> str:
@@ -208,7 +214,7 @@ class PythonCall:
 
 
 @dataclass(frozen=True)
-class ParsedCallList:
+class ParsedCallList(_Problems):
     """The calls of a Python-style call list, or the reasons it was refused.
 
     ``errors`` non-empty means nothing of the text may be executed (a list is
@@ -218,14 +224,6 @@ class ParsedCallList:
     text: str
     calls: tuple[PythonCall, ...] = ()
     errors: tuple[str, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors
-
-    def error_message(self) -> str:
-        """All problems as one observation text for the model."""
-        return "Error: " + " ".join(self.errors)
 
 
 def _unfence(text: str) -> str:
