@@ -256,13 +256,17 @@ def sync_weights(engine: Any, learner: HFPolicy) -> bool:
 class PromptPool:
     """Candidate prompts, served in seeded shuffled epochs; its position is part of the checkpoint.
 
-    ``take(n)`` returns the next ``n`` prompt ids (crossing into the next epoch, whose order is
-    ``np.random.default_rng([seed, epoch]).permutation``); a prompt never repeats within an epoch.
+    ``take(n)`` returns the next ``n`` distinct prompt ids (crossing into the next epoch, whose
+    order is ``np.random.default_rng([seed, epoch]).permutation``); a prompt never repeats within
+    an epoch nor within one batch: where a batch crosses an epoch boundary, the new epoch's
+    occurrences of prompts already in the batch are skipped.
     """
 
     def __init__(self, prompt_ids: Sequence[str], *, seed: int) -> None:
         if not prompt_ids:
             raise ValueError("the prompt pool is empty")
+        if len(set(prompt_ids)) != len(prompt_ids):
+            raise ValueError("the prompt pool has duplicate ids")
         self.prompt_ids = tuple(prompt_ids)
         self.seed = int(seed)
         self.epoch = 0
@@ -272,12 +276,18 @@ class PromptPool:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.prompt_ids)).tolist()
 
     def take(self, n: int) -> list[str]:
+        if not 0 <= n <= len(self.prompt_ids):
+            raise ValueError(f"cannot take {n} distinct prompts from a pool of {len(self.prompt_ids)}")
         out: list[str] = []
+        taken: set[str] = set()
         while len(out) < n:
             order = self._order(self.epoch)
-            k = min(n - len(out), len(order) - self.cursor)
-            out += [self.prompt_ids[i] for i in order[self.cursor:self.cursor + k]]
-            self.cursor += k
+            while self.cursor < len(order) and len(out) < n:
+                prompt_id = self.prompt_ids[order[self.cursor]]
+                self.cursor += 1
+                if prompt_id not in taken:
+                    out.append(prompt_id)
+                    taken.add(prompt_id)
             if self.cursor == len(order):
                 self.epoch, self.cursor = self.epoch + 1, 0
         return out

@@ -171,6 +171,23 @@ def test_prompt_pool_epochs_and_state() -> None:
         PromptPool(["x"], seed=1).load_state_dict(state)
 
 
+def test_prompt_pool_batches_never_repeat_a_prompt_across_epoch_boundaries() -> None:
+    ids = [f"p{i}" for i in range(7)]
+    pool = PromptPool(ids, seed=3)
+    served = []
+    for _ in range(40):  # 3 does not divide 7: most epoch boundaries fall inside a batch
+        batch = pool.take(3)
+        assert len(set(batch)) == 3
+        served += batch
+    counts = [served.count(i) for i in ids]
+    assert max(counts) - min(counts) <= 2  # skipping at a boundary keeps the pool nearly uniform
+    assert sorted(PromptPool(ids, seed=3).take(7)) == ids
+    with pytest.raises(ValueError, match="distinct prompts"):
+        pool.take(8)
+    with pytest.raises(ValueError, match="duplicate"):
+        PromptPool(["a", "a"], seed=0)
+
+
 def test_config_yaml_and_overrides(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("steps: 3\nrollout: {strategy: grpo, roots: 8, group_size: 4}\noptim: {betas: [0.8, 0.9]}\n")
