@@ -1,7 +1,7 @@
 """`make demo`: a real TRACE training run of the offline demo policy on PythonMath-v0, on a CPU, in minutes.
 
     .venv/bin/python scripts/demo_train.py                    # build the demo policy if needed, train, report
-    .venv/bin/python scripts/demo_train.py --steps 4 --eval-tasks 20 --out runs/demo
+    .venv/bin/python scripts/demo_train.py --steps 4 --eval-tasks 20 --out runs/demo-short
     .venv/bin/python scripts/demo_train.py --compare trace,grpo --seeds 0,1,2 --out runs/compare   # equal budget
 
 Steps: (1) load the shipped demo policy (``trace_agent/policy/assets/demo_policy``; or
@@ -55,12 +55,13 @@ def demo_config(args: argparse.Namespace) -> TrainConfig:
         out_dir=args.out,
         policy=PolicyConfig(kind="demo", path=args.policy_dir, demo_build_steps=args.build_steps, max_batch_size=48),
         sampling=SamplingSettings(max_new_tokens=160, temperature=1.0, max_turns=3),
-        rollout=RolloutSettings(strategy=args.strategy, prompts_per_step=16, roots=16, continuations_per_root=1,
+        rollout=RolloutSettings(strategy=args.strategy, prompts_per_step=48, roots=48, continuations_per_root=1,
                                 group_size=4),
         objective=ObjectiveConfig(name=args.objective, lone_child="inherit", clip_low=0.2, clip_high=0.28),
         optim=OptimConfig(lr=args.lr, epochs=1, minibatches=2, micro_batch=8, max_grad_norm=1.0),
         predictor=PredictorSettings(kind="embedding"),
-        eval=EvalConfig(split="test", tasks=args.eval_tasks, samples=args.eval_samples, temperature=1.0),
+        eval=EvalConfig(split="test", tasks=args.eval_tasks, samples=args.eval_samples, temperature=1.0,
+                        every=args.eval_every),
         log=LogConfig(checkpoint_every=1, keep_checkpoints=1, progress=not args.no_progress),
     )
     if args.overrides:
@@ -68,25 +69,31 @@ def demo_config(args: argparse.Namespace) -> TrainConfig:
     return config
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The demo's command line (its defaults are docs/configs/demo.yaml's settings)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/demo", help="run directory")
     parser.add_argument("--policy-dir", default="",
                         help="demo policy dir (default: the shipped one; a missing dir is built first)")
     parser.add_argument("--build-steps", type=int, default=None, help="demo-policy warm-start steps if it is built")
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--strategy", default="trace")
     parser.add_argument("--objective", default="treerpo")
-    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eval-tasks", type=int, default=40)
-    parser.add_argument("--eval-samples", type=int, default=2)
+    parser.add_argument("--eval-tasks", type=int, default=100, help="held-out tasks (the test split has 100)")
+    parser.add_argument("--eval-samples", type=int, default=4)
+    parser.add_argument("--eval-every", type=int, default=8, help="also evaluate every N steps (0: before/after only)")
     parser.add_argument("--resume", action="store_true", help="continue a killed run from its checkpoint")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--compare", help="comma-separated strategies to compare at equal budget (e.g. trace,grpo)")
     parser.add_argument("--seeds", default="0,1,2", help="seeds of --compare")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     from trace_agent.train_cli import run_training
@@ -112,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"held-out success (PythonMath-v0 test split, {a.tasks} tasks x {a.samples} samples = {a.episodes} "
               f"episodes): {b.success:.3f} -> {a.success:.3f} ({a.success - b.success:+.3f}); tasks solved at least "
               f"once: {b.solved_tasks} -> {a.solved_tasks}")
+    from trace_agent.metrics import read_metrics
+
+    curve = [(r["step"], r["eval/success"]) for r in read_metrics(Path(report.out_dir) / "metrics.jsonl")
+             if "eval/success" in r]
+    if len(curve) > 2:
+        print("held-out success by step: " + " ".join(f"{step}:{success:.3f}" for step, success in curve))
     ratios = " ".join("nan" if math.isnan(x) else f"{x:.2f}" for x in report.effective_ratio)
     succ = " ".join("nan" if math.isnan(x) else f"{x:.2f}" for x in report.train_success)
     print(f"effective ratio per step: {ratios}")
@@ -142,7 +155,7 @@ def compare(config: TrainConfig, strategies: list[str], seeds: list[int]) -> int
     for seed in seeds:
         for strategy in strategies:
             cfg = replace(config, seed=seed, out_dir=str(out / f"{strategy}_s{seed}"),
-                          rollout=replace(config.rollout, strategy=strategy))
+                          rollout=replace(config.rollout, strategy=strategy), eval=replace(config.eval, every=0))
             t = time.perf_counter()
             rep = run_training(cfg, evaluate="after", log=lambda m: None)
             assert rep.after is not None

@@ -23,6 +23,7 @@ from trace_agent.config import (
     RolloutSettings,
     SamplingSettings,
     TrainConfig,
+    config_to_dict,
     load_config,
 )
 from trace_agent.objectives import batch_segments, pack_segments
@@ -304,3 +305,21 @@ def test_run_training_end_to_end(tmp_path: Path) -> None:
     report2 = run_training(more, resume=True, evaluate=False, log=lambda _m: None)
     assert report2.steps == 2
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 1, 2]
+
+
+def test_shipped_yaml_configs_load_and_demo_yaml_matches_make_demo() -> None:
+    """docs/configs/*.yaml are valid, and demo.yaml is what `make demo` (scripts/demo_train.py) trains."""
+    root = Path(__file__).resolve().parents[2]
+    for path in sorted((root / "docs" / "configs").glob("*.yaml")):
+        load_config(path)
+    sys.path.insert(0, str(root / "scripts"))
+    try:
+        import demo_train
+    finally:
+        sys.path.remove(str(root / "scripts"))
+    args = demo_train.build_parser().parse_args([])
+    made = config_to_dict(demo_train.demo_config(args))
+    yaml_config = config_to_dict(load_config(root / "docs" / "configs" / "demo.yaml"))
+    for section in ("env_id", "steps", "seed", "sampling", "rollout", "objective", "optim", "predictor", "eval"):
+        assert yaml_config[section] == made[section], section
+    assert yaml_config["policy"]["max_batch_size"] == made["policy"]["max_batch_size"]

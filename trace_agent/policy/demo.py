@@ -12,10 +12,13 @@ saves model + tokenizer with ``save_pretrained``. :func:`load_demo_policy` loads
 it back as an :class:`~trace_agent.policy.hf.HFPolicy`.
 
 The demo policy is meant to be *imperfect in a useful way*: it is trained
-briefly, on a mix where ``flawed_fraction`` of the demonstrations run a
-perturbed program (and so box a wrong answer), so per-task success rates spread
-between 0 and 1 (the task families differ in how hard their programs are to
-write). :func:`evaluate_policy` measures that spread through the env.
+briefly, on a mix where ``flawed_fraction`` of the demonstrations make a plausible
+mistake (PythonMath-v0: a wrong method for the problem's family, such as permutations
+for combinations or an off-by-one range; :func:`misconception_program`), and so box a
+wrong answer. Per-task success rates then spread between 0 and 1 (the families also
+differ in how hard their programs are to copy), and part of the failures come from
+habits that reinforcement learning can remove and that transfer to held-out problems.
+:func:`evaluate_policy` measures that spread through the env.
 
 A new env gets demonstrations by registering a :class:`Demonstrator` for its id
 (:func:`register_demonstrator`); PythonMath-v0's is built in.
@@ -57,6 +60,7 @@ __all__ = [
     "make_demo_model",
     "tiny_policy",
     "short_program",
+    "misconception_program",
     "SHIPPED_DEMO_POLICY",
     "ensure_demo_policy",
     "build_demo_policy",
@@ -126,12 +130,12 @@ class DemoTrainConfig:
     """
 
     seed: int = 0
-    steps: int = 400
+    steps: int = 1500
     batch_size: int = 16
     learning_rate: float = 3e-3
     warmup_steps: int = 30
     weight_decay: float = 0.01
-    flawed_fraction: float = 0.15
+    flawed_fraction: float = 0.4
     env_ids: tuple[str, ...] = DEFAULT_ENV_IDS
     tasks_per_env: int | None = None
     demos_per_task: int = 2
@@ -263,14 +267,57 @@ def short_program(family: str, p: Mapping[str, Any]) -> str | None:
     return None
 
 
+def misconception_program(family: str, p: Mapping[str, Any]) -> str | None:
+    """A one-line program for a generated task that applies a plausible *wrong method*, or None.
+
+    The mistakes a careless solver makes: proper instead of all divisors, permutations instead of
+    combinations, an off-by-one range or index, a dropped condition, the wrong denominator, a misremembered theorem
+    (``pow(a, m - 1, m)`` for an inverse), a product for a power. Each is wrong on almost every
+    level 1–2 task of its family (checked in the tests), so a policy that learned it sometimes
+    has a family-level habit that reinforcement learning can unlearn, and the fix carries over to
+    held-out problems of the same family.
+    """
+    f = family
+    if f == "divisor_count":
+        return f"print(len(sympy.divisors({p['n']})) - 1)"
+    if f == "divisor_sum":
+        return f"print(sympy.divisor_sigma({p['n']}) - {p['n']})"
+    if f == "totient":
+        return f"print({p['n']} - 1)"
+    if f == "prime_count":
+        return f"print(sympy.primepi({p['b']}))"
+    if f == "digit_sum_power":
+        return f"print(sum(map(int, str({p['a']} * {p['b']}))))"
+    if f == "modpow":
+        return f"print({p['a']} * {p['b']} % {p['m']})"
+    if f == "mod_inverse":
+        return f"print(pow({p['a']}, {p['m']} - 1, {p['m']}))"
+    if f == "binomial":
+        return f"print(math.perm({p['n']}, {p['k']}))"
+    if f == "derangements":
+        return f"print(math.factorial({p['n']}) - 1)"
+    if f == "power_sum":
+        return f"print(sum(k**{p['p']} for k in range(1, {p['n']})))"
+    if f == "fibonacci":
+        return f"print(sympy.fibonacci({p['n']} + 1))"
+    if f == "count_divisible":
+        return f"print(sum(1 for k in range(1, {p['n']} + 1) if k % {p['a']} == 0 or k % {p['b']} == 0))"
+    if f == "digit_sum_count":
+        return f"print(sum(1 for k in range(1, {p['n']} + 1) if sum(map(int, str(k))) <= {p['s']}))"
+    if f == "coprime_probability":
+        return f"print(sympy.Rational(sum(math.gcd(k, {p['m']}) == 1 for k in range(1, {p['n']} + 1)), {p['m']}))"
+    return None
+
+
 class PythonMathDemonstrator:
     """PythonMath-v0: run a program for the task, then box what it printed.
 
     The program is a one-liner (:func:`short_program`) for levels 1–2 and the task's reference
     ``solution_code`` for level 3, so level-3 problems stay hard for a small model.
 
-    A flawed demonstration changes one integer literal of the program by ±1 (or ±2); the
-    answer then boxes the wrong output, as a careless solver would.
+    A flawed demonstration runs the family's plausible wrong method (:func:`misconception_program`)
+    where the task has a one-line program, and otherwise changes one integer literal of the program
+    by ±1 (or ±2); the answer then boxes the wrong output, as a careless solver would.
     """
 
     env_id = "trace_envs/PythonMath-v0"
@@ -288,14 +335,17 @@ class PythonMathDemonstrator:
         task = env.task
         tool_outputs = [m["content"] for m in env.messages if m.get("role") == "tool"]
         if not tool_outputs:
-            short = None
+            short = wrong = None
             if int(task.data.get("level", 3)) <= 2 and "family" in task.data:
-                short = short_program(str(task.data["family"]), task.data.get("params", {}))
-            if short is not None:
+                family, params = str(task.data["family"]), task.data.get("params", {})
+                short, wrong = short_program(family, params), misconception_program(family, params)
+            if flawed and short is not None and wrong is not None:
+                code = "import math, sympy\n" + wrong
+            elif short is not None:
                 code = "import math, sympy\n" + short
             else:
                 code = str(task.data.get("solution_code") or f"print({task.data['answer']!r})")
-            if flawed:
+            if flawed and (short is None or wrong is None):
                 code = _perturb_code(code, rng)
             return _tool_call("python", {"code": code})
         result = tool_outputs[-1].strip().splitlines()
