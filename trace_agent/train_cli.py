@@ -7,6 +7,7 @@
     trace-gym train --config docs/configs/demo.yaml --set optim.lr=1e-4 --set rollout.strategy=grpo
     trace-gym train --out runs/trace --resume          # continue a killed run from its last checkpoint
     trace-gym eval --policy hf --policy-path runs/trace/policy --tasks 50 --samples 4
+    trace-gym eval --policy hf --policy-path runs/trace/policy --transcripts runs/trace/eval.jsonl
 
 A run directory holds ``config.yaml``, ``metrics.jsonl`` (one line per step, step 0 =
 before training), TensorBoard events (``tb/``), ``checkpoints/step_<k>/``, the final
@@ -72,13 +73,16 @@ class TrainReport:
         return json.dumps(asdict(self), indent=1, default=float)
 
 
-def evaluate_heldout(policy: Any, config: TrainConfig, *, seed: int = 12345) -> EvalResult:
+def evaluate_heldout(policy: Any, config: TrainConfig, *, seed: int = 12345,
+                     on_episode: Callable[[str, int, float, list[dict[str, Any]]], None] | None = None) -> EvalResult:
     """Play ``config.eval.samples`` episodes on each of the first ``config.eval.tasks`` held-out tasks.
 
     Episodes run in waves of ``policy.max_batch_size`` side by side (one env each, reused across
     waves): one batched ``policy.generate`` per turn over the wave's live episodes, whatever
     task they belong to.
     The draw is fixed by ``seed`` (same seed, same weights: same episodes).
+    ``on_episode(task_id, sample, reward, messages)`` is called as each episode ends, with a copy
+    of the env's chat messages (e.g. to keep transcripts).
     """
     from trace_agent.policy.demo import observation_messages
     from trace_agent.trainer import make_env_factory, task_ids
@@ -110,6 +114,9 @@ def evaluate_heldout(policy: Any, config: TrainConfig, *, seed: int = 12345) -> 
                     env = envs[i - w0]
                     _, reward, terminated, truncated, _ = env.step(g.text)
                     rewards[i] = float(reward)
+                    if (terminated or truncated) and on_episode is not None:
+                        t, k = episodes[i]
+                        on_episode(ids[t], k, float(reward), [dict(m) for m in env.messages])
                     if not (terminated or truncated):
                         contexts[i] = policy.extend(contexts[i], g, observation_messages(env.messages))
                         still.append(i)
@@ -281,7 +288,17 @@ def _eval_main(args: argparse.Namespace) -> int:
     if args.split:
         config = replace(config, eval=replace(config.eval, split=args.split))
     _, engine = build_policies(config.policy, seed=config.seed)
-    result = evaluate_heldout(engine, config, seed=args.eval_seed)
+    if args.transcripts:
+        path = Path(args.transcripts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w") as f:
+            def write(task_id: str, sample: int, reward: float, messages: list[dict[str, Any]]) -> None:
+                f.write(json.dumps({"task_id": task_id, "sample": sample, "reward": reward, "messages": messages},
+                                   ensure_ascii=False, default=str) + "\n")
+
+            result = evaluate_heldout(engine, config, seed=args.eval_seed, on_episode=write)
+    else:
+        result = evaluate_heldout(engine, config, seed=args.eval_seed)
     print(json.dumps({k: v for k, v in asdict(result).items() if k != "per_task"} if not args.per_task
                      else asdict(result), indent=1))
     return 0
@@ -311,6 +328,8 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--split", help="task split to evaluate (config: eval.split)")
     p.add_argument("--eval-seed", type=int, default=12345, help="seed of the evaluation episodes")
     p.add_argument("--per-task", action="store_true", help="print every task's success rate")
+    p.add_argument("--transcripts", metavar="FILE.jsonl",
+                   help="write every episode (task id, sample, reward, chat messages) to this JSONL file")
     p.set_defaults(func=_eval_main)
     return p
 

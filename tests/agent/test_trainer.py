@@ -323,3 +323,19 @@ def test_shipped_yaml_configs_load_and_demo_yaml_matches_make_demo() -> None:
     for section in ("env_id", "steps", "seed", "sampling", "rollout", "objective", "optim", "predictor", "eval"):
         assert yaml_config[section] == made[section], section
     assert yaml_config["policy"]["max_batch_size"] == made["policy"]["max_batch_size"]
+
+
+def test_eval_transcripts_hold_every_episode_with_its_reward(tmp_path: Path) -> None:
+    """`trace-gym eval --transcripts`: one JSONL line per held-out episode, rewards agreeing with the result."""
+    from trace_agent.config import EvalConfig
+    from trace_agent.train_cli import evaluate_heldout
+    from trace_agent.trainer import build_policies
+
+    cfg = tiny_config(tmp_path / "run", eval=EvalConfig(tasks=3, samples=2))
+    _, engine = build_policies(cfg.policy, seed=cfg.seed)
+    seen: list[tuple] = []
+    result = evaluate_heldout(engine, cfg, on_episode=lambda *episode: seen.append(episode))
+    assert sorted((t, k) for t, k, _, _ in seen) == sorted((t, k) for t in result.per_task for k in range(2))
+    assert sum(r > 0 for _, _, r, _ in seen) / len(seen) == result.success
+    for _, _, _, messages in seen:
+        assert messages[0]["role"] in ("system", "user") and any(m["role"] == "assistant" for m in messages)
