@@ -242,15 +242,21 @@ class PredictorSettings:
             (``LMCritic.from_pretrained(path)``, the paper's Qwen3-0.6B critic on GPUs).
         path: the critic checkpoint (``lm-critic``).
         prefixes: which inner nodes train it ("all", "branched", "none").
+        refresh: step 4 — ``auto`` refreshes it only when the rollout strategy reads it
+            (TRACE and its ablations, PCL; not GRPO, TreePO or Oracle, which would only pay
+            for it), ``always`` every step (to report its quality under any strategy).
     """
 
     kind: Literal["embedding", "hashed", "lm-critic"] = "embedding"
     path: str = "Qwen/Qwen3-0.6B"
     prefixes: Literal["all", "branched", "none"] = "all"
+    refresh: Literal["auto", "always"] = "auto"
 
     def __post_init__(self) -> None:
         if self.kind not in ("embedding", "hashed", "lm-critic"):
             raise ConfigError(f"predictor.kind must be embedding, hashed or lm-critic, got {self.kind!r}")
+        if self.refresh not in ("auto", "always"):
+            raise ConfigError(f"predictor.refresh must be auto or always, got {self.refresh!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -273,6 +273,8 @@ class Strategy(Protocol):
         branching: True when the strategy samples continuations (it then gets ``budget.roots``
             root rollouts and ``N * m`` continuation units per prompt); False for a flat
             strategy (``budget.flat_roots`` root rollouts, no continuations).
+        uses_predictor: optional (default True); False tells the trainer the strategy never
+            reads ``predicted()``, so it need not refresh the success predictor for it.
 
     Contract:
         * ``allocate_roots`` returns one non-negative int per ``request.prompt_ids`` entry,
@@ -384,6 +386,7 @@ class GRPO:
 
     name: str = "grpo"
     branching: bool = False
+    uses_predictor: bool = False
 
     def allocate_roots(self, request: RootRequest) -> list[int]:
         return uniform_roots(len(request.prompt_ids), request.root_budget, request.budget.max_active)
@@ -398,6 +401,7 @@ class PCL:
 
     name: str = "pcl"
     branching: bool = False
+    uses_predictor: bool = True
 
     def allocate_roots(self, request: RootRequest) -> list[int]:
         n = len(request.prompt_ids)
@@ -419,6 +423,7 @@ class TreePO:
 
     name: str = "treepo"
     branching: bool = True
+    uses_predictor: bool = False
 
     def allocate_roots(self, request: RootRequest) -> list[int]:
         return uniform_roots(len(request.prompt_ids), request.root_budget, request.budget.max_active)
@@ -441,6 +446,7 @@ class TRACE:
 
     name: str = "trace"
     branching: bool = True
+    uses_predictor: bool = True
     roots: bool = True
     prefixes: bool = True
     root_prefix: bool = False
@@ -480,6 +486,7 @@ class Oracle(TRACE):
     """
 
     name: str = "oracle"
+    uses_predictor: bool = False
 
     def _root_values(self, request: RootRequest) -> NDArray[np.float64]:
         return request.oracle()

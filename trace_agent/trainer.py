@@ -8,7 +8,8 @@ One :meth:`Trainer.step` (DESIGN.md, "One training step"):
    (:class:`~trace_agent.rollout.TreeCollector` driven by a
    :class:`~trace_agent.strategies.Strategy`),
 4. **refresh the predictor** on the finished trees' bottom-up targets
-   (:func:`~trace_agent.predictor.refresh_predictor`),
+   (:func:`~trace_agent.predictor.refresh_predictor`; with ``predictor.refresh: auto`` only
+   when the strategy reads the predictor),
 5. **update the policy** (:func:`update_policy`: advantages from
    :mod:`trace_agent.objectives`, clipped surrogate, AdamW, gradient clipping), then
    sync the new weights to the generation engine (:func:`sync_weights`).
@@ -437,6 +438,9 @@ class Trainer:
         self.step_count = 0
         self.totals: dict[str, float] = {}
         self.collector = (collector_factory or default_collector)(self)
+        strategy = getattr(self.collector, "strategy", None)
+        self.refreshes_predictor = (config.predictor.refresh == "always"
+                                    or bool(getattr(strategy, "uses_predictor", True)))
 
     # ---------------------------------------------------------------- one step
     def step(self) -> StepResult:
@@ -451,7 +455,8 @@ class Trainer:
         collected = self.collector.collect(prompts, step=step, seed=int(self.rng.integers(2**31)))
         trees = list(collected.trees)
         t_collect = time.perf_counter()
-        pred = refresh_predictor(self.predictor, trees, prefixes=cfg.predictor.prefixes)
+        pred = (refresh_predictor(self.predictor, trees, prefixes=cfg.predictor.prefixes)
+                if self.refreshes_predictor else {})
         t_pred = time.perf_counter()
         o = cfg.objective
         segments = batch_segments(trees, o.name, normalize_std=o.normalize_std, lone_child=o.lone_child,

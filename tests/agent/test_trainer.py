@@ -339,3 +339,23 @@ def test_eval_transcripts_hold_every_episode_with_its_reward(tmp_path: Path) -> 
     assert sum(r > 0 for _, _, r, _ in seen) / len(seen) == result.success
     for _, _, _, messages in seen:
         assert messages[0]["role"] in ("system", "user") and any(m["role"] == "assistant" for m in messages)
+
+
+@pytest.mark.parametrize(("strategy", "refresh", "refreshed"),
+                         [("grpo", "auto", False), ("grpo", "always", True), ("trace", "auto", True)])
+def test_predictor_is_refreshed_only_for_strategies_that_read_it(tmp_path: Path, strategy: str, refresh: str,
+                                                                 refreshed: bool) -> None:
+    cfg = tiny_config(tmp_path / "run", steps=1, rollout=RolloutSettings(strategy=strategy, prompts_per_step=4,
+                                                                         roots=4, continuations_per_root=1,
+                                                                         group_size=2),
+                      predictor=PredictorSettings(kind="hashed", refresh=refresh))
+    trainer = Trainer(cfg)
+    probes = ["What is 2 + 2?", "Is 7 prime? Answer yes or no."]
+    before = trainer.predictor.predict(probes)
+    metrics = trainer.step().metrics
+    trainer.collector.close()
+    assert trainer.refreshes_predictor is refreshed
+    assert any(k.startswith("predictor/") for k in metrics) is refreshed
+    assert (not np.allclose(before, trainer.predictor.predict(probes))) is refreshed
+    with pytest.raises(ConfigError, match="predictor.refresh"):
+        PredictorSettings(refresh="sometimes")
