@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from trace_agent.strategies import STRATEGY_NAMES
+
 __all__ = [
     "STRATEGIES",
     "OBJECTIVE_NAMES",
@@ -47,7 +49,7 @@ __all__ = [
     "save_config",
 ]
 
-STRATEGIES: tuple[str, ...] = ("trace", "grpo", "pcl", "treepo", "trace-root", "trace-prefix", "oracle")
+STRATEGIES: tuple[str, ...] = STRATEGY_NAMES  # every built-in strategy trains
 OBJECTIVE_NAMES: tuple[str, ...] = ("treerpo", "tree-grpo", "grpo")
 
 
