@@ -228,43 +228,77 @@ def _tool_call(name: str, arguments: Mapping[str, Any]) -> str:
 _INT = re.compile(r"(?<![\w.])(\d+)(?![\w.])")
 
 
+#: family -> (a one-line program printing the answer, the same problem by a plausible wrong method),
+#: each built from a generated task's ``params``.
+_ONE_LINERS: dict[str, tuple[Callable[[Mapping[str, Any]], str], Callable[[Mapping[str, Any]], str]]] = {
+    "divisor_count": (
+        lambda p: f"print(sympy.divisor_count({p['n']}))",
+        lambda p: f"print(len(sympy.divisors({p['n']})) - 1)",
+    ),
+    "divisor_sum": (
+        lambda p: f"print(sympy.divisor_sigma({p['n']}))",
+        lambda p: f"print(sympy.divisor_sigma({p['n']}) - {p['n']})",
+    ),
+    "totient": (
+        lambda p: f"print(sympy.totient({p['n']}))",
+        lambda p: f"print({p['n']} - 1)",
+    ),
+    "prime_count": (
+        lambda p: f"print(sympy.primepi({p['b']}) - sympy.primepi({p['a'] - 1}))",
+        lambda p: f"print(sympy.primepi({p['b']}))",
+    ),
+    "digit_sum_power": (
+        lambda p: f"print(sum(map(int, str({p['a']}**{p['b']}))))",
+        lambda p: f"print(sum(map(int, str({p['a']} * {p['b']}))))",
+    ),
+    "modpow": (
+        lambda p: f"print(pow({p['a']}, {p['b']}, {p['m']}))",
+        lambda p: f"print({p['a']} * {p['b']} % {p['m']})",
+    ),
+    "mod_inverse": (
+        lambda p: f"print(pow({p['a']}, -1, {p['m']}))",
+        lambda p: f"print(pow({p['a']}, {p['m']} - 1, {p['m']}))",
+    ),
+    "binomial": (
+        lambda p: f"print(math.comb({p['n']}, {p['k']}))",
+        lambda p: f"print(math.perm({p['n']}, {p['k']}))",
+    ),
+    "derangements": (
+        lambda p: f"print(sympy.subfactorial({p['n']}))",
+        lambda p: f"print(math.factorial({p['n']}) - 1)",
+    ),
+    "power_sum": (
+        lambda p: f"print(sum(k**{p['p']} for k in range(1, {p['n']} + 1)))",
+        lambda p: f"print(sum(k**{p['p']} for k in range(1, {p['n']})))",
+    ),
+    "fibonacci": (
+        lambda p: f"print(sympy.fibonacci({p['n']}))",
+        lambda p: f"print(sympy.fibonacci({p['n']} + 1))",
+    ),
+    "count_divisible": (
+        lambda p: (f"print(sum(1 for k in range(1, {p['n']} + 1) "
+                   f"if (k % {p['a']} == 0 or k % {p['b']} == 0) and k % {p['c']}))"),
+        lambda p: f"print(sum(1 for k in range(1, {p['n']} + 1) if k % {p['a']} == 0 or k % {p['b']} == 0))",
+    ),
+    "digit_sum_count": (
+        lambda p: f"print(sum(1 for k in range(1, {p['n']} + 1) if sum(map(int, str(k))) == {p['s']}))",
+        lambda p: f"print(sum(1 for k in range(1, {p['n']} + 1) if sum(map(int, str(k))) <= {p['s']}))",
+    ),
+    "coprime_probability": (
+        lambda p: f"print(sympy.Rational(sum(math.gcd(k, {p['m']}) == 1 for k in range(1, {p['n']} + 1)), {p['n']}))",
+        lambda p: f"print(sympy.Rational(sum(math.gcd(k, {p['m']}) == 1 for k in range(1, {p['n']} + 1)), {p['m']}))",
+    ),
+}
+
+
 def short_program(family: str, p: Mapping[str, Any]) -> str | None:
     """A one-line program (sympy / stdlib) that prints a generated task's answer, or None.
 
     Used for levels 1–2, where each is checked against the task's answer in the tests;
     a small model learns these far faster than the long reference ``solution_code``.
     """
-    f = family
-    if f == "divisor_count":
-        return f"print(sympy.divisor_count({p['n']}))"
-    if f == "divisor_sum":
-        return f"print(sympy.divisor_sigma({p['n']}))"
-    if f == "totient":
-        return f"print(sympy.totient({p['n']}))"
-    if f == "prime_count":
-        return f"print(sympy.primepi({p['b']}) - sympy.primepi({p['a'] - 1}))"
-    if f == "digit_sum_power":
-        return f"print(sum(map(int, str({p['a']}**{p['b']}))))"
-    if f == "modpow":
-        return f"print(pow({p['a']}, {p['b']}, {p['m']}))"
-    if f == "mod_inverse":
-        return f"print(pow({p['a']}, -1, {p['m']}))"
-    if f == "binomial":
-        return f"print(math.comb({p['n']}, {p['k']}))"
-    if f == "derangements":
-        return f"print(sympy.subfactorial({p['n']}))"
-    if f == "power_sum":
-        return f"print(sum(k**{p['p']} for k in range(1, {p['n']} + 1)))"
-    if f == "fibonacci":
-        return f"print(sympy.fibonacci({p['n']}))"
-    if f == "count_divisible":
-        return (f"print(sum(1 for k in range(1, {p['n']} + 1) "
-                f"if (k % {p['a']} == 0 or k % {p['b']} == 0) and k % {p['c']}))")
-    if f == "digit_sum_count":
-        return f"print(sum(1 for k in range(1, {p['n']} + 1) if sum(map(int, str(k))) == {p['s']}))"
-    if f == "coprime_probability":
-        return f"print(sympy.Rational(sum(math.gcd(k, {p['m']}) == 1 for k in range(1, {p['n']} + 1)), {p['n']}))"
-    return None
+    programs = _ONE_LINERS.get(family)
+    return programs[0](p) if programs else None
 
 
 def misconception_program(family: str, p: Mapping[str, Any]) -> str | None:
@@ -277,36 +311,8 @@ def misconception_program(family: str, p: Mapping[str, Any]) -> str | None:
     has a family-level habit that reinforcement learning can unlearn, and the fix carries over to
     held-out problems of the same family.
     """
-    f = family
-    if f == "divisor_count":
-        return f"print(len(sympy.divisors({p['n']})) - 1)"
-    if f == "divisor_sum":
-        return f"print(sympy.divisor_sigma({p['n']}) - {p['n']})"
-    if f == "totient":
-        return f"print({p['n']} - 1)"
-    if f == "prime_count":
-        return f"print(sympy.primepi({p['b']}))"
-    if f == "digit_sum_power":
-        return f"print(sum(map(int, str({p['a']} * {p['b']}))))"
-    if f == "modpow":
-        return f"print({p['a']} * {p['b']} % {p['m']})"
-    if f == "mod_inverse":
-        return f"print(pow({p['a']}, {p['m']} - 1, {p['m']}))"
-    if f == "binomial":
-        return f"print(math.perm({p['n']}, {p['k']}))"
-    if f == "derangements":
-        return f"print(math.factorial({p['n']}) - 1)"
-    if f == "power_sum":
-        return f"print(sum(k**{p['p']} for k in range(1, {p['n']})))"
-    if f == "fibonacci":
-        return f"print(sympy.fibonacci({p['n']} + 1))"
-    if f == "count_divisible":
-        return f"print(sum(1 for k in range(1, {p['n']} + 1) if k % {p['a']} == 0 or k % {p['b']} == 0))"
-    if f == "digit_sum_count":
-        return f"print(sum(1 for k in range(1, {p['n']} + 1) if sum(map(int, str(k))) <= {p['s']}))"
-    if f == "coprime_probability":
-        return f"print(sympy.Rational(sum(math.gcd(k, {p['m']}) == 1 for k in range(1, {p['n']} + 1)), {p['m']}))"
-    return None
+    programs = _ONE_LINERS.get(family)
+    return programs[1](p) if programs else None
 
 
 class PythonMathDemonstrator:
@@ -339,14 +345,12 @@ class PythonMathDemonstrator:
             if int(task.data.get("level", 3)) <= 2 and "family" in task.data:
                 family, params = str(task.data["family"]), task.data.get("params", {})
                 short, wrong = short_program(family, params), misconception_program(family, params)
-            if flawed and short is not None and wrong is not None:
-                code = "import math, sympy\n" + wrong
-            elif short is not None:
-                code = "import math, sympy\n" + short
+            if short is not None:  # a family with a one-liner also has its wrong method
+                code = "import math, sympy\n" + (wrong if flawed else short)
             else:
                 code = str(task.data.get("solution_code") or f"print({task.data['answer']!r})")
-            if flawed and (short is None or wrong is None):
-                code = _perturb_code(code, rng)
+                if flawed:
+                    code = _perturb_code(code, rng)
             return _tool_call("python", {"code": code})
         result = tool_outputs[-1].strip().splitlines()
         answer = result[-1].strip() if result else ""
