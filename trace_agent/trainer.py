@@ -107,6 +107,10 @@ class UpdateStats:
         return {k: float(v) for k, v in self.__dict__.items()}
 
 
+#: the :class:`~trace_agent.objectives.LossStats` fields that :class:`UpdateStats` reports as token-weighted means
+_LOSS_MEANS: tuple[str, ...] = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean", "approx_kl_behaviour")
+
+
 def _padded(values: Sequence[Sequence[float]], width: int, fill: float, dtype: Any) -> torch.Tensor:
     import torch
 
@@ -173,15 +177,12 @@ def update_policy(
     import torch
 
     packed = pack_segments(segments)
-    empty = UpdateStats(segments=len(segments), sequences=len(packed), tokens=0, optimizer_steps=0, loss=math.nan,
-                        policy_loss=math.nan, kl=math.nan, clip_fraction=math.nan, ratio_mean=math.nan,
-                        approx_kl_behaviour=math.nan, grad_norm=math.nan)
     if not packed or not any(s.num_tokens for s in packed):
-        return empty
+        return UpdateStats(segments=len(segments), sequences=len(packed), tokens=0, optimizer_steps=0,
+                           grad_norm=math.nan, **dict.fromkeys(_LOSS_MEANS, math.nan))
     model = learner.model
     params = [p for p in model.parameters() if p.requires_grad]
-    sums: dict[str, float] = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0,
-                              "approx_kl_behaviour": 0.0}
+    sums = dict.fromkeys(_LOSS_MEANS, 0.0)
     tokens_seen = 0
     grad_norms: list[float] = []
     steps = 0
@@ -203,11 +204,8 @@ def update_policy(
                     loss, st = batch_loss(learner, micro, objective, temperature=temperature, reference=reference,
                                           num_tokens=total)
                     loss.backward()
-                    sums["loss"] += st.loss * total
-                    sums["policy_loss"] += st.policy_loss * total
-                    sums["kl"] += st.kl * total
-                    for k in ("clip_fraction", "ratio_mean", "approx_kl_behaviour"):
-                        sums[k] += getattr(st, k) * n
+                    for k in _LOSS_MEANS:  # loss terms are already per `total` tokens, diagnostics per `n`
+                        sums[k] += getattr(st, k) * (total if k in ("loss", "policy_loss", "kl") else n)
                     tokens_seen += n
                 limit = optim.max_grad_norm if optim.max_grad_norm > 0 else math.inf
                 grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, limit)))
@@ -217,12 +215,9 @@ def update_policy(
         model.eval()
     optimizer.zero_grad(set_to_none=True)
     t = max(tokens_seen, 1)
-    return UpdateStats(
-        segments=len(segments), sequences=len(packed), tokens=sum(s.num_tokens for s in packed),
-        optimizer_steps=steps, loss=sums["loss"] / t, policy_loss=sums["policy_loss"] / t, kl=sums["kl"] / t,
-        clip_fraction=sums["clip_fraction"] / t, ratio_mean=sums["ratio_mean"] / t,
-        approx_kl_behaviour=sums["approx_kl_behaviour"] / t, grad_norm=float(np.mean(grad_norms)),
-    )
+    return UpdateStats(segments=len(segments), sequences=len(packed), tokens=sum(s.num_tokens for s in packed),
+                       optimizer_steps=steps, grad_norm=float(np.mean(grad_norms)),
+                       **{k: v / t for k, v in sums.items()})
 
 
 def segment_logprobs(learner: HFPolicy, segments: Sequence[Segment], *, temperature: float = 1.0) -> list[float]:
