@@ -143,7 +143,7 @@ def compare(config: TrainConfig, strategies: list[str], seeds: list[int]) -> int
     import statistics
 
     from trace_agent.train_cli import evaluate_heldout, run_training
-    from trace_agent.trainer import build_policies
+    from trace_agent.wiring import build_policies
 
     out = Path(config.out_dir)
     base_policy, _ = build_policies(config.policy, seed=0)

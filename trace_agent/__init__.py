@@ -15,7 +15,7 @@ On top of them (policies in :mod:`trace_agent.policy`, torch loaded lazily):
 - :mod:`trace_agent.rollout` - ``TreeCollector``: per-prompt tree collection through snapshot/restore.
 - :mod:`trace_agent.strategies` - the ``Strategy`` protocol, ``Budget`` and GRPO / PCL / TreePO / TRACE / Oracle.
 - :mod:`trace_agent.objectives` - GRPO, TreeRPO, Tree-GRPO advantages and the clipped policy loss.
-- :mod:`trace_agent.trainer` - the five-step loop, checkpoints; ``trace-gym`` is :mod:`trace_agent.cli`.
+- :mod:`trace_agent.trainer` - the five-step loop and checkpoints (its parts: `update`, `collector`, `checkpoint`, `pool`, `wiring`); ``trace-gym`` is :mod:`trace_agent.cli`.
 """
 
 from __future__ import annotations

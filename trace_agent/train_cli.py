@@ -85,7 +85,7 @@ def evaluate_heldout(policy: Any, config: TrainConfig, *, seed: int = 12345,
     of the env's chat messages (e.g. to keep transcripts).
     """
     from trace_agent.policy.demo import observation_messages
-    from trace_agent.trainer import make_env_factory, task_ids
+    from trace_agent.wiring import make_env_factory, task_ids
 
     e, s = config.eval, config.sampling
     ids = task_ids(config.env_id, e.split, env_kwargs=config.env_kwargs)
@@ -282,7 +282,7 @@ def _train_main(args: argparse.Namespace) -> int:
 
 
 def _eval_main(args: argparse.Namespace) -> int:
-    from trace_agent.trainer import build_policies
+    from trace_agent.wiring import build_policies
 
     config = config_from_args(args)
     if args.split:

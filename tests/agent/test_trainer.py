@@ -27,7 +27,9 @@ from trace_agent.config import (
     load_config,
 )
 from trace_agent.objectives import batch_segments, pack_segments
-from trace_agent.trainer import PromptPool, Trainer, batch_loss, segment_logprobs, update_policy
+from trace_agent.pool import PromptPool
+from trace_agent.trainer import Trainer
+from trace_agent.update import batch_loss, segment_logprobs, update_policy
 from trace_envs import BranchableEnv, Task, TaskSet, TurnResult
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -329,7 +331,7 @@ def test_eval_transcripts_hold_every_episode_with_its_reward(tmp_path: Path) -> 
     """`trace-gym eval --transcripts`: one JSONL line per held-out episode, rewards agreeing with the result."""
     from trace_agent.config import EvalConfig
     from trace_agent.train_cli import evaluate_heldout
-    from trace_agent.trainer import build_policies
+    from trace_agent.wiring import build_policies
 
     cfg = tiny_config(tmp_path / "run", eval=EvalConfig(tasks=3, samples=2))
     _, engine = build_policies(cfg.policy, seed=cfg.seed)

@@ -1,0 +1,185 @@
+"""Step 5 of a training step: the policy update and the weight sync to the generation engine.
+
+:func:`update_policy` runs ``optim.epochs`` passes of clipped-surrogate mini-batches over
+the packed segments of a step (advantages from :mod:`trace_agent.objectives`), with
+gradient accumulation over micro-batches, gradient clipping and AdamW;
+:func:`sync_weights` then pushes the learner's weights to an engine that does not share
+the learner's model (vLLM).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from trace_agent.config import ObjectiveConfig, OptimConfig
+from trace_agent.objectives import PackedSequence, Segment, pack_segments, policy_loss
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from trace_agent.policy.hf import HFPolicy
+
+__all__ = ["UpdateStats", "update_policy", "segment_logprobs", "batch_loss", "sync_weights"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpdateStats:
+    """What one :func:`update_policy` call did (token-weighted means over its optimiser steps)."""
+
+    segments: int
+    sequences: int
+    tokens: int
+    optimizer_steps: int
+    loss: float
+    policy_loss: float
+    kl: float
+    clip_fraction: float
+    ratio_mean: float
+    approx_kl_behaviour: float
+    grad_norm: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self.__dict__.items()}
+
+
+#: the :class:`~trace_agent.objectives.LossStats` fields that :class:`UpdateStats` reports as token-weighted means
+_LOSS_MEANS: tuple[str, ...] = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean", "approx_kl_behaviour")
+
+
+def _padded(values: Sequence[Sequence[float]], width: int, fill: float, dtype: Any) -> torch.Tensor:
+    import torch
+
+    out = torch.full((len(values), width), fill, dtype=dtype)
+    for i, v in enumerate(values):
+        if len(v):
+            out[i, :len(v)] = torch.as_tensor(list(v), dtype=dtype)
+    return out
+
+
+def _score(policy: HFPolicy, seqs: Sequence[PackedSequence], temperature: float) -> torch.Tensor:
+    """(B, max targets) log-probs of each sequence's targets, right-padded with 0."""
+    import torch
+
+    scores = policy.score([s.token_ids for s in seqs], [s.num_targets for s in seqs], temperature=temperature)
+    width = max(s.num_targets for s in seqs)
+    return torch.stack([torch.nn.functional.pad(x, (0, width - x.shape[0])) for x in scores])
+
+
+def batch_loss(
+    learner: HFPolicy,
+    seqs: Sequence[PackedSequence],
+    objective: ObjectiveConfig,
+    *,
+    temperature: float,
+    reference: HFPolicy | None = None,
+    num_tokens: float | None = None,
+) -> tuple[torch.Tensor, Any]:
+    """The clipped-surrogate loss (with gradients) of ``seqs`` under the learner's current weights."""
+    import torch
+
+    width = max(s.num_targets for s in seqs)
+    logp = _score(learner, seqs, temperature)
+    old = _padded([s.behaviour_logprobs for s in seqs], width, math.nan, torch.float32)
+    adv = _padded([s.advantages for s in seqs], width, 0.0, torch.float32)
+    mask = _padded([[float(m) for m in s.mask] for s in seqs], width, 0.0, torch.float32).bool()
+    ref = None
+    if reference is not None:
+        with torch.no_grad():
+            ref = _score(reference, seqs, temperature).to(logp.device)
+    return policy_loss(logp, old.to(logp.device), adv.to(logp.device), mask.to(logp.device),
+                       clip_low=objective.clip_low, clip_high=objective.clip_high, ref_logprobs=ref,
+                       kl_coef=objective.kl_coef, num_tokens=num_tokens)
+
+
+def update_policy(
+    learner: HFPolicy,
+    optimizer: torch.optim.Optimizer,
+    segments: Sequence[Segment],
+    *,
+    optim: OptimConfig,
+    objective: ObjectiveConfig,
+    temperature: float,
+    rng: np.random.Generator,
+    reference: HFPolicy | None = None,
+) -> UpdateStats:
+    """Step 5: ``optim.epochs`` passes over the packed segments, ``optim.minibatches`` optimiser steps each.
+
+    Each mini-batch's loss is the token mean over all its trainable tokens (micro-batches of
+    ``optim.micro_batch`` sequences accumulate gradients against that common denominator),
+    gradients are clipped to ``optim.max_grad_norm``, then AdamW steps. Mini-batches are
+    drawn by ``rng`` (a permutation per epoch). The model is left in eval mode.
+    """
+    import torch
+
+    packed = pack_segments(segments)
+    if not packed or not any(s.num_tokens for s in packed):
+        return UpdateStats(segments=len(segments), sequences=len(packed), tokens=0, optimizer_steps=0,
+                           grad_norm=math.nan, **dict.fromkeys(_LOSS_MEANS, math.nan))
+    model = learner.model
+    params = [p for p in model.parameters() if p.requires_grad]
+    sums = dict.fromkeys(_LOSS_MEANS, 0.0)
+    tokens_seen = 0
+    grad_norms: list[float] = []
+    steps = 0
+    model.train()
+    try:
+        for _ in range(optim.epochs):
+            order = rng.permutation(len(packed))
+            for mb in np.array_split(order, min(optim.minibatches, len(packed))):
+                seqs = [packed[int(i)] for i in mb]
+                total = sum(s.num_tokens for s in seqs)
+                if total == 0:
+                    continue
+                optimizer.zero_grad(set_to_none=True)
+                for start in range(0, len(seqs), optim.micro_batch):
+                    micro = seqs[start:start + optim.micro_batch]
+                    n = sum(s.num_tokens for s in micro)
+                    if n == 0:
+                        continue
+                    loss, st = batch_loss(learner, micro, objective, temperature=temperature, reference=reference,
+                                          num_tokens=total)
+                    loss.backward()
+                    for k in _LOSS_MEANS:  # loss terms are already per `total` tokens, diagnostics per `n`
+                        sums[k] += getattr(st, k) * (total if k in ("loss", "policy_loss", "kl") else n)
+                    tokens_seen += n
+                limit = optim.max_grad_norm if optim.max_grad_norm > 0 else math.inf
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, limit)))
+                optimizer.step()
+                steps += 1
+    finally:
+        model.eval()
+    optimizer.zero_grad(set_to_none=True)
+    t = max(tokens_seen, 1)
+    return UpdateStats(segments=len(segments), sequences=len(packed), tokens=sum(s.num_tokens for s in packed),
+                       optimizer_steps=steps, grad_norm=float(np.mean(grad_norms)),
+                       **{k: v / t for k, v in sums.items()})
+
+
+def segment_logprobs(learner: HFPolicy, segments: Sequence[Segment], *, temperature: float = 1.0) -> list[float]:
+    """Total log-prob of each segment's generated ids under the learner's current weights (no gradients)."""
+    import torch
+
+    with torch.no_grad():
+        scores = learner.score([s.context_ids + s.generated_ids for s in segments],
+                               [s.num_tokens for s in segments], temperature=temperature)
+    return [float(x.sum()) for x in scores]
+
+
+def sync_weights(engine: Any, learner: HFPolicy) -> bool:
+    """Push the learner's weights to the generation engine; False when they already share the model.
+
+    An engine with ``update_weights(state_dict)`` (:class:`VLLMPolicy`) gets the learner's
+    ``state_dict``; an engine whose ``model`` is the learner's model needs nothing.
+    """
+    if engine is learner or getattr(engine, "model", None) is learner.model:
+        return False
+    update = getattr(engine, "update_weights", None)
+    if not callable(update):
+        raise TypeError(f"{type(engine).__name__} shares no model with the learner and has no update_weights()")
+    update(learner.model.state_dict())
+    return True
