@@ -33,6 +33,7 @@ __all__ = [
     "Generation",
     "SamplingConfig",
     "Policy",
+    "AsyncPolicy",
     "PolicyError",
 ]
 
@@ -189,7 +190,13 @@ class Policy(Protocol):
         * ``render(messages, tools)`` applies the chat template once, with the generation
           prompt, and encodes it: the root context of an episode.
         * ``generate(contexts, ...)`` samples one assistant turn per context, stopping at the
-          end-of-turn token (or ``max_new_tokens``); results are in input order.
+          end-of-turn token (or ``max_new_tokens``); results are in input order. ``seeds`` (one
+          per context) seeds each request on its own, so a request's turn does not depend on
+          which other requests share its batch (up to the backend's numerics; see
+          docs/engine.md); without it, ``seed`` seeds the call. ``sessions`` (one per context,
+          e.g. the tree id) is a routing hint: backends with several servers send every
+          request of one session to the same server so its prefix cache is reused; in-process
+          backends ignore it.
         * ``extend(context, generation, observation)`` returns ``context`` + the generated ids
           (+ the end-of-turn token, template-flagged, when the turn was cut by length) + the
           observation messages rendered as the template would, + the next assistant header.
@@ -213,6 +220,8 @@ class Policy(Protocol):
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | None = None,
+        seeds: Sequence[int] | None = None,
+        sessions: Sequence[str] | None = None,
     ) -> list[Generation]:
         ...
 
@@ -231,4 +240,26 @@ class Policy(Protocol):
         ...
 
     def decode(self, token_ids: Sequence[int]) -> str:
+        ...
+
+
+@runtime_checkable
+class AsyncPolicy(Protocol):
+    """A backend that batches continuously by itself (vLLM's async engine, ``vllm serve`` servers).
+
+    ``agenerate`` has :meth:`Policy.generate`'s contract (per-request ``seeds`` and ``sessions``
+    required); the rollout engine awaits it per request group instead of gathering its own
+    batches, so the backend's scheduler sees every live rollout of every prompt at once.
+    """
+
+    async def agenerate(
+        self,
+        contexts: Sequence[TokenContext],
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seeds: Sequence[int],
+        sessions: Sequence[str],
+    ) -> list[Generation]:
         ...
