@@ -1,14 +1,18 @@
 """Command line: ``trace-gym index ...`` and ``trace-gym serve-retriever`` (also ``python -m retrievers``).
 
 ``add_index_parser(subparsers)`` and ``add_serve_parser(subparsers)`` add the
-subcommands to any argparse parser; each sets ``func`` (``args -> exit code``)::
+subcommands to any argparse parser; each sets ``func`` (``args -> exit code``).
+This package knows nothing of its clients: a client adds its own ``index``
+subcommands through ``add_index_parser(..., extra_commands=...)`` (``trace-gym``
+adds ``index synthetic``, the WikiQA corpus, from :mod:`trace_envs.wiki_search.cli`)::
 
     trace-gym index build --corpus wiki.jsonl --kind bm25 --out idx/bm25
     trace-gym index build --corpus wiki.jsonl --kind dense --model intfloat/e5-base-v2 --index-type ivf --out idx/e5
     trace-gym index wrap-lucene --lucene-index wiki-18-bm25/ --corpus wiki-18.jsonl --out idx/wiki18
-    trace-gym index synthetic --out idx/synthetic           # the default WikiQA corpus + bm25s index
+    trace-gym index synthetic --out idx/synthetic           # trace-gym only: the WikiQA corpus + bm25s index
     trace-gym index info idx/bm25
     trace-gym serve-retriever --index idx/bm25 --port 8000
+    trace-gym serve-retriever --index idx/bm25 --document-format search-r1-bm25
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["add_index_parser", "add_serve_parser", "build_parser", "main"]
@@ -54,20 +58,6 @@ def _cmd_wrap(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_synthetic(args: argparse.Namespace) -> int:
-    import shutil
-
-    from trace_envs.tasks.wiki import SyntheticWikiConfig, default_wiki_index
-
-    index = default_wiki_index(SyntheticWikiConfig(seed=args.seed), cache_dir=args.cache_dir)
-    if args.out:
-        shutil.copytree(index.parent, args.out, dirs_exist_ok=True)
-        print(f"synthetic corpus, tasks and bm25s index -> {args.out}")
-    else:
-        print(index.parent)
-    return 0
-
-
 def _cmd_info(args: argparse.Namespace) -> int:
     from retrievers.base import read_manifest
 
@@ -81,9 +71,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     retriever = load_retriever(args.index)
     config = ServerConfig(host=args.host, port=args.port, default_topk=args.topk, max_batch=args.max_batch,
-                          batch_window_ms=args.batch_window_ms, verbose=args.verbose)
+                          batch_window_ms=args.batch_window_ms, document_format=args.document_format,
+                          read_timeout_s=args.read_timeout, verbose=args.verbose)
     server = RetrievalServer(retriever, config)
-    print(f"serving {retriever!r} at {server.url}/retrieve (Search-R1 protocol); Ctrl-C to stop", flush=True)
+    print(f"serving {retriever!r} at {server.url}/retrieve (Search-R1 and SkyRL request formats); Ctrl-C to stop",
+          flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -91,8 +83,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_index_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``index {build,wrap-lucene,synthetic,info}`` to an argparse subparsers object."""
+def add_index_parser(subparsers: Any, *, extra_commands: Sequence[Callable[[Any], Any]] = ()) -> argparse.ArgumentParser:
+    """Add ``index {build,wrap-lucene,info}`` to an argparse subparsers object.
+
+    Each of ``extra_commands`` is called with the ``index`` subparsers object and
+    adds one more ``index`` subcommand (setting ``func`` on it).
+    """
     index = subparsers.add_parser("index", help="build and inspect retriever indexes")
     sub = index.add_subparsers(dest="index_command", required=True)
 
@@ -121,15 +117,11 @@ def add_index_parser(subparsers: Any) -> argparse.ArgumentParser:
     wrap.add_argument("--overwrite", action="store_true")
     wrap.set_defaults(func=_cmd_wrap)
 
-    syn = sub.add_parser("synthetic", help="build (or find) the default synthetic WikiQA corpus and index")
-    syn.add_argument("--seed", type=int, default=0)
-    syn.add_argument("--cache-dir", default=None, help="default: $TRACE_GYM_CACHE or ~/.cache/trace-gym")
-    syn.add_argument("--out", default=None, help="also copy corpus, tasks and index here")
-    syn.set_defaults(func=_cmd_synthetic)
-
     info = sub.add_parser("info", help="print an index's manifest")
     info.add_argument("index")
     info.set_defaults(func=_cmd_info)
+    for add in extra_commands:
+        add(sub)
     return index
 
 
@@ -142,6 +134,11 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     serve.add_argument("--topk", type=int, default=3, help="topk when a request omits it")
     serve.add_argument("--max-batch", type=int, default=512, help="queries per batched search")
     serve.add_argument("--batch-window-ms", type=float, default=2.0, help="wait for more requests to batch")
+    serve.add_argument("--document-format", choices=["corpus", "search-r1-bm25"], default="corpus",
+                       help='documents as {"id","contents"} (corpus rows) or {"title","text","contents"} '
+                            "(Search-R1's BM25 server)")
+    serve.add_argument("--read-timeout", type=float, default=30.0,
+                       help="seconds a request may take to arrive (stalled clients are cut off)")
     serve.add_argument("--verbose", action="store_true", help="log every request")
     serve.set_defaults(func=_cmd_serve)
     return serve

@@ -1,14 +1,20 @@
 """HTTPRetriever: the Retriever protocol over a Search-R1-style ``POST /retrieve`` endpoint.
 
-Works against ``trace-gym serve-retriever`` and against Search-R1's own
-``retrieval_server.py`` (dense or BM25). Request::
+Works against ``trace-gym serve-retriever``, Search-R1's own
+``retrieval_server.py`` (dense or BM25) and servers that take one query per
+request. The wire format is :mod:`retrievers.protocol`. Requests, by
+``request_format``:
 
-    {"queries": ["q1", ...], "topk": 3, "return_scores": true}
+* ``"queries"`` (default, Search-R1): ``{"queries": ["q1", ...], "topk": 3, "return_scores": true}``,
+  batches split into ``max_queries`` per request;
+* ``"query"`` (SkyRL's single-query dialect): ``{"query": "q1", "topk": 3, "return_scores": true}``,
+  one request per query.
 
-Response: ``{"result": [[{"document": {"id", "contents"}, "score": s}, ...], ...]}``
-(without scores, each item is the document itself). ``contents`` is
-wiki-18's ``'"Title"\\ntext'``; a document that carries ``title``/``text``
-fields is read from those instead. Stdlib only (urllib).
+Response: ``{"result": [[item, ...] per query]}``; an item is ``{"document": doc,
+"score": s}`` or the bare document. Documents are read in every shape in use:
+wiki-18 corpus rows ``{"id", "contents"}`` (``contents`` = ``'"Title"\\ntext'``),
+Search-R1's BM25 shape ``{"title", "text", "contents"}`` (no id: the id is
+``""``), and ``{"id"|"docid"|"doc_id", "title", "text"}``. Stdlib only (urllib).
 """
 
 from __future__ import annotations
@@ -23,7 +29,10 @@ from typing import Any
 
 from retrievers.base import Hit, RetrieverError, read_manifest, split_contents, write_manifest
 
-__all__ = ["HTTPConfig", "HTTPRetriever", "hit_from_document"]
+__all__ = ["HTTPConfig", "HTTPRetriever", "hit_from_document", "REQUEST_FORMATS"]
+
+#: ``request_format`` values: Search-R1's ``queries`` list, or SkyRL's single ``query``.
+REQUEST_FORMATS = ("queries", "query")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,17 +43,21 @@ class HTTPConfig:
         url: the server's base URL (``http://127.0.0.1:8000``) or its full ``/retrieve`` URL.
         timeout: seconds per request.
         max_queries: queries per request; longer batches are split.
+        request_format: "queries" (Search-R1's list) or "query" (one query per request).
     """
 
     url: str
     timeout: float = 30.0
     max_queries: int = 256
+    request_format: str = "queries"
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
         if self.timeout <= 0 or self.max_queries < 1:
             raise ValueError("timeout must be > 0 and max_queries >= 1")
+        if self.request_format not in REQUEST_FORMATS:
+            raise ValueError(f"request_format must be one of {REQUEST_FORMATS}, got {self.request_format!r}")
 
     @property
     def endpoint(self) -> str:
@@ -64,7 +77,12 @@ def hit_from_document(item: Mapping[str, Any] | Any, score: float | None = None)
         title, text = str(doc.get("title") or ""), str(doc["text"])
     else:
         title, text = split_contents(str(doc.get("contents", "")))
-    return Hit(doc_id=str(doc.get("id", doc.get("doc_id", ""))), score=float(score or 0.0), title=title, text=text)
+    doc_id = next((doc[key] for key in ("id", "docid", "doc_id") if doc.get(key) is not None), "")
+    try:
+        value = float(score or 0.0)
+    except (TypeError, ValueError):
+        raise RetrieverError(f"retrieval server returned a non-numeric score {str(score)[:40]!r}") from None
+    return Hit(doc_id=str(doc_id), score=value, title=title, text=text)
 
 
 class HTTPRetriever:
@@ -76,8 +94,9 @@ class HTTPRetriever:
 
     kind = "http"
 
-    def __init__(self, url: str, *, timeout: float = 30.0, max_queries: int = 256) -> None:
-        self.config = HTTPConfig(url=url, timeout=timeout, max_queries=max_queries)
+    def __init__(self, url: str, *, timeout: float = 30.0, max_queries: int = 256,
+                 request_format: str = "queries") -> None:
+        self.config = HTTPConfig(url=url, timeout=timeout, max_queries=max_queries, request_format=request_format)
 
     @property
     def url(self) -> str:
@@ -113,15 +132,21 @@ class HTTPRetriever:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         out: list[list[Hit]] = []
-        for start in range(0, len(queries), self.config.max_queries):
-            chunk = list(queries[start:start + self.config.max_queries])
-            body = self._post({"queries": chunk, "topk": k, "return_scores": True})
+        single = self.config.request_format == "query"
+        step = 1 if single else self.config.max_queries
+        for start in range(0, len(queries), step):
+            chunk = list(queries[start:start + step])
+            payload: dict[str, Any] = {"query": chunk[0]} if single else {"queries": chunk}
+            body = self._post({**payload, "topk": k, "return_scores": True})
             result = body.get("result") if isinstance(body, Mapping) else None
             if not isinstance(result, list) or len(result) != len(chunk):
                 raise RetrieverError(
                     f"retrieval server {self.config.endpoint} returned {str(body)[:200]}; expected "
                     f'{{"result": [...]}} with one list per query ({len(chunk)})'
                 )
+            if not all(isinstance(items, list) for items in result):
+                raise RetrieverError(f"retrieval server {self.config.endpoint} returned a result that is not "
+                                     f"one list of documents per query: {str(result)[:200]}")
             out.extend([hit_from_document(item) for item in items] for items in result)
         return out
 

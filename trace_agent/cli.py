@@ -21,7 +21,7 @@ __all__ = ["build_parser", "main"]
 
 #: (module, function) pairs that add subcommands.
 _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
-    ("retrievers.cli", "add_index_parser"),
+    ("trace_envs.wiki_search.cli", "add_index_parser"),
     ("retrievers.cli", "add_serve_parser"),
     ("trace_agent.bench", "add_bench_parser"),
     ("trace_agent.train_cli", "add_train_parser"),

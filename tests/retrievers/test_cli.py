@@ -10,6 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from retrievers import load_retriever
 from retrievers.cli import main
 
@@ -25,8 +27,18 @@ def test_index_build_info_and_errors(small_corpus: Path, tmp_path: Path, capsys)
     assert main(["index", "build", "--corpus", str(small_corpus), "--out", str(tmp_path / "i")]) == 2
     assert "already holds an index" in capsys.readouterr().err
     assert main(["index", "build", "--corpus", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "j")]) == 2
-    assert main(["index", "synthetic", "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "syn")]) == 0
-    assert (tmp_path / "syn" / "corpus.jsonl").is_file() and (tmp_path / "syn" / "bm25" / "retriever.json").is_file()
+
+
+def test_index_synthetic_is_a_trace_gym_command(tmp_path: Path, capsys) -> None:
+    """``trace-gym index synthetic`` comes from trace_envs; ``retrievers`` alone does not know it."""
+    from trace_agent.cli import main as trace_gym
+
+    out = tmp_path / "syn"
+    assert trace_gym(["index", "synthetic", "--cache-dir", str(tmp_path / "cache"), "--out", str(out)]) == 0
+    assert (out / "corpus.jsonl").is_file() and (out / "bm25" / "retriever.json").is_file()
+    with pytest.raises(SystemExit):
+        main(["index", "synthetic"])
+    assert "invalid choice" in capsys.readouterr().err
 
 
 def test_serve_retriever_subprocess(bm25_index, tmp_path: Path) -> None:
