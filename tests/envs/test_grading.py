@@ -62,7 +62,6 @@ NOT_EQUIVALENT = [
     ("1 2 3 42", "42"),
     ("41 or 42", "42"),
     ("41, 42", "42"),
-    ("0.333333", "1/3"),  # plain numbers are compared exactly
     ("0.33", "1/3"),
     ("3/7", "7/3"),
     ("\\frac{1}{0}", "1"),
@@ -261,3 +260,52 @@ def test_normalize_answer(text: Any, normal: str) -> None:
 )
 def test_parse_plain_number(text: str, value: Fraction | None) -> None:
     assert parse_plain_number(text) == value
+
+
+# MATH / DeepScaleR answer formats (MATH writes currency as ``\$``), as a model writes them in ``\boxed{}``.
+MATH_FORMATS = [
+    ("\\$5", "5"), ("\\$18.90", "18.90"), ("\\$18.90", "\\$18.90"), ("18.9", "\\$18.90"), ("\\$ 5", "5"),
+    ("\\$5.00", "5"), ("5", "\\$5"), ("\\$1,000", "1000"), ("$5$", "5"), ("0.333333", "\\frac{1}{3}"),
+    ("1/3", "0.333333"), ("0.3333", "\\frac13"), ("0.33", "1/3"), ("0.5", "\\frac{1}{2}"), ("\\dfrac{3}{4}", "0.75"),
+    ("x = 3", "3"), ("3.141593", "\\pi"), ("10\\%", "10"), ("10%", "10"), ("1,000", "1000"), ("\\text{(A)}", "A"),
+    ("(A)", "A"), ("A", "\\text{(A)}"), ("90^\\circ", "90"), ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}"),
+    ("5 dollars", "5"), ("2, 3", "3, 2"), ("\\{2,3\\}", "\\{3,2\\}"), ("[1,2)", "[1,2)"), ("x^2+1", "1+x^2"),
+    ("42", "41"), ("12 \\text{ cm}", "12"), ("6\\sqrt{2}", "\\sqrt{72}"), ("", "5"), ("2^{10}", "1024"),
+    ("\\frac{7}{2}", "3.5"), ("-\\frac{1}{2}", "-0.5"), ("\\sqrt{2}", "1.414214"), ("\\sqrt{2}", "1.41"),
+]
+
+
+def _verl_math_verify_reward(model_output: str, ground_truth: str) -> float:
+    """verl's math-verify reward as its ``compute_score`` is published: the gold wrapped in ``\\boxed{}``
+    and read with LaTeX extraction, the response with plain-expression and LaTeX extraction, 6 decimals."""
+    from math_verify.metric import math_metric
+    from math_verify.parser import ExprExtractionConfig, LatexExtractionConfig
+
+    metric = math_metric(gold_extraction_target=(LatexExtractionConfig(),),
+                         pred_extraction_target=(ExprExtractionConfig(), LatexExtractionConfig()))
+    try:
+        score, _ = metric(["\\boxed{" + ground_truth + "}"], [model_output])
+    except Exception:  # noqa: BLE001 - verl scores any failure 0
+        score = 0.0
+    return score
+
+
+@pytest.mark.parametrize(("predicted", "gold"), MATH_FORMATS)
+def test_default_mode_agrees_with_verls_math_verify_reward(predicted: str, gold: str) -> None:
+    response = f"So the final answer is \\boxed{{{predicted}}}." if predicted else "I do not know."
+    reference = _verl_math_verify_reward(response, gold) == 1.0
+    assert grade_answer(f"\\boxed{{{predicted}}}" if predicted else "", gold) is reference
+    assert grade_answer(predicted, gold) is reference, "the <answer> content without \\boxed grades the same"
+
+
+@pytest.mark.parametrize(("predicted", "gold"), MATH_FORMATS + EQUIVALENT + NOT_EQUIVALENT)
+def test_strict_mode_never_accepts_more_than_the_default(predicted: str, gold: str) -> None:
+    if grade_answer(predicted, gold, mode="strict"):
+        assert grade_answer(predicted, gold)
+
+
+def test_strict_mode_compares_plain_numbers_exactly() -> None:
+    assert grade_answer("0.333333", "1/3") and not grade_answer("0.333333", "1/3", mode="strict")
+    assert grade_answer("\\$5", "5", mode="strict") and grade_answer("\\$18.90", "18.9", mode="strict")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        grade_answer("1", "1", mode="lenient")

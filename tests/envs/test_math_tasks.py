@@ -289,6 +289,22 @@ def test_load_deepscaler_from_json_list_and_parquet(tmp_path: Any) -> None:
     assert [t.data["answer"] for t in from_parquet.values()] == ["2", "\\frac{3}{4}", "4"]
 
 
+def test_rows_without_an_answer_are_skipped_with_a_count(tmp_path: Any) -> None:
+    """The public DeepScaleR set is reported to hold a few rows without an answer: they never refuse the file."""
+    import datasets
+
+    from trace_envs.tasks.deepscaler import SkippedRowsWarning, load_deepscaler
+
+    rows = [DEEPSCALER_ROWS[0], {"problem": "No answer here?", "answer": None, "solution": "?"},
+            DEEPSCALER_ROWS[1], {"problem": "  ", "answer": "3", "solution": ""},
+            {"problem": "Blank?", "answer": "", "solution": ""}, DEEPSCALER_ROWS[2]]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "rows.parquet"))
+    with pytest.warns(SkippedRowsWarning, match=r"skipped 3 of 6 rows .*\(rows 1, 3, 4\)"):
+        tasks = load_deepscaler(str(tmp_path / "rows.parquet"), cache_dir=str(tmp_path / "cache"))
+    assert tasks.ids() == ["deepscaler-train-00000", "deepscaler-train-00002", "deepscaler-train-00005"]
+    assert [t.data["index"] for t in tasks.values()] == [0, 2, 5], "ids keep the row's index in the file"
+
+
 def test_load_deepscaler_errors(tmp_path: Any) -> None:
     from trace_envs.errors import InvalidTaskError, TaskNotFoundError
     from trace_envs.tasks.deepscaler import load_deepscaler
@@ -301,7 +317,10 @@ def test_load_deepscaler_errors(tmp_path: Any) -> None:
         load_deepscaler(str(bad), cache_dir=cache)
     empty = _write_jsonl(tmp_path / "empty.jsonl", [DEEPSCALER_ROWS[0], {"problem": "x?", "answer": " "}])
     with pytest.raises(InvalidTaskError, match="row 1 has an empty problem or answer"):
-        load_deepscaler(str(empty), cache_dir=cache)
+        load_deepscaler(str(empty), cache_dir=cache, strict=True)
+    nothing = _write_jsonl(tmp_path / "nothing.jsonl", [{"problem": "x?", "answer": ""}])
+    with pytest.warns(UserWarning), pytest.raises(InvalidTaskError, match="none of its 1 rows"):
+        load_deepscaler(str(nothing), cache_dir=cache)
     (tmp_path / "garbage.jsonl").write_text("not json {{{\n")
     with pytest.raises(InvalidTaskError, match="could not be read"):
         load_deepscaler(str(tmp_path / "garbage.jsonl"), cache_dir=cache)

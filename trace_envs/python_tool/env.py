@@ -107,6 +107,8 @@ class PythonMathEnv(BranchableEnv):
         max_turns: turns per episode.
         max_calls_per_turn: tool calls allowed in one turn.
         sandbox: limits and isolation (:class:`SandboxConfig`).
+        grading: "math-verify" (default: verl's math-verify semantics, decimals to 6 places) or
+            "strict" (plain numbers as exact rationals); see :mod:`trace_envs.python_tool.grading`.
         render_mode: None or "ansi".
     """
 
@@ -119,9 +121,15 @@ class PythonMathEnv(BranchableEnv):
         max_turns: int = 6,
         max_calls_per_turn: int = 4,
         sandbox: SandboxConfig | None = None,
+        grading: str = "math-verify",
         render_mode: str | None = None,
     ) -> None:
+        from trace_envs.python_tool.grading import GRADING_MODES
+
+        if grading not in GRADING_MODES:
+            raise ValueError(f"grading must be one of {GRADING_MODES}, got {grading!r}")
         super().__init__(tasks=_resolve_tasks(tasks), max_turns=max_turns, render_mode=render_mode)
+        self.grading = grading
         self.max_calls_per_turn = max_calls_per_turn
         self.sandbox_config = sandbox or SandboxConfig()
         self._sandbox: Sandbox | None = None
@@ -141,7 +149,7 @@ class PythonMathEnv(BranchableEnv):
 
     @property
     def config_key(self) -> str:
-        return f"{super().config_key}|calls={self.max_calls_per_turn}|{self.sandbox_config!r}"
+        return f"{super().config_key}|calls={self.max_calls_per_turn}|grading={self.grading}|{self.sandbox_config!r}"
 
     @property
     def isolation(self) -> tuple[str, ...]:
@@ -192,7 +200,7 @@ class PythonMathEnv(BranchableEnv):
         if parsed.answer is not None:
             from trace_envs.python_tool.grading import grade_answer
 
-            correct = grade_answer(parsed.answer, str(self.task.data["answer"]))
+            correct = grade_answer(parsed.answer, str(self.task.data["answer"]), mode=self.grading)
             text = "Correct." if correct else "Incorrect."
             return TurnResult(text, reward=float(correct), terminated=True, role="user",
                               info={"correct": correct, "answer": parsed.answer})

@@ -1,20 +1,37 @@
 """Grading final math answers: is a predicted answer equivalent to the gold one?
 
-:func:`grade_answer` decides in three stages, cheapest first:
+Two modes (``grade_answer(..., mode=...)``):
+
+* ``"math-verify"`` (the default) agrees with math-verify as verl's
+  ``verl/utils/reward_score/math_verify.py`` uses it: the gold wrapped in
+  ``\\boxed{}`` and read with LaTeX extraction, the prediction read from the
+  model's ``\\boxed{}``, compared by ``math_verify.verify`` with its default
+  6-decimal rounding. So a decimal approximation of a fraction is accepted
+  (``0.333333`` for ``\\frac{1}{3}``, not ``0.33``), as verl's reward accepts
+  it. An answer in prose (``The answer is 42``) that has no LaTeX reading is
+  then tried as the strict mode tries it, so the default mode accepts
+  everything the strict one does.
+* ``"strict"``: plain numbers are compared as exact rationals
+  (``0.333333 != 1/3``), everything else as below. Rewards are never higher
+  than in the default mode; use it when a decimal must be exact.
+
+Both decide in three stages, cheapest first:
 
 1. **Normalised text.** Both sides go through :func:`normalize_answer`
-   (``<answer>``/``\\boxed{}`` unwrapping, ``$``, ``\\left``/``\\right``, spacing,
-   ``\\dfrac``→``\\frac``, plain numbers to a canonical rational). Equal → True.
-2. **Plain numbers are compared exactly.** When both sides are plain numerals
-   (integers, decimals, ``p/q``, ``\\frac{p}{q}``, thousands separators), the
-   verdict is exact rational equality: ``0.5 == 1/2 == \\frac{1}{2}``,
-   ``42 == 42.0``, but ``0.333333 != 1/3``.
-3. **Symbolic equivalence with math_verify** (LaTeX and plain-expression
-   extraction) for everything else: ``2^{10}`` vs ``1024``, ``\\frac{\\sqrt2}{2}``
-   vs ``\\sqrt{2}/2``, sets, intervals, ``x^2+1`` vs ``1+x^2``. math_verify's own
-   rules apply here, e.g. ``x = 3`` is accepted for the gold ``3`` (an
-   assignment to a single variable counts as its right-hand side) and a decimal
-   matches a non-rational value to 6 decimals (``3.141593`` for ``\\pi``).
+   (``<answer>``/``\\boxed{}`` unwrapping, ``$`` and MATH's escaped dollar ``\\$``,
+   ``\\left``/``\\right``, spacing, ``\\dfrac``→``\\frac``, plain numbers to a
+   canonical rational). Equal → True. (``\\$5``, ``\\$ 5``, ``$5$`` and ``5`` are all ``5``;
+   ``\\$18.90`` is ``18.9``.)
+2. **Plain numbers.** When both sides are plain numerals (integers, decimals,
+   ``p/q``, ``\\frac{p}{q}``, thousands separators) and their exact values are
+   equal: True (``0.5 == 1/2 == \\frac{1}{2}``, ``42 == 42.0``). Unequal: False in
+   strict mode; the default mode asks math-verify (stage 3), which rounds.
+3. **Symbolic equivalence with math_verify** for everything else: ``2^{10}`` vs
+   ``1024``, ``\\frac{\\sqrt2}{2}`` vs ``\\sqrt{2}/2``, sets, intervals, ``x^2+1`` vs
+   ``1+x^2``. math_verify's own rules apply here, e.g. ``x = 3`` is accepted for
+   the gold ``3`` (an assignment to a single variable counts as its right-hand
+   side) and a decimal matches a non-rational value to 6 decimals (``3.141593``
+   for ``\\pi``).
 
 Contracts:
 
@@ -32,9 +49,11 @@ Contracts:
   screen exists to keep those out.
 * Thread-safe: no shared mutable state besides math_verify's/sympy's caches.
 
-* Model text is never evaluated. The fallback when math_verify cannot decide
-  is stages 1–2 (normalised text, exact rationals), not ``sympy.parse_expr``,
-  which runs ``eval`` on its input.
+* Model text is parsed, not run, by this module. Stage 3's prose fallback is
+  math_verify's plain-expression extraction, which hands a regex-matched
+  arithmetic span to sympy's ``parse_expr``; the verl-style reading is LaTeX only.
+* When stage 3 is skipped (screened out, or over its deadline) the verdict is
+  that of stages 1–2 with exact rationals.
 
 math_verify and sympy are imported on first use, never at module import.
 """
@@ -51,6 +70,7 @@ from typing import Any
 from trace_envs.actions import extract_boxed
 
 __all__ = [
+    "GRADING_MODES",
     "grade_answer",
     "normalize_answer",
     "parse_plain_number",
@@ -59,6 +79,8 @@ __all__ = [
     "MAX_NESTING",
 ]
 
+#: ``mode`` values of :func:`grade_answer`: verl's math-verify semantics (default) or exact rationals.
+GRADING_MODES = ("math-verify", "strict")
 #: Longer inputs (whole responses included) are refused outright.
 MAX_INPUT_CHARS = 100_000
 #: Longer answers (after ``<answer>``/``\\boxed{}`` unwrapping) are only compared as text.
@@ -90,7 +112,7 @@ def normalize_answer(text: Any) -> str:
     """A canonical text form of a final answer, for exact comparison.
 
     Takes the last ``<answer>...</answer>`` and then the last ``\\boxed{...}``
-    if present; drops ``$``, ``\\left``/``\\right``, LaTeX spacing commands,
+    if present; drops ``\\$`` (MATH's escaped dollar), ``$``, ``\\left``/``\\right``, LaTeX spacing commands,
     ``^\\circ``, ``\\%``-escapes, all whitespace and a trailing period; maps
     ``\\dfrac``/``\\tfrac`` to ``\\frac`` and unwraps a lone ``\\text{...}``.
     A plain number becomes its canonical rational: ``"42.0"`` → ``"42"``,
@@ -103,7 +125,7 @@ def normalize_answer(text: Any) -> str:
     for old, new in (
         ("\\dfrac", "\\frac"), ("\\tfrac", "\\frac"), ("\\left", ""), ("\\right", ""),
         ("\\!", ""), ("\\,", ""), ("\\;", ""), ("\\:", ""), ("\\ ", ""), ("~", ""),
-        ("^\\circ", ""), ("^{\\circ}", ""), ("\\%", "%"), ("$", ""),
+        ("^\\circ", ""), ("^{\\circ}", ""), ("\\%", "%"), ("\\$", ""), ("$", ""),
     ):
         s = s.replace(old, new)
     s = _SPACE_BETWEEN_WORDS.sub("\x00", " ".join(s.split()))  # keep "\\pi r" apart from "\\pir"
@@ -315,6 +337,19 @@ def _as_latex(s: str) -> str:
     return f"${s}$"
 
 
+def _verify_like_verl(predicted: str, gold: str) -> bool:
+    """verl's math-verify reward on ``\\boxed{predicted}``: LaTeX extraction on both sides, 6-decimal rounding."""
+    mv = _math_verify()
+    latex_only = [mv.LatexExtractionConfig()]
+    gold_parsed = mv.parse("\\boxed{" + gold + "}", latex_only, parsing_timeout=None)
+    if not gold_parsed:
+        return False
+    pred_parsed = mv.parse("\\boxed{" + predicted + "}", latex_only, parsing_timeout=None)
+    if not pred_parsed:
+        return False
+    return bool(mv.verify(gold_parsed, pred_parsed, float_rounding=6, timeout_seconds=None))
+
+
 def _verify_symbolic(predicted: str, gold: str) -> bool:
     mv = _math_verify()
     gold_parsed = mv.parse(_as_latex(gold), parsing_timeout=None)
@@ -329,20 +364,28 @@ def _verify_symbolic(predicted: str, gold: str) -> bool:
 
 
 # --------------------------------------------------------------------- public
-def grade_answer(predicted: Any, gold: Any, *, timeout_s: float = 3.0) -> bool:
+def grade_answer(predicted: Any, gold: Any, *, mode: str = "math-verify", timeout_s: float = 3.0) -> bool:
     """Whether ``predicted`` is mathematically equivalent to ``gold``.
 
     Args:
         predicted: the model's final answer (the content of its ``\\boxed{}``;
             a full response with ``<answer>``/``\\boxed{}`` also works).
         gold: the reference answer, in text or LaTeX.
+        mode: "math-verify" (default: verl's math-verify semantics) or "strict"
+            (plain numbers compared as exact rationals); see the module docstring.
         timeout_s: wall-clock bound on the symbolic stage.
 
     Returns:
         True when equivalent (see the module docstring for the rules); False
         otherwise, including for non-string, empty, unparsable, oversized or
-        too-slow inputs. Never raises.
+        too-slow inputs. Never raises for any ``predicted``/``gold``.
+
+    Raises:
+        ValueError: ``mode`` is not one of :data:`GRADING_MODES` (a caller's error, not the model's).
     """
+    if mode not in GRADING_MODES:
+        raise ValueError(f"mode must be one of {GRADING_MODES}, got {mode!r}")
+    strict = mode == "strict"
     try:
         if not isinstance(predicted, str) or not isinstance(gold, str):
             return False
@@ -356,13 +399,17 @@ def grade_answer(predicted: Any, gold: Any, *, timeout_s: float = 3.0) -> bool:
             return True
         pred_num = parse_plain_number(pred_norm)
         gold_num = parse_plain_number(gold_norm)
-        if pred_num is not None and gold_num is not None:
+        if pred_num is not None and gold_num is not None and (strict or pred_num == gold_num):
             return pred_num == gold_num
         pred_text, gold_text = _unwrap(predicted), _unwrap(gold)
         if not (_symbolic_ok(pred_text) and _symbolic_ok(gold_text)):
             return False
         _math_verify()  # import outside the deadline
-        verdict = _call_with_deadline(lambda: _verify_symbolic(pred_text, gold_text), timeout_s)
+        if strict:
+            verdict = _call_with_deadline(lambda: _verify_symbolic(pred_text, gold_text), timeout_s)
+        else:
+            verdict = _call_with_deadline(
+                lambda: _verify_like_verl(pred_text, gold_text) or _verify_symbolic(pred_text, gold_text), timeout_s)
         return verdict is True
     except Exception:  # noqa: BLE001 - the contract is "never raises"
         return False

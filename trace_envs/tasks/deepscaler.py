@@ -8,11 +8,17 @@ and ``solution``. :func:`load_deepscaler` reads
 * a local directory that ``datasets.load_dataset`` understands;
 * a Hugging Face hub name (on machines with network access).
 
+Rows without a problem or an answer (the public set is reported to hold a
+few) are skipped with a :class:`SkippedRowsWarning` that counts them; with
+``strict=True`` the first such row raises instead. Task ids keep the row's
+index in the file, so skipping never renumbers the other tasks.
+
 ``datasets`` is imported on first call only.
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +26,17 @@ from trace_envs.core import Task, TaskSet
 from trace_envs.errors import InvalidTaskError, TaskNotFoundError
 from trace_envs.tasks.math_gen import ANSWER_INSTRUCTION
 
-__all__ = ["load_deepscaler", "DEEPSCALER_HUB_NAME", "REQUIRED_FIELDS"]
+__all__ = ["load_deepscaler", "DEEPSCALER_HUB_NAME", "REQUIRED_FIELDS", "SkippedRowsWarning"]
 
 DEEPSCALER_HUB_NAME = "agentica-org/DeepScaleR-Preview-Dataset"
 #: Fields every row must have; ``solution`` is optional (stored as "" when absent).
 REQUIRED_FIELDS = ("problem", "answer")
 
 _BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+class SkippedRowsWarning(UserWarning):
+    """Rows of a task file were skipped (no problem or no answer); the message counts them."""
 
 
 def _looks_like_path(text: str) -> bool:
@@ -67,6 +77,7 @@ def load_deepscaler(
     split: str = "train",
     limit: int | None = None,
     cache_dir: str | None = None,
+    strict: bool = False,
 ) -> TaskSet:
     """DeepScaleR problems as tasks for PythonMath-v0.
 
@@ -75,6 +86,7 @@ def load_deepscaler(
         split: the split to read (a local file is read as this split).
         limit: keep only the first ``limit`` rows (None: all).
         cache_dir: the ``datasets`` cache folder (None: its default).
+        strict: raise on a row without a problem or an answer instead of skipping it.
 
     Returns:
         A TaskSet named ``"deepscaler-<split>"`` whose tasks have ids
@@ -85,7 +97,10 @@ def load_deepscaler(
     Raises:
         TaskNotFoundError: the file is missing, or the hub data set cannot be fetched.
         InvalidTaskError: an unsupported or unreadable file, a missing ``problem``/``answer``
-            column, or a row whose problem or answer is empty.
+            column, no usable row at all, or (``strict``) a row whose problem or answer is empty.
+
+    Warns:
+        SkippedRowsWarning: rows without a problem or an answer were skipped (not in strict mode).
         ValueError: ``limit`` is negative.
     """
     if limit is not None and limit < 0:
@@ -100,10 +115,15 @@ def load_deepscaler(
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
     tasks = []
+    skipped: list[int] = []
     for index, row in enumerate(dataset):
         problem, answer = row["problem"], row["answer"]
         if problem is None or not str(problem).strip() or answer is None or not str(answer).strip():
-            raise InvalidTaskError(f"{path_or_name}: row {index} has an empty problem or answer")
+            if strict:
+                raise InvalidTaskError(f"{path_or_name}: row {index} has an empty problem or answer "
+                                       "(strict=False skips such rows with a warning)")
+            skipped.append(index)
+            continue
         solution = row.get("solution")
         tasks.append(Task(
             task_id=f"deepscaler-{split}-{index:05d}",
@@ -111,4 +131,11 @@ def load_deepscaler(
             data={"answer": str(answer).strip(), "solution": "" if solution is None else str(solution),
                   "source": "deepscaler", "index": index},
         ))
+    if skipped:
+        shown = ", ".join(map(str, skipped[:10])) + (" ..." if len(skipped) > 10 else "")
+        warnings.warn(f"{path_or_name}: skipped {len(skipped)} of {len(skipped) + len(tasks)} rows without a "
+                      f"problem or an answer (rows {shown}); strict=True refuses them", SkippedRowsWarning,
+                      stacklevel=2)
+    if not tasks and skipped:
+        raise InvalidTaskError(f"{path_or_name}: none of its {len(skipped)} rows has both a problem and an answer")
     return TaskSet(tasks, name=f"deepscaler-{split}")
