@@ -2,7 +2,8 @@
 
 On a machine with the hub: ``load_hotpotqa("hotpot_qa", config="distractor",
 split="validation")``. Offline, from a local file in HotpotQA's format (the
-official JSON list, or JSONL): ``load_hotpotqa("path/to/hotpot_dev.json")``.
+official JSON list, JSONL, or Parquet, read by extension):
+``load_hotpotqa("path/to/hotpot_dev.json")``.
 
 Record fields used: ``_id``/``id``, ``question``, ``answer``, ``type``
 ("bridge"/"comparison"), ``level``, ``supporting_facts`` and ``context``.
@@ -24,6 +25,7 @@ from typing import Any
 
 from trace_envs.core import Task, TaskSet
 from trace_envs.errors import InvalidTaskError
+from trace_envs.tasks.files import BUILDERS, read_rows
 
 __all__ = ["load_hotpotqa", "hotpotqa_records", "record_to_task", "hotpotqa_corpus"]
 
@@ -48,10 +50,10 @@ def hotpotqa_records(
     except ImportError as exc:  # pragma: no cover - depends on the [data] extra
         raise ImportError("reading HotpotQA needs `datasets` (pip install 'trace-gym[data]')") from exc
     path = Path(source)
-    if path.suffix in (".json", ".jsonl") or path.exists():
+    if path.suffix.lower() in BUILDERS or path.exists():
         if not path.is_file():
             raise FileNotFoundError(f"HotpotQA file {path} does not exist")
-        dataset = datasets.load_dataset("json", data_files=str(path), split="train")
+        dataset = read_rows(path)  # parquet, json or jsonl, by extension
     else:
         dataset = datasets.load_dataset(str(source), config, split=split)
     for i, record in enumerate(dataset):

@@ -12,8 +12,17 @@ from trace_envs.actions import format_tool_call, parse_action
 from trace_envs.core import BranchableEnv, Task, TaskSet, TurnResult
 from trace_envs.errors import InvalidTaskError
 from trace_envs.wiki_search.grading import best_em_f1
+from trace_envs.wiki_search.search_r1_format import (
+    INVALID_ACTION,
+    SEARCH_R1_INSTRUCTION,
+    format_information,
+    parse_search_r1_action,
+)
 
-__all__ = ["WikiQAEnv", "resolve_retriever", "resolve_tasks"]
+__all__ = ["WikiQAEnv", "resolve_retriever", "resolve_tasks", "ACTION_FORMATS"]
+
+#: ``action_format`` values: Qwen3/Hermes tool calls, or Search-R1's ``<search>``/``<answer>`` tags.
+ACTION_FORMATS = ("tool_call", "search-r1")
 
 _SYSTEM_PROMPT = """You answer questions by searching an encyclopedia.
 To search, call the tool: <tool_call>{{"name": "search", "arguments": {{"query": "..."}}}}</tool_call>
@@ -54,7 +63,12 @@ def resolve_retriever(retriever: Any, *, cache_dir: str | Path | None = None) ->
 
 
 def resolve_tasks(tasks: str | Path | TaskSet | Sequence[Task]) -> TaskSet:
-    """"default" -> the synthetic questions; a TaskSet or list of Tasks; a path -> a HotpotQA-format file."""
+    """"default" -> the synthetic questions; a TaskSet or list of Tasks; a path -> a QA file.
+
+    A path is a ``.parquet``, ``.json`` or ``.jsonl`` file (read by extension) in HotpotQA's
+    layout or in Search-R1's (its ``nq_hotpotqa_train`` parquet, or verl's preprocessed copy);
+    see :func:`trace_envs.tasks.search_r1.load_qa_file`.
+    """
     if isinstance(tasks, TaskSet):
         return tasks
     if isinstance(tasks, str) and tasks == "default":
@@ -62,9 +76,9 @@ def resolve_tasks(tasks: str | Path | TaskSet | Sequence[Task]) -> TaskSet:
 
         return default_wiki_tasks()
     if isinstance(tasks, (str, Path)):
-        from trace_envs.tasks.hotpotqa import load_hotpotqa
+        from trace_envs.tasks.search_r1 import load_qa_file
 
-        return load_hotpotqa(tasks)
+        return load_qa_file(tasks)
     if isinstance(tasks, Sequence) and all(isinstance(t, Task) for t in tasks):
         return TaskSet(list(tasks), name="wikiqa-custom")
     raise TypeError(f"tasks must be 'default', a TaskSet, a list of Tasks or a path, got {type(tasks).__name__}")
@@ -84,19 +98,30 @@ class WikiQAEnv(BranchableEnv):
 
     **Description.** Each episode is one question (default: the synthetic
     encyclopedia of :mod:`trace_envs.tasks.wiki`, 2- and 3-hop bridge and
-    comparison questions about fictional entities; or HotpotQA). The agent
-    searches, reads passages, and answers.
+    comparison questions about fictional entities; or HotpotQA, or Search-R1's
+    NQ/HotpotQA training data). The agent searches, reads passages, and answers.
 
     **Tools.** ``search(query: str)``: the top ``top_k`` passages for the
     query from the retriever, each rendered as ``Doc i (Title: T) text``, the
     text cut to ``max_passage_chars`` characters (``...`` marks a cut). At most
     ``max_calls_per_turn`` searches per turn; their results are concatenated.
+    (verl's search tool schema, ``{"query_list": [...]}``, is accepted too: one
+    search per listed query.)
 
-    **Action format.** Qwen3/Hermes tool calls,
+    **Action format.** ``action_format="tool_call"`` (default): Qwen3/Hermes tool calls,
     ``<tool_call>{"name": "search", "arguments": {"query": "..."}}</tool_call>``,
-    or a final ``<answer>...</answer>``. ``<think>`` spans are ignored.
+    or a final ``<answer>...</answer>``. ``action_format="search-r1"``: Search-R1's
+    ``<search> query </search>`` (one search per turn: the first element counts)
+    and ``<answer> ... </answer>``; results come back as
+    ``<information>Doc 1(Title: "T") text ...</information>``, and ``tools`` is
+    empty (see :mod:`trace_envs.wiki_search.search_r1_format`). ``<think>``
+    spans are ignored in both.
 
-    **Observation.** The opening observation is ``Question: <question>``.
+    **Observation.** The opening observation is ``Question: <question>`` (search-r1:
+    an instruction in Search-R1's terms ending in ``Question: <question>``, with no
+    system message). With ``task_prompt=True`` and a task that carries its data set's
+    chat prompt (Search-R1 and verl files do), the episode opens with exactly that
+    prompt's system and user messages instead, so a policy trained on it sees it unchanged.
     After a search turn: the passages (role "tool"). After a malformed turn,
     an unknown tool, an empty query, a query over ``max_query_chars`` or a
     backend failure: an ``Error: ...`` text saying what was wrong (role
@@ -119,12 +144,14 @@ class WikiQAEnv(BranchableEnv):
         retriever: None (the default synthetic corpus with a bm25s index, built once
             into ``$TRACE_GYM_CACHE`` or ``~/.cache/trace-gym``), a ``retrievers.Retriever``,
             an index directory, or a retrieval server URL (``http://host:port``).
-        tasks: "default", a TaskSet, a list of Tasks, or a path to a HotpotQA-format file.
+        tasks: "default", a TaskSet, a list of Tasks, or a path to a HotpotQA or Search-R1 file.
         top_k: passages per search (1..20).
         max_turns: turns per episode.
         max_passage_chars: characters of passage text shown per hit.
         max_query_chars: longer queries are refused with an error observation.
         max_calls_per_turn: tool calls accepted in one turn.
+        action_format: "tool_call" or "search-r1" (see Action format).
+        task_prompt: open episodes with the task's own chat prompt when it has one.
         cache_dir: where the default index lives (overrides ``$TRACE_GYM_CACHE``).
         render_mode: None or "ansi".
     """
@@ -141,9 +168,13 @@ class WikiQAEnv(BranchableEnv):
         max_passage_chars: int = 600,
         max_query_chars: int = 500,
         max_calls_per_turn: int = 3,
+        action_format: str = "tool_call",
+        task_prompt: bool = False,
         cache_dir: str | Path | None = None,
         render_mode: str | None = None,
     ) -> None:
+        if action_format not in ACTION_FORMATS:
+            raise ValueError(f"action_format must be one of {ACTION_FORMATS}, got {action_format!r}")
         if not 1 <= top_k <= 20:
             raise ValueError(f"top_k must be in 1..20, got {top_k}")
         if max_passage_chars < 20 or max_query_chars < 1 or max_calls_per_turn < 1:
@@ -154,15 +185,31 @@ class WikiQAEnv(BranchableEnv):
         self.max_passage_chars = max_passage_chars
         self.max_query_chars = max_query_chars
         self.max_calls_per_turn = max_calls_per_turn
+        self.action_format = action_format
+        self.task_prompt = bool(task_prompt)
         self._state = _SearchState()
+        self._pending: list[str] = []  # valid queries of the turn being played
 
     # ----------------------------------------------------------------- public
     @property
     def system_prompt(self) -> str:
+        own = self._task_messages()
+        if own:
+            return next((m["content"] for m in own if m["role"] == "system"), "")
+        if self.action_format == "search-r1":
+            return ""
         return _SYSTEM_PROMPT.format(top_k=self.top_k)
+
+    def _task_messages(self) -> list[dict[str, str]]:
+        """The current task's own chat prompt, when ``task_prompt`` is on and it has one."""
+        if not self.task_prompt or self._task is None:
+            return []
+        return list(self._task.data.get("prompt_messages") or [])
 
     @property
     def tools(self) -> list[dict[str, Any]]:
+        if self.action_format == "search-r1":
+            return []
         return [{
             "type": "function",
             "function": {
@@ -180,7 +227,8 @@ class WikiQAEnv(BranchableEnv):
     def config_key(self) -> str:
         backend = getattr(self.retriever, "fingerprint", type(self.retriever).__name__)
         return (f"{super().config_key}|retriever={backend}|top_k={self.top_k}|passage={self.max_passage_chars}"
-                f"|query={self.max_query_chars}|calls={self.max_calls_per_turn}")
+                f"|query={self.max_query_chars}|calls={self.max_calls_per_turn}|format={self.action_format}"
+                f"|task_prompt={self.task_prompt}")
 
     @property
     def n_searches(self) -> int:
@@ -190,9 +238,14 @@ class WikiQAEnv(BranchableEnv):
         """Searches for the current task's hops, its gold answer, then one more search."""
         data = self.task.data
         queries = list(data.get("queries") or [data.get("question", self.task.prompt)])
-        searches = [format_tool_call("search", {"query": q}) for q in queries[:3]]
-        if len(searches) < 2:
-            searches.append(format_tool_call("search", {"query": self.task.prompt}))
+        if self.action_format == "search-r1":
+            searches = [f"<think>look it up</think><search> {q} </search>" for q in queries[:3]]
+            if len(searches) < 2:
+                searches.append(f"<search> {self.task.prompt} </search>")
+        else:
+            searches = [format_tool_call("search", {"query": q}) for q in queries[:3]]
+            if len(searches) < 2:
+                searches.append(format_tool_call("search", {"query": self.task.prompt}))
         answer = f"<answer>{(data.get('answers') or [''])[0]}</answer>"
         return [*searches, answer, searches[0]]
 
@@ -217,7 +270,14 @@ class WikiQAEnv(BranchableEnv):
         if not task.data.get("answers"):
             raise InvalidTaskError(f"task {task.task_id!r} has no 'answers'")
         self._state = _SearchState()
-        return f"Question: {task.data.get('question', task.prompt)}"
+        own = self._task_messages()
+        user = [m["content"] for m in own if m["role"] == "user"]
+        if user:
+            return user[-1]
+        question = task.data.get("question", task.prompt)
+        if self.action_format == "search-r1":
+            return SEARCH_R1_INSTRUCTION.format(question=question)
+        return f"Question: {question}"
 
     def _format_hits(self, hits: Sequence[Any]) -> str:
         if not hits:
@@ -231,38 +291,77 @@ class WikiQAEnv(BranchableEnv):
         return "\n".join(lines)
 
     def _run_turn(self, action: str) -> TurnResult:
+        if self.action_format == "search-r1":
+            return self._run_search_r1_turn(action)
         parsed = parse_action(action, max_tool_calls=self.max_calls_per_turn)
-        state = self._state
         if not parsed.ok:
-            self._state = _SearchState(state.n_searches, state.n_errors + 1, state.queries)
-            return TurnResult(parsed.error_message(), info=self._counters())
+            return self._error_turn(parsed.error_message())
         if parsed.answer is not None:
-            golds = [str(a) for a in self.task.data["answers"]]
-            em, f1 = best_em_f1(parsed.answer, golds)
-            info = {**self._counters(), "em": em, "f1": f1, "answer": parsed.answer, "gold": golds}
-            return TurnResult(f"Answer received: {parsed.answer}", reward=em, terminated=True, role="user", info=info)
+            return self._answer_turn(parsed.answer)
         problems: list[str | None] = []
-        valid: list[str] = []
         for call in parsed.tool_calls:
-            query = call.arguments.get("query")
-            if call.name != "search":
-                problems.append(f"Error: unknown tool {call.name!r}; the only tool is 'search'.")
-            elif set(call.arguments) - {"query"}:
-                problems.append(f"Error: search takes only 'query', got {sorted(call.arguments)}.")
-            elif not isinstance(query, str) or not query.strip():
-                problems.append("Error: search needs a non-empty 'query' string.")
-            elif len(query) > self.max_query_chars:
-                problems.append(f"Error: the query has {len(query)} characters; the limit is {self.max_query_chars}.")
-            else:
-                problems.append(None)
-                valid.append(" ".join(query.split()))
+            problems.extend(self._check_call(call.name, call.arguments))
+        if len(problems) > self.max_calls_per_turn:
+            return self._error_turn(f"Error: {len(problems)} searches in one turn; the limit is "
+                                    f"{self.max_calls_per_turn}.")
+        return self._search_turn(problems)
+
+    def _check_call(self, name: str, arguments: Mapping[str, Any]) -> list[str | None]:
+        """One entry per requested search: None for a valid one (its query is in ``_pending``), else the error."""
+        if name != "search":
+            return [f"Error: unknown tool {name!r}; the only tool is 'search'."]
+        if set(arguments) == {"query_list"}:  # verl's search tool schema
+            queries = arguments["query_list"]
+            if not isinstance(queries, list) or not queries:
+                return ["Error: 'query_list' must be a non-empty list of query strings."]
+            return [self._check_query(q) for q in queries]
+        if set(arguments) - {"query"}:
+            return [f"Error: search takes only 'query', got {sorted(arguments)}."]
+        return [self._check_query(arguments.get("query"))]
+
+    def _check_query(self, query: Any) -> str | None:
+        if not isinstance(query, str) or not query.strip():
+            return "Error: search needs a non-empty 'query' string."
+        if len(query) > self.max_query_chars:
+            return f"Error: the query has {len(query)} characters; the limit is {self.max_query_chars}."
+        self._pending.append(" ".join(query.split()))
+        return None
+
+    def _run_search_r1_turn(self, action: str) -> TurnResult:
+        parsed = parse_search_r1_action(action)
+        if parsed.kind == "answer":
+            return self._answer_turn(parsed.content)
+        if parsed.kind == "invalid":
+            return self._error_turn(INVALID_ACTION, role="user")
+        return self._search_turn([self._check_query(parsed.content)])
+
+    def _error_turn(self, message: str, *, role: str = "tool") -> TurnResult:
+        state = self._state
+        self._state = _SearchState(state.n_searches, state.n_errors + 1, state.queries)
+        self._pending = []
+        return TurnResult(message, role=role, info=self._counters())
+
+    def _answer_turn(self, answer: str) -> TurnResult:
+        self._pending = []
+        golds = [str(a) for a in self.task.data["answers"]]
+        em, f1 = best_em_f1(answer, golds)
+        info = {**self._counters(), "em": em, "f1": f1, "answer": answer, "gold": golds}
+        return TurnResult(f"Answer received: {answer}", reward=em, terminated=True, role="user", info=info)
+
+    def _search_turn(self, problems: list[str | None]) -> TurnResult:
+        """Run the valid searches (queries in ``_pending``, in order) and join every block's text."""
+        state = self._state
+        valid, self._pending = self._pending, []
         results: list[str] = []
         if valid:
             from retrievers.base import RetrieverError
 
             try:
                 found = self.retriever.batch_search(valid, self.top_k)
-                results = [self._format_hits(hits) for hits in found]
+                if self.action_format == "search-r1":
+                    results = [format_information(hits, max_passage_chars=self.max_passage_chars) for hits in found]
+                else:
+                    results = [self._format_hits(hits) for hits in found]
             except RetrieverError as exc:
                 results = [f"Error: the search backend failed: {exc}"] * len(valid)
         blocks: list[str] = []
