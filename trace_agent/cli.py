@@ -3,9 +3,11 @@
 Subcommands are contributed by the modules that own them, each through an
 ``add_*_parser(subparsers)`` function that sets ``func`` on its parser:
 
-* ``index build`` and ``serve-retriever`` — :mod:`retrievers.cli`
+* ``index build`` and ``serve-retriever`` — :mod:`retrievers.cli` (``index synthetic``:
+  :mod:`trace_envs.wiki_search.cli`)
 * ``bench`` — :mod:`trace_agent.bench`
 * ``train`` and ``eval`` — :mod:`trace_agent.train_cli`
+* ``export`` — :mod:`trace_agent.export`
 
 Modules are imported only when the command line is built, so ``import trace_agent`` stays cheap.
 """
@@ -26,6 +28,7 @@ _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("trace_agent.bench", "add_bench_parser"),
     ("trace_agent.train_cli", "add_train_parser"),
     ("trace_agent.train_cli", "add_eval_parser"),
+    ("trace_agent.export", "add_export_parser"),
 )
 
 

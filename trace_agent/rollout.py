@@ -64,7 +64,15 @@ from trace_agent.allocation import BudgetAccount, BudgetConfig
 from trace_agent.policy.base import Generation, Policy, TokenContext
 from trace_agent.predictor import SuccessPredictor, score_nodes
 from trace_agent.strategies import Budget, ExpansionRequest, RootRequest, Strategy
-from trace_agent.tree import BatchStats, Node, RolloutTree, batch_stats, format_messages, make_context
+from trace_agent.tree import (
+    BatchStats,
+    Node,
+    RolloutTree,
+    batch_stats,
+    format_messages,
+    ground_truth_of,
+    make_context,
+)
 
 __all__ = [
     "PromptSpec",
@@ -471,6 +479,7 @@ class TreeCollector:
         root_ctx = self.policy.render(messages, tools)
         tree = RolloutTree(
             prompt_id=prompt.prompt_id, task_id=prompt.task_id, messages=messages, snapshot=root_snap, value=value,
+            tools=tools, ground_truth=ground_truth_of(getattr(getattr(root_snap, "task", None), "data", None)),
             metadata={"env_id": getattr(env.unwrapped, "env_id", type(env.unwrapped).__name__),
                       "strategy": strategy.name, "reset_seed": prompt.reset_seed, "seed": seed},
         )

@@ -21,7 +21,10 @@ reader can split them and truncate the history but never the prompt
 
 Storage. :func:`save_jsonl` writes one JSON object per tree; :func:`save_parquet`
 writes one row per node (tree-level fields repeated). Snapshots are dropped in
-both; everything else round-trips exactly.
+both; everything else round-trips exactly. A tree also carries what a re-render
+or an export needs: the env's ``tools`` (the JSON schemas the prompt was rendered
+with) and the task's ``ground_truth`` (files written before these fields existed
+load with ``()`` and None).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ __all__ = [
     "format_messages",
     "make_context",
     "split_context",
+    "ground_truth_of",
     "save_jsonl",
     "load_jsonl",
     "save_parquet",
@@ -71,6 +75,22 @@ Message = dict[str, Any]
 
 class TreeError(ValueError):
     """A tree operation that would break the tree's invariants (the message says which)."""
+
+
+#: Task data keys that hold a task's reference answer, in the order they are looked up.
+_GROUND_TRUTH_KEYS = ("answer", "answers", "ground_truth", "target")
+
+
+def ground_truth_of(task_data: Any) -> Any:
+    """A task's reference answer from its ``data``: the first of ``answer`` (PythonMath), ``answers``
+    (WikiQA), ``ground_truth`` (BFCL) or ``target`` that is present; None when there is none."""
+    if not hasattr(task_data, "get"):
+        return None
+    for key in _GROUND_TRUTH_KEYS:
+        value = task_data.get(key)
+        if value is not None:
+            return value
+    return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -314,6 +334,8 @@ class RolloutTree:
         snapshot: env state after ``reset`` (optional).
         value: predicted success rate of the prompt (optional).
         metadata: JSON-serialisable tree-level extras (env id, step, ...).
+        tools: the env's tool schemas the prompt was rendered with (``env.tools``).
+        ground_truth: the task's reference answer (JSON-serialisable; see :func:`ground_truth_of`).
     """
 
     def __init__(
@@ -326,8 +348,12 @@ class RolloutTree:
         snapshot: Any = None,
         value: float | None = None,
         metadata: dict[str, Any] | None = None,
+        tools: Sequence[dict[str, Any]] = (),
+        ground_truth: Any = None,
     ) -> None:
         self.prompt_id = str(prompt_id)
+        self.tools: list[dict[str, Any]] = [dict(t) for t in tools]
+        self.ground_truth = ground_truth
         self.task_id = self.prompt_id if task_id is None else str(task_id)
         self.metadata: dict[str, Any] = dict(metadata or {})
         self.root = Node(node_id=0, depth=0, messages=[dict(m) for m in messages], snapshot=snapshot,
@@ -551,6 +577,8 @@ class RolloutTree:
             "prompt_id": self.prompt_id,
             "task_id": self.task_id,
             "metadata": self.metadata,
+            "tools": self.tools,
+            "ground_truth": self.ground_truth,
             "rollout_starts": list(self._rollout_starts),
             "nodes": [_node_dict(n) for n in self.nodes],
         }
@@ -566,7 +594,8 @@ class RolloutTree:
             raise TreeError("a tree record needs its root first")
         tree = cls(prompt_id=data["prompt_id"], task_id=data["task_id"], messages=nodes[0]["messages"],
                    prompt_ids=nodes[0].get("observation_ids") or (), value=nodes[0]["value"],
-                   metadata=data.get("metadata") or {})
+                   metadata=data.get("metadata") or {}, tools=data.get("tools") or (),
+                   ground_truth=data.get("ground_truth"))
         tree.root.info = dict(nodes[0].get("info") or {})
         tree._rollout_starts = [int(x) for x in data["rollout_starts"]]
         tree._rollout_tips = list(tree._rollout_starts)
@@ -660,6 +689,7 @@ def load_jsonl(path: str | Path) -> list[RolloutTree]:
 _PARQUET_COLUMNS = (
     "tree_index", "prompt_id", "task_id", "tree_metadata", "rollout_starts", "node_id", "parent_id", "depth",
     "rollout_id", "generated_ids", "generated_logprobs", "observation_ids", "messages", "value", "reward", "info",
+    "tools", "ground_truth",
 )
 
 
@@ -668,7 +698,8 @@ def save_parquet(trees: Iterable[RolloutTree], path: str | Path) -> Path:
 
     Columns: tree_index, prompt_id, task_id, tree_metadata, rollout_starts, node_id,
     parent_id, depth, rollout_id, generated_ids (list<int64>), generated_logprobs
-    (list<float64>, null when not recorded), observation_ids, messages, value, reward, info.
+    (list<float64>, null when not recorded), observation_ids, messages, value, reward, info,
+    tools and ground_truth (JSON text, tree-level, repeated).
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -676,6 +707,8 @@ def save_parquet(trees: Iterable[RolloutTree], path: str | Path) -> Path:
     cols: dict[str, list[Any]] = {c: [] for c in _PARQUET_COLUMNS}
     for t_index, tree in enumerate(trees):
         meta = json.dumps(tree.metadata, sort_keys=True, allow_nan=False)
+        tools = json.dumps(tree.tools, ensure_ascii=False, allow_nan=False)
+        truth = json.dumps(tree.ground_truth, ensure_ascii=False, allow_nan=False)
         for n in tree.nodes:
             rec = _node_dict(n)
             cols["tree_index"].append(t_index)
@@ -688,13 +721,15 @@ def save_parquet(trees: Iterable[RolloutTree], path: str | Path) -> Path:
                 cols[key].append(rec[key])
             cols["messages"].append(json.dumps(n.messages, ensure_ascii=False, allow_nan=False))
             cols["info"].append(json.dumps(n.info, ensure_ascii=False, allow_nan=False))
+            cols["tools"].append(tools)
+            cols["ground_truth"].append(truth)
     schema = pa.schema([
         ("tree_index", pa.int64()), ("prompt_id", pa.string()), ("task_id", pa.string()),
         ("tree_metadata", pa.string()), ("rollout_starts", pa.list_(pa.int64())), ("node_id", pa.int64()),
         ("parent_id", pa.int64()), ("depth", pa.int64()), ("rollout_id", pa.int64()),
         ("generated_ids", pa.list_(pa.int64())), ("generated_logprobs", pa.list_(pa.float64())),
         ("observation_ids", pa.list_(pa.int64())), ("messages", pa.string()), ("value", pa.float64()),
-        ("reward", pa.float64()), ("info", pa.string()),
+        ("reward", pa.float64()), ("info", pa.string()), ("tools", pa.string()), ("ground_truth", pa.string()),
     ])
     table = pa.table(cols, schema=schema).replace_schema_metadata(
         {"format": _FORMAT_NAME, "version": str(FORMAT_VERSION)}
@@ -732,5 +767,7 @@ def load_parquet(path: str | Path) -> list[RolloutTree]:
             "format": _FORMAT_NAME, "version": FORMAT_VERSION, "prompt_id": first["prompt_id"],
             "task_id": first["task_id"], "metadata": json.loads(first["tree_metadata"]),
             "rollout_starts": first["rollout_starts"] or [], "nodes": nodes,
+            "tools": json.loads(first["tools"]) if first.get("tools") else [],
+            "ground_truth": json.loads(first["ground_truth"]) if first.get("ground_truth") else None,
         }))
     return trees

@@ -1,0 +1,222 @@
+"""``trace-gym export``: trees to TRL and verl rows, checked against the public row schemas and the objectives.
+
+Schemas (from the public docs/code): TRL's conversational language-modeling rows ``{"messages": [...]}``
+(optionally ``"tools"``), prompt-completion rows ``{"prompt": [...], "completion": [...]}`` and preference
+rows ``{"prompt", "chosen", "rejected"}``; verl's agent-loop output per trajectory: ``prompt_ids``,
+``response_ids``, ``response_mask`` (1 = LLM token, 0 = tool token), ``response_logprobs``, ``reward_score``,
+``num_turns``, plus the advantages and ``reward_model.ground_truth`` its trainer reads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from trace_agent.cli import main as trace_gym
+from trace_agent.export import ExportConfig, ExportError, export_rows, fill_from_env, read_trees, write_rows
+from trace_agent.objectives import node_advantages, tree_segments
+from trace_agent.tree import RolloutTree, save_jsonl, save_parquet
+
+TOOLS = [{"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}]
+VERDICTS = ("Correct.", "Incorrect.")
+
+
+def _msgs(answer: str, verdict: str | None = None, observation: str | None = None) -> list[dict]:
+    out = [{"role": "assistant", "content": answer}]
+    if observation is not None:
+        out.append({"role": "tool", "content": observation})
+    if verdict is not None:
+        out.append({"role": "user", "content": verdict})
+    return out
+
+
+def hand_tree() -> RolloutTree:
+    """Root rollouts A (A1 -> A2, success) and B (B1 -> B2, failure); continuation C from A1 (failure)."""
+    tree = RolloutTree(prompt_id="p", task_id="math-1", prompt_ids=[1, 2, 3], tools=TOOLS, ground_truth="42",
+                       messages=[{"role": "system", "content": "sys"}, {"role": "user", "content": "What is 6*7?"}],
+                       metadata={"env_id": "trace_envs/PythonMath-v0"})
+    a, b = tree.start_rollout(), tree.start_rollout()
+    a1 = tree.add_turn(tree.root, rollout_id=a, generated_ids=[10, 11], generated_logprobs=[-0.1, -0.2],
+                       observation_ids=[20], messages=_msgs("call python", observation="42"))
+    b1 = tree.add_turn(tree.root, rollout_id=b, generated_ids=[30], generated_logprobs=[-0.5],
+                       observation_ids=[40, 41], messages=_msgs("call python", observation="41"))
+    a2 = tree.add_turn(a1, rollout_id=a, generated_ids=[12], generated_logprobs=[-0.3], observation_ids=[99],
+                       messages=_msgs("<answer>42</answer>", "Correct."))
+    b2 = tree.add_turn(b1, rollout_id=b, generated_ids=[31, 32], generated_logprobs=[-0.6, -0.7],
+                       observation_ids=[99], messages=_msgs("<answer>41</answer>", "Incorrect."))
+    c = tree.start_rollout(a1)
+    c2 = tree.add_turn(a1, rollout_id=c, generated_ids=[13], generated_logprobs=[-0.4], observation_ids=[99],
+                       messages=_msgs("<answer>7</answer>", "Incorrect."))
+    tree.finish(a2, 1.0)
+    tree.finish(b2, 0.0)
+    tree.finish(c2, 0.0)
+    return tree
+
+
+def _no_verdict(messages: list[dict]) -> bool:
+    return messages[-1]["role"] == "assistant" and not any(m["content"] in VERDICTS for m in messages)
+
+
+def test_trl_conversational_and_prompt_completion_rows() -> None:
+    tree = hand_tree()
+    rows = export_rows([tree], ExportConfig(format="trl-conversational"))
+    assert [r["reward"] for r in rows] == [1.0, 0.0, 0.0] and all(r["tools"] == TOOLS for r in rows)
+    assert all(_no_verdict(r["messages"]) for r in rows), "the env's verdict never reaches training text"
+    assert [m["content"] for m in rows[0]["messages"]] == ["sys", "What is 6*7?", "call python", "42",
+                                                           "<answer>42</answer>"]
+    assert len(export_rows([tree], ExportConfig(format="trl-conversational", min_reward=1.0))) == 1
+    pc = export_rows([tree], ExportConfig(format="trl-prompt-completion"))
+    assert all(r["prompt"] == tree.root.messages and r["completion"][0]["role"] == "assistant" for r in pc)
+    assert all(_no_verdict(r["completion"]) for r in pc)
+    assert [r["prompt"] + r["completion"] for r in pc] == [r["messages"] for r in rows]
+
+
+def test_trl_preference_pairs_diverge_where_the_tree_branches() -> None:
+    rows = export_rows([hand_tree()], ExportConfig(format="trl-preference"))
+    assert [(r["branch_node"], r["branch_depth"]) for r in rows] == [(0, 0), (1, 1)]
+    root_pair, mid_pair = rows
+    assert [m["content"] for m in root_pair["chosen"]] == ["call python", "42", "<answer>42</answer>"]
+    assert [m["content"] for m in root_pair["rejected"]] == ["call python", "41", "<answer>41</answer>"]
+    assert [m["content"] for m in mid_pair["prompt"]] == ["sys", "What is 6*7?", "call python", "42"]
+    assert mid_pair["chosen"] == [{"role": "assistant", "content": "<answer>42</answer>"}]
+    assert mid_pair["rejected"] == [{"role": "assistant", "content": "<answer>7</answer>"}]
+    assert all(_no_verdict(r["chosen"]) and _no_verdict(r["rejected"]) for r in rows)
+    assert all((r["chosen_reward"], r["rejected_reward"]) == (1.0, 0.0) for r in rows)
+
+
+def test_verl_rows_by_hand() -> None:
+    tree = hand_tree()
+    a2, b2, c = export_rows([tree], ExportConfig(format="verl", objective="treerpo"))
+    assert a2["prompt_ids"] == [1, 2, 3] and a2["uid"] == "p" and a2["reward_model"]["ground_truth"] == "42"
+    assert a2["response_ids"] == [10, 11, 20, 12], "the leaf's appended glue [99] is not part of the response"
+    assert a2["response_mask"] == [1, 1, 0, 1]
+    assert a2["response_logprobs"] == [-0.1, -0.2, 0.0, -0.3]
+    # TreeRPO: r(A1) = 0.5, r(B1) = 0 -> +-0.25 at the root; below A1: A2 = +0.5, C = -0.5; B2 a lone child: 0
+    assert a2["advantages"] == pytest.approx([0.25, 0.25, 0.0, 0.5])
+    assert b2["advantages"] == pytest.approx([-0.25, 0.0, 0.0, 0.0, 0.0]) and b2["response_mask"] == [1, 0, 0, 1, 1]
+    assert c["response_ids"] == [10, 11, 20, 13] and c["response_mask"] == [0, 0, 0, 1], "A1 was trained in A2's row"
+    assert c["advantages"] == pytest.approx([0.0, 0.0, 0.0, -0.5]) and c["reward_score"] == 0.0
+    every = export_rows([tree], ExportConfig(format="verl", shared_turns="every"))[2]
+    assert every["response_mask"] == [1, 1, 0, 1] and every["advantages"] == pytest.approx([0.25, 0.25, 0, -0.5])
+    assert a2["num_turns"] == 4 and a2["data_source"] == "trace_envs/PythonMath-v0"
+
+
+@pytest.mark.parametrize("objective", ["treerpo", "grpo", "tree-grpo"])
+def test_verl_rows_train_every_segment_of_the_objective_once(objective: str, make_tree) -> None:
+    """Brute force against trace_agent.objectives: the masked tokens of all rows are exactly its segments."""
+    for seed in range(5):
+        tree = make_tree(seed=seed, roots=4, depth=3, continuations=4)
+        tree.root.observation_ids = [7, 7, 7]
+        rows = export_rows([tree], ExportConfig(format="verl", objective=objective))
+        trained: dict[tuple[int, ...], list[tuple[int, float]]] = {}
+        for row in rows:
+            for i, m in enumerate(row["response_mask"]):
+                if m:
+                    context = tuple(row["prompt_ids"] + row["response_ids"][:i])
+                    trained.setdefault(context, []).append((row["response_ids"][i], row["advantages"][i]))
+        expected: dict[tuple[int, ...], list[tuple[int, float]]] = {}
+        for seg in tree_segments(tree, objective):  # type: ignore[arg-type]
+            for j, token in enumerate(seg.generated_ids):
+                expected.setdefault(seg.context_ids + seg.generated_ids[:j], []).append((token, seg.advantage))
+        assert trained.keys() == expected.keys()
+        for key, got in trained.items():
+            assert [t for t, _ in got] == [t for t, _ in expected[key]]
+            assert [a for _, a in got] == pytest.approx([a for _, a in expected[key]])
+        assert len(rows) == len(tree.leaves())
+        adv = node_advantages(tree, objective)  # type: ignore[arg-type]
+        assert all(len(r["advantages"]) == len(r["response_ids"]) == len(r["response_mask"]) for r in rows)
+        assert adv
+
+
+def test_files_round_trip_and_the_cli(tmp_path: Path) -> None:
+    trees = [hand_tree()]
+    save_jsonl(trees, tmp_path / "trees" / "step_000001.jsonl")
+    save_parquet(trees, tmp_path / "trees.parquet")
+    back = read_trees([tmp_path / "trees.parquet"])[0]
+    assert back.tools == TOOLS and back.ground_truth == "42", "Parquet tree files carry tools and ground truth"
+    out = tmp_path / "verl.parquet"
+    assert trace_gym(["export", str(tmp_path / "trees"), "--format", "verl", "--out", str(out)]) == 0
+    table = pq.read_table(out)
+    assert table.num_rows == 3 and str(table.schema.field("response_ids").type) == "list<element: int64>"
+    assert table.to_pylist()[0]["response_mask"] == [1, 1, 0, 1]
+    conv = tmp_path / "sft.parquet"
+    assert trace_gym(["export", str(tmp_path / "trees.parquet"), "--format", "trl-conversational", "--out",
+                      str(conv)]) == 0
+    messages_type = pq.read_table(conv).schema.field("messages").type
+    assert str(messages_type) == "list<element: struct<role: string, content: string>>", messages_type
+    pref = tmp_path / "dpo.jsonl"
+    assert trace_gym(["export", str(tmp_path / "trees.parquet"), "--format", "trl-preference", "--out",
+                      str(pref)]) == 0
+    assert [set(json.loads(line)) >= {"prompt", "chosen", "rejected"} for line in pref.read_text().splitlines()] == [
+        True, True]
+
+
+def test_bad_inputs_are_clear_errors(tmp_path: Path, capsys) -> None:
+    assert trace_gym(["export", str(tmp_path / "missing.jsonl"), "--format", "verl", "--out", "x.jsonl"]) == 2
+    assert "no tree file or directory" in capsys.readouterr().err
+    (tmp_path / "junk.jsonl").write_text('{"not": "a tree"}\n')
+    assert trace_gym(["export", str(tmp_path / "junk.jsonl"), "--format", "verl", "--out", "x.jsonl"]) == 2
+    assert "not a rollout-tree file" in capsys.readouterr().err
+    save_jsonl([hand_tree()], tmp_path / "t.jsonl")
+    assert trace_gym(["export", str(tmp_path / "t.jsonl"), "--format", "verl", "--out", str(tmp_path / "x.csv")]) == 2
+    assert ".jsonl or .parquet" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert trace_gym(["export", str(empty), "--format", "verl", "--out", "x.jsonl"]) == 2
+    with pytest.raises(SystemExit):
+        trace_gym(["export", str(tmp_path / "t.jsonl"), "--format", "sharegpt", "--out", "x.jsonl"])
+    no_ids = hand_tree()
+    no_ids.root.observation_ids = []
+    with pytest.raises(ExportError, match="no prompt token ids"):
+        export_rows([no_ids], ExportConfig(format="verl"))
+    with pytest.raises(ExportError, match="pairs_per_branch"):
+        ExportConfig(format="trl-preference", pairs_per_branch=0)
+    with pytest.raises(ExportError, match="write .jsonl instead"):
+        write_rows([{"a": 1}, {"a": "text"}], tmp_path / "mixed.parquet")
+
+
+def test_older_tree_files_get_tools_and_ground_truth_from_the_env(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TRACE_GYM_CACHE", str(tmp_path / "cache"))
+    from trace_envs.tasks.wiki import default_wiki_tasks
+
+    task = next(iter(default_wiki_tasks().values()))
+    record = hand_tree().to_dict()
+    record["task_id"] = task.task_id
+    del record["tools"], record["ground_truth"]  # the layout before these fields existed
+    (tmp_path / "old.jsonl").write_text(json.dumps(record) + "\n")
+    trees = read_trees([tmp_path / "old.jsonl"])
+    assert trees[0].tools == [] and trees[0].ground_truth is None
+    assert fill_from_env(trees, "trace_envs/WikiQA-v0") == 1
+    assert trees[0].tools[0]["function"]["name"] == "search" and trees[0].ground_truth == list(task.data["answers"])
+
+
+def test_collected_trees_re_render_to_their_exact_ids(tmp_path: Path) -> None:
+    """Real collector, real tiny policy: the stored tools re-render the prompt to the exact recorded ids."""
+    import gymnasium as gym
+
+    import trace_envs  # noqa: F401
+    from trace_agent.policy.demo import tiny_policy
+    from trace_agent.rollout import RolloutConfig, TreeCollector, prompt_pool
+    from trace_agent.strategies import Budget, TreePO
+
+    policy = tiny_policy()
+    with TreeCollector(make_env=lambda: gym.make("trace_envs/PythonMath-v0", max_turns=2), policy=policy,
+                       config=RolloutConfig(max_new_tokens=8)) as collector:
+        batch = collector.collect(prompt_pool(["math-train-0000"]), TreePO(),
+                                  Budget(roots=2, continuations_per_root=1, group_size=2))
+    save_jsonl(batch.trees, tmp_path / "trees.jsonl")
+    trees = read_trees([tmp_path / "trees.jsonl"])
+    assert all(t.tools and t.tools[0]["function"]["name"] == "python" for t in trees)
+    assert all(isinstance(t.ground_truth, str) and t.ground_truth for t in trees)
+    for tree in trees:
+        assert list(policy.render(tree.root.messages, tree.tools).token_ids) == tree.root.observation_ids
+        for row in export_rows([tree], ExportConfig(format="verl", shared_turns="every")):
+            leaf = tree.nodes[row["extra_info"]["leaf_node_id"]]
+            path_ids = [t for n in leaf.path()[1:-1] for t in n.generated_ids + n.observation_ids]
+            assert row["response_ids"] == path_ids + leaf.generated_ids
+            assert row["reward_model"]["ground_truth"] == tree.ground_truth
+    rows = export_rows(trees, ExportConfig(format="trl-conversational"))
+    assert rows and all(_no_verdict(r["messages"]) for r in rows)
