@@ -154,3 +154,14 @@ def test_malformed_http_gets_an_error_and_the_server_lives_on(bm25_index, raw: b
             answer = s.recv(4096)
         assert answer.split(b" ", 2)[1] in (b"400", b"411", b"431"), answer[:80]
         assert _retrieve(server.url, "city")[0] == 200
+
+
+def test_a_body_larger_than_the_header_limit_is_read_whole(bm25_index, small_enc) -> None:
+    queries = [q for q, _ in named_queries(small_enc)] * 25  # ~900 queries, ~50 KB of JSON
+    body = json.dumps({"queries": queries, "topk": 1}).encode()
+    assert len(body) > 40_000
+    with RetrievalServer(bm25_index, ServerConfig(port=0)) as server:
+        request = urllib.request.Request(server.url + "/retrieve", data=body)
+        with urllib.request.urlopen(request, timeout=60) as response:
+            result = json.loads(response.read())["result"]
+    assert len(result) == len(queries) and all(len(r) == 1 for r in result)

@@ -7,20 +7,28 @@ Math (PythonMath-v0):
 * :func:`load_deepscaler` — DeepScaleR-Preview through ``datasets``
   (``trace_envs.tasks.deepscaler``; ``datasets`` is imported on first call).
 
-Names are resolved lazily so that ``import trace_envs.tasks`` stays cheap;
-other loaders (wiki, BFCL) are imported from their own modules.
+QA (WikiQA-v0):
+
+* :func:`load_search_r1` / :func:`load_qa_file` — Search-R1's (and verl's preprocessed)
+  parquet/JSON/JSONL, or HotpotQA files (``trace_envs.tasks.search_r1``).
+
+Local files are read by extension (:mod:`trace_envs.tasks.files`). Names are resolved
+lazily so that ``import trace_envs.tasks`` stays cheap; other loaders (wiki, BFCL) are
+imported from their own modules.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["generate_math_tasks", "default_math_tasks", "load_deepscaler"]
+__all__ = ["generate_math_tasks", "default_math_tasks", "load_deepscaler", "load_search_r1", "load_qa_file"]
 
 _LAZY = {
     "generate_math_tasks": "trace_envs.tasks.math_gen",
     "default_math_tasks": "trace_envs.tasks.math_gen",
     "load_deepscaler": "trace_envs.tasks.deepscaler",
+    "load_search_r1": "trace_envs.tasks.search_r1",
+    "load_qa_file": "trace_envs.tasks.search_r1",
 }
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from trace_envs.wiki_search.env import WikiQAEnv, resolve_retriever, resolve_tasks
+from trace_envs.wiki_search.env import ACTION_FORMATS, WikiQAEnv, resolve_retriever, resolve_tasks
 from trace_envs.wiki_search.grading import best_em_f1, exact_match, f1_score, normalize_answer
 
 __all__ = [
+    "ACTION_FORMATS",
     "WikiQAEnv",
     "resolve_retriever",
     "resolve_tasks",
