@@ -309,3 +309,21 @@ def test_strict_mode_compares_plain_numbers_exactly() -> None:
     assert grade_answer("\\$5", "5", mode="strict") and grade_answer("\\$18.90", "18.9", mode="strict")
     with pytest.raises(ValueError, match="mode must be one of"):
         grade_answer("1", "1", mode="lenient")
+
+
+def test_python_math_grading_option() -> None:
+    from trace_envs.python_tool.env import PythonMathEnv
+
+    task = {"prompt": "What is 1/3 as a decimal?", "answer": "\\frac{1}{3}", "task_id": "third"}
+    rewards = {}
+    for grading in ("math-verify", "strict"):
+        env = PythonMathEnv(tasks="test", grading=grading)
+        try:
+            env.reset(options={"task": task})
+            rewards[grading] = env.step("<answer>0.333333</answer>")[1]
+            assert f"grading={grading}" in env.config_key
+        finally:
+            env.close()
+    assert rewards == {"math-verify": 1.0, "strict": 0.0}
+    with pytest.raises(ValueError, match="grading must be one of"):
+        PythonMathEnv(tasks="test", grading="exact")

@@ -88,8 +88,9 @@ class PythonMathEnv(BranchableEnv):
     wrong; nothing raises. A killed interpreter is rebuilt from the last save
     point and the observation says so.
 
-    **Reward.** 1.0 when the answer equals the task's answer (``math-verify``,
-    sympy fallback), else 0.0; tool turns give 0.
+    **Reward.** 1.0 when the answer equals the task's answer (``grading``: by default
+    math-verify as verl's reward uses it, e.g. ``\\$5`` for ``5`` and ``0.333333`` for
+    ``\\frac{1}{3}``; ``"strict"`` compares plain numbers exactly), else 0.0; tool turns give 0.
 
     **Episode end.** ``terminated`` at an answer; ``truncated`` after ``max_turns`` turns.
 
