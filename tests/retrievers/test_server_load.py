@@ -165,3 +165,21 @@ def test_a_body_larger_than_the_header_limit_is_read_whole(bm25_index, small_enc
         with urllib.request.urlopen(request, timeout=60) as response:
             result = json.loads(response.read())["result"]
     assert len(result) == len(queries) and all(len(r) == 1 for r in result)
+
+
+def test_expect_100_continue_as_curl_sends_it(bm25_index) -> None:
+    body = json.dumps({"query": "city river", "topk": 1}).encode()
+    with RetrievalServer(bm25_index, ServerConfig(port=0)) as server:
+        with socket.create_connection(_address(server), timeout=10) as s:
+            s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: "
+                      + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n")
+            assert s.recv(4096).startswith(b"HTTP/1.1 100 Continue")
+            s.sendall(body)
+            answer = b""
+            for _ in range(100):  # bounded: until the server closes
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and len(json.loads(payload)["result"][0]) == 1
