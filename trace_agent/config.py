@@ -295,7 +295,13 @@ class PredictorSettings:
             when MiniLM is missing), ``hashed`` (hashed n-grams, no model), ``lm-critic``
             (``LMCritic.from_pretrained(path)``, the paper's Qwen3-0.6B critic on GPUs).
         path: the critic checkpoint (``lm-critic``).
-        prefixes: which inner nodes train it ("all", "branched", "none").
+        prefixes: which inner nodes may train it ("all", "branched", "none").
+        prefix_share: most share of prefix (non-prompt) examples in each step's training batch:
+            every prompt example is kept and a random subset of the prefixes (branched ones
+            first) fills up to this share. Default 0.06, the paper's predictor batches (mostly
+            prompt-level, ~6% prefixes); null keeps every prefix (80-91% of the examples on
+            demo trees). The pre-update metrics (``predictor/pre_*``: root and prefix Spearman
+            and MSE, MSE by depth) are measured on every example either way.
         refresh: step 4 — ``auto`` refreshes it only when the rollout strategy reads it
             (TRACE and its ablations, PCL; not GRPO, TreePO or Oracle, which would only pay
             for it), ``always`` every step (to report its quality under any strategy).
@@ -304,9 +310,14 @@ class PredictorSettings:
     kind: Literal["embedding", "hashed", "lm-critic"] = "embedding"
     path: str = "Qwen/Qwen3-0.6B"
     prefixes: Literal["all", "branched", "none"] = "all"
+    prefix_share: float | None = 0.06
     refresh: Literal["auto", "always"] = "auto"
 
     def __post_init__(self) -> None:
+        if self.prefixes not in ("all", "branched", "none"):
+            raise ConfigError(f"predictor.prefixes must be all, branched or none, got {self.prefixes!r}")
+        if self.prefix_share is not None and not (math.isfinite(self.prefix_share) and 0 <= self.prefix_share <= 1):
+            raise ConfigError("predictor.prefix_share must be in [0, 1] or null")
         if self.kind not in ("embedding", "hashed", "lm-critic"):
             raise ConfigError(f"predictor.kind must be embedding, hashed or lm-critic, got {self.kind!r}")
         if self.refresh not in ("auto", "always"):

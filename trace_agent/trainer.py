@@ -141,7 +141,8 @@ class Trainer:
         collected = self.collector.collect(prompts, step=step, seed=int(self.rng.integers(2**31)))
         trees = list(collected.trees)
         t_collect = time.perf_counter()
-        pred = (refresh_predictor(self.predictor, trees, prefixes=cfg.predictor.prefixes)
+        pred = (refresh_predictor(self.predictor, trees, prefixes=cfg.predictor.prefixes,
+                                  prefix_share=cfg.predictor.prefix_share, seed=step)
                 if self.refreshes_predictor else {})
         t_pred = time.perf_counter()
         o = cfg.objective
