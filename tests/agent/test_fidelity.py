@@ -11,15 +11,22 @@ import pytest
 from trace_agent.allocation import allocate_flip_once, allocate_prefixes, repeat_probability
 from trace_agent.predictor import (
     PAPER_PREFIX_SHARE,
-    HashedNGramFeaturizer,
     EmbeddingPredictor,
+    HashedNGramFeaturizer,
     PredictionError,
     checked_predictions,
     refresh_predictor,
     score_nodes,
     tree_examples,
 )
-from trace_agent.strategies import TRACE, Budget, ExpansionRequest, Oracle, RootRequest, root_repeat_probability
+from trace_agent.strategies import (
+    TRACE,
+    Budget,
+    ExpansionRequest,
+    Oracle,
+    RootRequest,
+    root_repeat_probability,
+)
 from trace_agent.tree import RolloutTree
 
 from .conftest import build_tree
