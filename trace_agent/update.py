@@ -33,7 +33,9 @@ class UpdateStats:
 
     ``loss``, ``policy_loss`` and ``kl`` are means over optimiser steps of each mini-batch's
     aggregated loss; the fractions, ``ratio_mean`` and ``approx_kl_behaviour`` are means per
-    trained token.
+    trained token. ``samples``: full-path samples trained (GRPO / Tree-GRPO: leaves; TreeRPO:
+    turns); ``zero_advantage_share``: share of the token weight (tokens x samples) whose
+    advantage is 0 (they add no gradient but, with ``token-mean``, count in the denominator).
     """
 
     segments: int
@@ -48,6 +50,8 @@ class UpdateStats:
     approx_kl_behaviour: float
     grad_norm: float
     dual_clip_fraction: float = 0.0
+    samples: float = 0.0
+    zero_advantage_share: float = math.nan
 
     def as_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in self.__dict__.items()}
@@ -184,7 +188,15 @@ def update_policy(
     t = max(tokens_seen, 1)
     means = {k: v / (max(steps, 1) if k in _PER_STEP else t) for k, v in sums.items()}
     return UpdateStats(segments=len(segments), sequences=len(packed), tokens=sum(s.num_tokens for s in packed),
-                       optimizer_steps=steps, grad_norm=float(np.mean(grad_norms)), **means)
+                       optimizer_steps=steps, grad_norm=float(np.mean(grad_norms)), **means,
+                       samples=sum(s.samples for s in packed), zero_advantage_share=_zero_share(packed))
+
+
+def _zero_share(packed: Sequence[PackedSequence]) -> float:
+    """Share of the packed token weight whose samples all have advantage 0."""
+    total = sum(s.weight for s in packed)
+    zero = sum(w for s in packed for w, g, p in zip(s.weights, s.gains, s.penalties) if w and g == 0 and p == 0)
+    return zero / total if total else math.nan
 
 
 def segment_logprobs(learner: HFPolicy, segments: Sequence[Segment], *, temperature: float = 1.0) -> list[float]:
