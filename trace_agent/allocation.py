@@ -10,9 +10,17 @@ Probabilities
     original ending repeats with probability q flip it at least once, ``1 - q**k``.
 
 Root problem (:func:`allocate_roots`)
-    maximise  sum_x P_mixed(v(x), m(x))
+    maximise  sum_x P_mixed(v(x), m(x))                       (``objective="sum"``, the paper's)
+    or        sum_x P_mixed(v(x), m(x)) / #{x : m(x) > 0}     (``objective="share"``: the expected
+              effective ratio, the share of active prompts whose group is mixed)
     over      m(x) in {0, 2, 3, ..., cap},  sum_x m(x) == budget,
               #{x : m(x) > 0} <= max_active.
+    Degenerate prompts (v exactly 0 or 1) are worth 0 at any count; rollouts an optimum must
+    place on them are spread evenly over as many of them as the active limit allows.
+
+Mixed-tree prefix problem (:func:`allocate_flip_once`)
+    maximise  1 - prod_j q_j**k_j   over  k_j in {0, ..., cap},  sum_j k_j * cost_j <= budget:
+    the chance that a tree whose rollouts all ended alike becomes mixed (the Oracle's stage 2).
 
 Prefix problem (:func:`allocate_prefixes`)
     maximise  sum_j (1 - q_j**k_j)   over  k_j in {0, ..., cap},  sum_j k_j * cost_j <= budget.
@@ -30,7 +38,7 @@ import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -47,6 +55,9 @@ __all__ = [
     "prefix_objective",
     "allocate_roots",
     "allocate_prefixes",
+    "allocate_flip_once",
+    "spread_degenerate",
+    "RootObjective",
     "continuation_budget",
     "proportional_split",
     "paper_budget",
@@ -56,6 +67,7 @@ __all__ = [
 
 #: Relative tolerance under which two root objectives count as tied (the smaller active count wins).
 ROOT_TIE_RTOL = 1e-12
+RootObjective = Literal["sum", "share"]
 
 
 class InfeasibleAllocation(ValueError):
@@ -162,6 +174,7 @@ def allocate_roots(
     *,
     cap: int | None = None,
     max_active: int | None = None,
+    objective: RootObjective = "sum",
 ) -> list[int]:
     """The exact optimum of the root problem: m(x) in {0, 2, ..., cap}, sum m == budget, <= max_active active.
 
@@ -170,9 +183,14 @@ def allocate_roots(
         budget: root rollouts to spend, exactly.
         cap: most rollouts one prompt may get (None: no cap beyond the budget).
         max_active: most prompts with m > 0 (None: no limit).
+        objective: ``"sum"`` maximises sum_x P_mixed (the paper's TRACE); ``"share"`` maximises
+            sum_x P_mixed / (active prompts), the expected effective ratio (the Oracle's).
 
     Returns:
-        m, one int per candidate, maximising sum_x P_mixed(v(x), m(x)).
+        m, one int per candidate, maximising the objective. Among optima, the rollouts on
+        degenerate prompts (v exactly 0 or 1, worth 0 at any count) are spread evenly over as
+        many of them as ``max_active`` allows (:func:`spread_degenerate`), so a saturated or
+        tied predictor does not put the root budget on one prompt.
 
     Raises:
         InfeasibleAllocation: no allocation meets the constraints (budget 1; cap < 2 with a
@@ -197,6 +215,9 @@ def allocate_roots(
     3. Enumerate a over every feasible size: ceil(budget / cap) <= a <= min(n, max_active,
        budget // 2), and keep the best. Steps 1-3 cover every optimum's value, so the result
        is optimal. Ties between sizes within ``ROOT_TIE_RTOL`` go to the smaller active count.
+       Steps 1 and 2 hold for "exactly a active prompts" as well (the exchange in step 1 keeps
+       the active count), so the per-size optima T(a) also give the exact ``share`` optimum,
+       max_a T(a) / a.
 
     Evaluating every size. The sizes are processed in doubling groups [a, 2a - 1]. Within a
     group the increments of its candidates are sorted once in a strict, deterministic order
@@ -214,6 +235,8 @@ def allocate_roots(
     budget = _whole("budget", budget)
     cap = _optional_whole("cap", cap)
     max_active = _optional_whole("max_active", max_active)
+    if objective not in ("sum", "share"):
+        raise ValueError(f"objective must be 'sum' or 'share', got {objective!r}")
     if budget == 0:
         return [0] * n
     cap_eff = budget if cap is None else min(cap, budget)
@@ -248,7 +271,7 @@ def allocate_roots(
 
     if extra == 0:
         totals = np.cumsum(base)[sizes - 1]
-        best_a = int(sizes[_best_index(totals)])
+        best_a = int(sizes[_best_index(totals / sizes if objective == "share" else totals)])
         counts = np.full(best_a, 2, dtype=np.int64)
     else:
         # Candidate p only ever sits in prefixes a > p, where at most budget - 2(p + 1) extra
@@ -269,7 +292,7 @@ def allocate_roots(
             floors[sel] = floor
             floor = _threshold(s_gain, s_item, a_e, budget - 2 * a_e)
             a_s = a_e + 1
-        best = _best_index(totals)
+        best = _best_index(totals / sizes if objective == "share" else totals)
         best_a = int(sizes[best])
         r_best = int(remaining[best])
         s_gain, s_item = _sorted_increments(us[:best_a], per_item[:best_a], float(floors[best]))
@@ -278,7 +301,37 @@ def allocate_roots(
 
     result = np.zeros(n, dtype=np.int64)
     result[order[:best_a]] = counts
-    return [int(x) for x in result]
+    out = [int(x) for x in result]
+    if objective == "share":  # more active degenerate prompts would lower the share: keep the fewest
+        return out
+    return spread_degenerate(v, out, cap=cap_eff, max_active=active_limit)
+
+
+def spread_degenerate(values: ArrayLike, counts: Sequence[int], *, cap: int, max_active: int) -> list[int]:
+    """Spread the rollouts on degenerate prompts (v exactly 0 or 1) evenly over as many of them as fit.
+
+    A degenerate prompt's P_mixed is 0 for every count, so moving rollouts among degenerate
+    prompts leaves the ``sum`` objective unchanged (``allocate_roots`` applies it to that
+    objective only: under ``share`` more active prompts would lower the share). The T
+    rollouts they hold go to k = min(free active slots, degenerate candidates, T // 2) of them
+    in candidate order, split by :func:`proportional_split` (each gets 2..cap). Why: an
+    estimate of exactly 0 or 1 (a saturated predictor, a Monte-Carlo rate from a few samples)
+    is the least trustworthy; spreading keeps the most prompts in play at no predicted cost.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    m = np.asarray(counts, dtype=np.int64).copy()
+    zero = (v == 0.0) | (v == 1.0)
+    total = int(m[zero].sum())
+    if total == 0:
+        return [int(x) for x in m]
+    free = max_active - int(np.count_nonzero((m > 0) & ~zero))
+    k = min(free, int(np.count_nonzero(zero)), total // 2)
+    if k < 1 or -(-total // k) > cap:  # pragma: no cover - the optimum's own placement always fits
+        return [int(x) for x in m]
+    idx = np.flatnonzero(zero)[:k]
+    m[zero] = 0
+    m[idx] = proportional_split([1.0] * k, total)
+    return [int(x) for x in m]
 
 
 def _increment(u: NDArray[np.float64], m: NDArray[np.int64]) -> NDArray[np.float64]:
@@ -402,8 +455,9 @@ def allocate_prefixes(
     Unit costs (exact greedy). The increment of prefix j's k-th continuation is
     q_j**k (1 - q_j), non-increasing in k, so the objective is separable concave and
     taking the min(budget, sum of caps) largest increments is optimal (Gross 1956). Ties
-    are broken by (prefix index, k), so the result is deterministic; zero-gain increments
-    are taken too, so the whole budget is spent whenever the caps allow it. O(P * min(cap,
+    are broken by (k, prefix index): tied increments go round-robin over the prefixes, so the
+    result is deterministic and a tied or degenerate set of prefixes shares the budget;
+    zero-gain increments are taken too, so the whole budget is spent whenever the caps allow it. O(P * min(cap,
     budget)) time and memory (one prompt's prefixes: tens of microseconds).
 
     General costs (exact DP). A bounded knapsack with concave item values: dynamic
@@ -436,7 +490,10 @@ def _prefix_greedy(q: NDArray[np.float64], budget: int, cap: int) -> list[int]:
     take_total = min(budget, n * cap)
     k = np.arange(cap)
     gains = (q[:, None] ** k[None, :]) * (1.0 - q[:, None])
-    flat = gains.ravel()  # row-major: (prefix, k) order = the tie-break order
+    # column-major: (k, prefix) order = the tie-break order, so tied increments (equal q, or the
+    # zero gains of q = 1 prefixes) go round-robin over the prefixes; within a prefix k ascends,
+    # so every chosen set is still a union of per-prefix prefixes (the greedy stays exact)
+    flat = gains.T.ravel()
     if take_total == flat.shape[0]:
         return [cap] * n
     threshold = np.partition(flat, flat.shape[0] - take_total)[flat.shape[0] - take_total]
@@ -444,7 +501,7 @@ def _prefix_greedy(q: NDArray[np.float64], budget: int, cap: int) -> list[int]:
     at = np.flatnonzero(flat == threshold)
     chosen = above.copy()
     chosen[at[: take_total - int(np.count_nonzero(above))]] = True
-    return [int(x) for x in chosen.reshape(n, cap).sum(axis=1)]
+    return [int(x) for x in chosen.reshape(cap, n).sum(axis=0)]
 
 
 def _prefix_dp(q: NDArray[np.float64], budget: int, cap: int | None, cost: NDArray[np.int64]) -> list[int]:
@@ -467,6 +524,66 @@ def _prefix_dp(q: NDArray[np.float64], budget: int, cap: int | None, cost: NDArr
         choice[j] = best_k
     best = float(np.max(dp))
     b = int(np.flatnonzero(dp == best)[-1])  # spend the most budget among optima
+    out = [0] * n
+    for j in range(n - 1, -1, -1):
+        k = int(choice[j, b])
+        out[j] = k
+        b -= k * int(cost[j])
+    return out
+
+
+def allocate_flip_once(
+    repeat_probs: ArrayLike,
+    budget: int,
+    *,
+    cap: int | None = None,
+    costs: Sequence[int] | None = None,
+) -> list[int]:
+    """The exact optimum of ``1 - prod_j q_j**k_j`` over ``sum_j k_j cost_j <= budget``, ``k_j <= cap``.
+
+    The chance that at least one continuation flips its prefix's ending: for a tree whose
+    rollouts all ended alike, the chance it becomes mixed (the Oracle's stage 2; TRACE's
+    prefix problem maximises the expected number of flips instead). Equivalent to minimising
+    sum_j k_j log q_j: a bounded knapsack with linear values, solved exactly by dynamic
+    programming over the budget (O(P * budget * K)). A prefix with q = 0 flips surely: one
+    continuation there is optimal. Ties go to spending more budget, then to fewer
+    continuations on later prefixes (as :func:`allocate_prefixes`' DP).
+    """
+    q = _vector("repeat_probs", repeat_probs)
+    n = int(q.shape[0])
+    budget = _whole("budget", budget)
+    cap = _optional_whole("cap", cap)
+    if costs is None:
+        cost = np.ones(n, dtype=np.int64)
+    else:
+        cost = np.asarray([_whole("costs[j]", c, minimum=1) for c in costs], dtype=np.int64)
+        if cost.shape[0] != n:
+            raise ValueError(f"costs has {cost.shape[0]} entries for {n} prefixes")
+    if n == 0 or budget == 0 or cap == 0:
+        return [0] * n
+    sure = np.flatnonzero((q == 0.0) & (cost <= budget))
+    if sure.size:  # a sure flip: the product is 0, nothing can do better
+        out = [0] * n
+        out[int(sure[np.argmin(cost[sure])])] = 1
+        return out
+    with np.errstate(divide="ignore"):
+        logq = np.log(q)  # <= 0; -inf only for q == 0 prefixes that cost more than the budget (k = 0 there)
+    neg = np.inf
+    dp = np.full(budget + 1, neg)  # minimal sum k log q at exact spend
+    dp[0] = 0.0
+    choice = np.zeros((n, budget + 1), dtype=np.int64)
+    for j in range(n):
+        c = int(cost[j])
+        kmax = budget // c if cap is None else min(cap, budget // c)
+        cand = np.full((kmax + 1, budget + 1), neg)
+        for k in range(kmax + 1):
+            shift = k * c
+            cand[k, shift:] = dp[: budget + 1 - shift] + (k * logq[j] if k else 0.0)
+        best_k = np.argmin(cand, axis=0)
+        dp = cand[best_k, np.arange(budget + 1)]
+        choice[j] = best_k
+    best = float(np.min(dp))
+    b = int(np.flatnonzero(dp <= best + 1e-12 * max(1.0, abs(best)))[-1])
     out = [0] * n
     for j in range(n - 1, -1, -1):
         k = int(choice[j, b])

@@ -173,33 +173,85 @@ class RolloutSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class ObjectiveConfig:
-    """The policy objective (step 5).
+    """The policy objective (step 5). Defaults follow the references (:mod:`trace_agent.objectives`).
 
     Attributes:
         name: ``treerpo``, ``tree-grpo`` or ``grpo`` (see :mod:`trace_agent.objectives`).
+        loss_agg_mode: how token losses become a mini-batch loss, as verl's ``agg_loss`` names
+            them: ``token-mean`` (the mean over ALL trainable tokens of the mini-batch,
+            zero-advantage turns included; verl's default), ``seq-mean-token-sum``,
+            ``seq-mean-token-mean`` or ``seq-mean-token-sum-norm`` (Dr. GRPO: token sum over
+            ``loss_scale_factor``).
+        loss_scale_factor: the divisor of ``seq-mean-token-sum-norm`` (None: the step's longest
+            sample in generated tokens; set a constant, e.g. max_turns * max_new_tokens, to
+            keep it fixed through training as Dr. GRPO does).
+        shared_turns: GRPO / Tree-GRPO: ``per-leaf`` (each leaf a full-path sample: a turn shared
+            by L leaves counts L times, each with its leaf's advantage; the official Tree-GRPO
+            code) or ``once`` (a deviation: trained once with the mean leaf advantage).
+        std_ddof: delta degrees of freedom of every std: 1 (unbiased; verl, Tree-GRPO) or 0
+            (population; a deviation).
+        singleton: GRPO / Tree-GRPO group of one leaf: ``reference`` (mean 0, std 1, so A = R;
+            verl's ``compute_grpo_outcome_advantage``) or ``zero`` (A = 0; a deviation).
         normalize_std: TreeRPO: divide by the sibling std.
-        lone_child: TreeRPO: advantage of a turn whose parent has one child ("zero" or "inherit").
-        skip_zero: drop zero-advantage turns from the batch.
+        lone_child: TreeRPO: advantage of a turn whose parent has one child: ``inherit`` (the
+            advantage of the edge above it: a chain of lone children is one edge of TreeRPO's
+            tree, so every generated turn trains) or ``zero`` (a deviation: A = 0).
+        skip_zero: drop turns whose samples all have advantage 0 from the batch (a deviation:
+            with ``token-mean`` it shrinks the denominator, so the gradient no longer grows
+            with the share of mixed groups). Off by default, as verl.
         clip_low: lower clip of the importance ratio (1 - clip_low).
         clip_high: upper clip (1 + clip_high; > clip_low is DAPO's clip-higher).
+        clip_ratio_c: dual clip (verl's ``clip_ratio_c``, Ye et al. 2020): for negative
+            advantages the token loss is at most c * |A|; None: off (verl's default is 3.0).
+        log_ratio_clamp: clamp of the log importance ratio before ``exp`` (verl: 20); None: off.
         kl_coef: weight of the k3 KL to the initial policy (0: no reference model is kept).
     """
 
     name: Literal["treerpo", "tree-grpo", "grpo"] = "treerpo"
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                           "seq-mean-token-sum-norm"] = "token-mean"
+    loss_scale_factor: float | None = None
+    shared_turns: Literal["per-leaf", "once"] = "per-leaf"
+    std_ddof: int = 1
+    singleton: Literal["reference", "zero"] = "reference"
     normalize_std: bool = False
-    lone_child: Literal["zero", "inherit"] = "zero"
-    skip_zero: bool = True
+    lone_child: Literal["zero", "inherit"] = "inherit"
+    skip_zero: bool = False
     clip_low: float = 0.2
     clip_high: float = 0.28
+    clip_ratio_c: float | None = None
+    log_ratio_clamp: float | None = 20.0
     kl_coef: float = 0.0
 
     def __post_init__(self) -> None:
         if self.name not in ("treerpo", "tree-grpo", "grpo"):
             raise ConfigError(f"objective.name must be treerpo, tree-grpo or grpo, got {self.name!r}")
+        modes = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+        if self.loss_agg_mode not in modes:
+            raise ConfigError(f"objective.loss_agg_mode must be one of {', '.join(modes)}, got {self.loss_agg_mode!r}")
+        if self.loss_scale_factor is not None and not (math.isfinite(self.loss_scale_factor)
+                                                       and self.loss_scale_factor > 0):
+            raise ConfigError("objective.loss_scale_factor must be > 0 or null")
+        if self.shared_turns not in ("per-leaf", "once"):
+            raise ConfigError("objective.shared_turns must be 'per-leaf' or 'once'")
+        if self.std_ddof not in (0, 1):
+            raise ConfigError("objective.std_ddof must be 0 or 1")
+        if self.singleton not in ("reference", "zero"):
+            raise ConfigError("objective.singleton must be 'reference' or 'zero'")
         if self.lone_child not in ("zero", "inherit"):
             raise ConfigError("objective.lone_child must be 'zero' or 'inherit'")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0 and self.kl_coef >= 0):
             raise ConfigError("need 0 <= objective.clip_low < 1, clip_high >= 0, kl_coef >= 0")
+        if self.clip_ratio_c is not None and not self.clip_ratio_c > 1:
+            raise ConfigError("objective.clip_ratio_c must be > 1 (dual clip) or null")
+        if self.log_ratio_clamp is not None and not self.log_ratio_clamp > 0:
+            raise ConfigError("objective.log_ratio_clamp must be > 0 or null")
+
+    def segment_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`trace_agent.objectives.batch_segments` this section sets."""
+        return {"normalize_std": self.normalize_std, "lone_child": self.lone_child,
+                "shared_turns": self.shared_turns, "skip_zero": self.skip_zero, "ddof": self.std_ddof,
+                "singleton": self.singleton}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -243,7 +295,13 @@ class PredictorSettings:
             when MiniLM is missing), ``hashed`` (hashed n-grams, no model), ``lm-critic``
             (``LMCritic.from_pretrained(path)``, the paper's Qwen3-0.6B critic on GPUs).
         path: the critic checkpoint (``lm-critic``).
-        prefixes: which inner nodes train it ("all", "branched", "none").
+        prefixes: which inner nodes may train it ("all", "branched", "none").
+        prefix_share: most share of prefix (non-prompt) examples in each step's training batch:
+            every prompt example is kept and a random subset of the prefixes (branched ones
+            first) fills up to this share. Default 0.06, the paper's predictor batches (mostly
+            prompt-level, ~6% prefixes); null keeps every prefix (80-91% of the examples on
+            demo trees). The pre-update metrics (``predictor/pre_*``: root and prefix Spearman
+            and MSE, MSE by depth) are measured on every example either way.
         refresh: step 4 — ``auto`` refreshes it only when the rollout strategy reads it
             (TRACE and its ablations, PCL; not GRPO, TreePO or Oracle, which would only pay
             for it), ``always`` every step (to report its quality under any strategy).
@@ -252,9 +310,14 @@ class PredictorSettings:
     kind: Literal["embedding", "hashed", "lm-critic"] = "embedding"
     path: str = "Qwen/Qwen3-0.6B"
     prefixes: Literal["all", "branched", "none"] = "all"
+    prefix_share: float | None = 0.06
     refresh: Literal["auto", "always"] = "auto"
 
     def __post_init__(self) -> None:
+        if self.prefixes not in ("all", "branched", "none"):
+            raise ConfigError(f"predictor.prefixes must be all, branched or none, got {self.prefixes!r}")
+        if self.prefix_share is not None and not (math.isfinite(self.prefix_share) and 0 <= self.prefix_share <= 1):
+            raise ConfigError("predictor.prefix_share must be in [0, 1] or null")
         if self.kind not in ("embedding", "hashed", "lm-critic"):
             raise ConfigError(f"predictor.kind must be embedding, hashed or lm-critic, got {self.kind!r}")
         if self.refresh not in ("auto", "always"):

@@ -19,9 +19,12 @@ Implementations
 Online training
     :func:`tree_examples` turns finished trees into (contexts, targets, weights): each
     node's bottom-up target (mean leaf reward below it) weighted by its leaf count.
-    :func:`refresh_predictor` scores those examples first (the honest, pre-update
-    metrics: MSE, Brier, Spearman at root and prefix level, MSE by depth, prefix share),
-    then updates.
+    :func:`refresh_predictor` scores every example first (the honest, pre-update
+    metrics: MSE, Brier, Spearman and MSE at root and prefix level, MSE by depth), then
+    updates on a batch whose share of prefix examples is a setting: the paper's predictor
+    batches are mostly prompt-level, about 6% prefixes (:data:`PAPER_PREFIX_SHARE`;
+    DESIGN.md, "Objectives"), while every inner node of a tree would make prefixes 80-91%
+    of the examples, and the root predictions are what drive stage 1 (root allocation).
 
 Importing this module does not import torch, transformers or sentence-transformers.
 """
@@ -50,12 +53,15 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "DEFAULT_CRITIC",
+    "PAPER_PREFIX_SHARE",
+    "PredictionError",
     "SuccessPredictor",
     "Featurizer",
     "TreeExamples",
     "tree_examples",
     "prediction_metrics",
     "refresh_predictor",
+    "checked_predictions",
     "score_nodes",
     "spearman",
     "HashedNGramFeaturizer",
@@ -71,6 +77,12 @@ __all__ = [
 
 #: The paper's critic checkpoint.
 DEFAULT_CRITIC = "Qwen/Qwen3-0.6B"
+#: Share of prefix (non-prompt) examples in the paper's predictor batches (DESIGN.md; issue 13).
+PAPER_PREFIX_SHARE = 0.06
+
+
+class PredictionError(ValueError):
+    """A predictor returned something that is not a probability (NaN, inf, wrong count)."""
 
 
 @runtime_checkable
@@ -136,6 +148,8 @@ def tree_examples(
     *,
     prefixes: Literal["all", "branched", "none"] = "all",
     include_leaves: bool = False,
+    prefix_share: float | None = None,
+    seed: int = 0,
 ) -> TreeExamples:
     """Every node's bottom-up target, weighted by its leaf count.
 
@@ -146,9 +160,16 @@ def tree_examples(
             expanded prefixes); ``"none"``, prompts only.
         include_leaves: keep the leaves themselves (target = their own reward). Off by
             default: the predictor is never asked about a finished episode.
+        prefix_share: when set, keep every prompt example and a uniformly random subset of
+            the prefix examples (branched ones first) so that prefixes make up at most this
+            share of the result (``round(share / (1 - share) * prompts)`` of them, at least
+            one when any exist and the share is positive); None keeps them all.
+        seed: seeds that subset (deterministic for a given seed).
     """
     if prefixes not in ("all", "branched", "none"):
         raise ValueError(f"prefixes must be 'all', 'branched' or 'none', got {prefixes!r}")
+    if prefix_share is not None and not (math.isfinite(prefix_share) and 0.0 <= prefix_share <= 1.0):
+        raise ValueError(f"prefix_share must be in [0, 1] or None, got {prefix_share}")
     contexts: list[str] = []
     targets: list[float] = []
     weights: list[float] = []
@@ -156,6 +177,7 @@ def tree_examples(
     depths: list[int] = []
     pids: list[str] = []
     nids: list[int] = []
+    branched: list[bool] = []
     for tree in trees:
         tgt, cnt = tree.targets()
         sq = _second_moments(tree)
@@ -177,11 +199,33 @@ def tree_examples(
             depths.append(node.depth)
             pids.append(tree.prompt_id)
             nids.append(node.node_id)
+            branched.append(node.node_id in starts or len(node.children) >= 2)
+    if prefix_share is not None:
+        keep = _prefix_subset(np.asarray(depths), np.asarray(branched, dtype=bool), prefix_share, seed)
+        contexts, targets, weights, seconds, depths, pids, nids = (
+            [xs[i] for i in keep] for xs in (contexts, targets, weights, seconds, depths, pids, nids))
     return TreeExamples(
         contexts=tuple(contexts), targets=np.asarray(targets, dtype=np.float64),
         weights=np.asarray(weights, dtype=np.float64), second_moments=np.asarray(seconds, dtype=np.float64),
         depths=np.asarray(depths, dtype=np.int64), prompt_ids=tuple(pids), node_ids=np.asarray(nids, dtype=np.int64),
     )
+
+
+def _prefix_subset(depths: NDArray[np.int64], branched: NDArray[np.bool_], share: float,
+                   seed: int) -> list[int]:
+    """Indices kept by ``prefix_share``: all prompts, then branched prefixes, then the rest, shuffled by seed."""
+    roots = np.flatnonzero(depths == 0)
+    inner = np.flatnonzero(depths > 0)
+    if share >= 1.0 or inner.size == 0:
+        return list(range(depths.shape[0]))
+    want = int(math.floor(share / (1.0 - share) * roots.size + 0.5))
+    if share > 0 and want == 0:
+        want = 1
+    rng = np.random.default_rng(seed)
+    first = rng.permutation(inner[branched[inner]])
+    rest = rng.permutation(inner[~branched[inner]])
+    chosen = np.concatenate([first, rest])[:min(want, inner.size)]
+    return sorted(int(i) for i in np.concatenate([roots, chosen]))
 
 
 def _second_moments(tree: RolloutTree) -> NDArray[np.float64]:
@@ -225,7 +269,8 @@ def prediction_metrics(predictions: ArrayLike, examples: TreeExamples) -> dict[s
     Keys: ``mse`` (leaf-weighted, against the bottom-up targets), ``brier`` (leaf-weighted
     mean of (p - r)^2 over the leaves below each node), ``spearman_root`` and
     ``spearman_prefix`` (unweighted rank correlation with the targets over prompt and
-    over non-prompt examples; NaN when undefined), ``mse_depth_<d>`` per depth,
+    over non-prompt examples; NaN when undefined), ``mse_root`` / ``mse_prefix`` (the
+    leaf-weighted MSE over each; NaN when empty), ``mse_depth_<d>`` per depth,
     ``examples``, ``prefix_share`` (non-prompt examples / all) and ``prefix_weight_share``.
     """
     p = np.asarray(predictions, dtype=np.float64).reshape(-1)
@@ -235,13 +280,17 @@ def prediction_metrics(predictions: ArrayLike, examples: TreeExamples) -> dict[s
     out: dict[str, float] = {"examples": float(len(examples))}
     if len(examples) == 0:
         return out | {"mse": math.nan, "brier": math.nan, "spearman_root": math.nan,
-                      "spearman_prefix": math.nan, "prefix_share": math.nan, "prefix_weight_share": math.nan}
+                      "spearman_prefix": math.nan, "mse_root": math.nan, "mse_prefix": math.nan,
+                      "prefix_share": math.nan, "prefix_weight_share": math.nan}
     wsum = float(w.sum()) or 1.0
     out["mse"] = float(np.sum(w * (p - t) ** 2) / wsum)
     out["brier"] = float(np.sum(w * (p**2 - 2 * p * t + examples.second_moments)) / wsum)
     root = examples.is_root
     out["spearman_root"] = spearman(p[root], t[root])
     out["spearman_prefix"] = spearman(p[~root], t[~root])
+    for name, sel in (("root", root), ("prefix", ~root)):
+        ws = float(w[sel].sum())
+        out[f"mse_{name}"] = float(np.sum(w[sel] * (p[sel] - t[sel]) ** 2) / ws) if ws > 0 else math.nan
     out["prefix_share"] = float(np.mean(~root))
     out["prefix_weight_share"] = float(w[~root].sum() / wsum)
     for d in np.unique(examples.depths):
@@ -258,32 +307,65 @@ def refresh_predictor(
     prefixes: Literal["all", "branched", "none"] = "all",
     include_leaves: bool = False,
     evaluate: bool = True,
+    prefix_share: float | None = PAPER_PREFIX_SHARE,
+    seed: int = 0,
 ) -> dict[str, float]:
     """Step 4 of the loop: regress the predictor onto the bottom-up targets of finished trees.
 
-    With ``evaluate``, the examples are scored before the update and
-    :func:`prediction_metrics` is reported (keys prefixed ``pre_``); the update's own
-    metrics follow under ``update_``. Returns an empty-update report when no tree has a
-    finished leaf.
+    With ``evaluate``, every example (all kept nodes, whatever ``prefix_share``) is scored
+    before the update and :func:`prediction_metrics` is reported (keys prefixed ``pre_``:
+    root and prefix Spearman and MSE, MSE by depth). The update then trains on the batch
+    :func:`tree_examples` keeps with ``prefix_share`` (default the paper's
+    :data:`PAPER_PREFIX_SHARE`; None: every prefix) and ``seed``; its own metrics follow under
+    ``update_``, its size and prefix share under ``train_examples`` / ``train_prefix_share``.
+    Returns an empty-update report when no tree has a finished leaf.
     """
+    trees = list(trees)
     examples = tree_examples(trees, prefixes=prefixes, include_leaves=include_leaves)
     out: dict[str, float] = {}
     if evaluate:
-        pred = predictor.predict(examples.contexts) if len(examples) else np.zeros(0)
+        pred = checked_predictions(predictor.predict(examples.contexts), len(examples)) if len(examples) \
+            else np.zeros(0)
         out.update({f"pre_{k}": v for k, v in prediction_metrics(pred, examples).items()})
-    if len(examples):
+    train = examples if prefix_share is None else tree_examples(
+        trees, prefixes=prefixes, include_leaves=include_leaves, prefix_share=prefix_share, seed=seed)
+    if len(train):
         out.update({f"update_{k}": v for k, v in
-                    predictor.update(examples.contexts, examples.targets, examples.weights).items()})
+                    predictor.update(train.contexts, train.targets, train.weights).items()})
     out["examples"] = float(len(examples))
+    out["train_examples"] = float(len(train))
+    out["train_prefix_share"] = float(np.mean(~train.is_root)) if len(train) else math.nan
     return out
 
 
+def checked_predictions(values: ArrayLike, expected: int) -> NDArray[np.float64]:
+    """``values`` as float64 probabilities, or :class:`PredictionError` (NaN/inf, wrong count).
+
+    A predictor that returns NaN (a diverged head, a critic in fp16 overflow) must not reach
+    the allocators silently; the message says which predictions and what to do. Finite values
+    outside [0, 1] are clipped.
+    """
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    if v.shape[0] != expected:
+        raise PredictionError(f"the predictor returned {v.shape[0]} values for {expected} contexts")
+    bad = ~np.isfinite(v)
+    if bad.any():
+        raise PredictionError(f"the predictor returned {int(bad.sum())} non-finite value(s) of {expected} "
+                              f"(first at index {int(np.flatnonzero(bad)[0])}); it has diverged or was fed "
+                              "non-finite targets: reload its last checkpoint or lower its learning rate")
+    return np.clip(v, 0.0, 1.0)
+
+
 def score_nodes(predictor: SuccessPredictor, tree: RolloutTree, nodes: Sequence[Node] | None = None) -> NDArray[np.float64]:
-    """Predict ``nodes`` (default: all inner nodes) of ``tree``, store each in ``node.value``, return them."""
+    """Predict ``nodes`` (default: all inner nodes) of ``tree``, store each in ``node.value``, return them.
+
+    Values are clipped to [0, 1]; a NaN or infinite prediction raises :class:`PredictionError`
+    (:func:`checked_predictions`) instead of reaching the allocators.
+    """
     chosen = [n for n in tree.nodes if not n.is_leaf] if nodes is None else list(nodes)
     if not chosen:
         return np.zeros(0)
-    values = np.clip(np.asarray(predictor.predict([tree.context(n) for n in chosen]), dtype=np.float64), 0.0, 1.0)
+    values = checked_predictions(predictor.predict([tree.context(n) for n in chosen]), len(chosen))
     for n, v in zip(chosen, values, strict=True):
         n.value = float(v)
     return values

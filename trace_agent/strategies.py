@@ -35,8 +35,9 @@ Strategies here
     continuations from uniformly random visited prefixes), :class:`TRACE` (exact
     :func:`~trace_agent.allocation.allocate_roots` + exact
     :func:`~trace_agent.allocation.allocate_prefixes`; ``roots=False`` / ``prefixes=False``
-    give the two ablations), :class:`Oracle` (TRACE's allocations on Monte-Carlo success
-    rates). :func:`make_strategy` builds them by name (:data:`STRATEGY_NAMES`).
+    give the two ablations), :class:`Oracle` (exact allocations on Monte-Carlo success rates
+    that maximise the effective ratio; ``oracle-sum``: TRACE's objectives on those rates).
+    :func:`make_strategy` builds them by name (:data:`STRATEGY_NAMES`).
 
 A user's strategy is any object with ``name``, ``branching`` and the two methods; see
 :class:`Strategy` and the README.
@@ -52,11 +53,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from trace_agent.allocation import (
+    RootObjective,
+    allocate_flip_once,
     allocate_prefixes,
     allocate_roots,
     proportional_split,
     repeat_probability,
 )
+from trace_agent.predictor import checked_predictions
 from trace_agent.tree import Node, RolloutTree
 
 __all__ = [
@@ -201,12 +205,16 @@ class RootRequest:
         object.__setattr__(self, "oracle_values", _cached(self.oracle_values))
 
     def predicted(self) -> NDArray[np.float64]:
-        """The predictor's v-hat for every candidate prompt (computed once, on first call)."""
-        return self.predict_values()
+        """The predictor's v-hat for every candidate prompt (computed once, on first call).
+
+        Raises :class:`~trace_agent.predictor.PredictionError` on a NaN/inf value or a wrong
+        count (it would otherwise reach the allocator as a bare range error).
+        """
+        return checked_predictions(self.predict_values(), len(self.prompt_ids))
 
     def oracle(self) -> NDArray[np.float64]:
         """Monte-Carlo success rate of every candidate prompt (benchmark only; computed once)."""
-        return self.oracle_values()
+        return checked_predictions(self.oracle_values(), len(self.prompt_ids))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -233,12 +241,17 @@ class ExpansionRequest:
     oracle_nodes: Callable[[Sequence[Node]], NDArray[np.float64]] = field(repr=False)
 
     def predicted(self, nodes: Sequence[Node] | None = None) -> NDArray[np.float64]:
-        """The predictor's v-hat for ``nodes`` (default: the candidates); stored in ``node.value``."""
-        return np.asarray(self.predict_nodes(self.candidates if nodes is None else nodes), dtype=np.float64)
+        """The predictor's v-hat for ``nodes`` (default: the candidates); stored in ``node.value``.
+
+        Raises :class:`~trace_agent.predictor.PredictionError` on a NaN/inf value or a wrong count.
+        """
+        chosen = self.candidates if nodes is None else nodes
+        return checked_predictions(self.predict_nodes(chosen), len(chosen))
 
     def oracle(self, nodes: Sequence[Node] | None = None) -> NDArray[np.float64]:
         """Monte-Carlo success rate from each node's snapshot (benchmark only; stored in ``node.info``)."""
-        return np.asarray(self.oracle_nodes(self.candidates if nodes is None else nodes), dtype=np.float64)
+        chosen = self.candidates if nodes is None else nodes
+        return checked_predictions(self.oracle_nodes(chosen), len(chosen))
 
     def endings(self, nodes: Sequence[Node] | None = None) -> NDArray[np.float64]:
         """Reward of the rollout that went through each node (see :func:`rollout_ending`)."""
@@ -346,19 +359,21 @@ def _nearest_half(values: NDArray[np.float64], keep: int) -> NDArray[np.int64]:
 
 
 def root_repeat_probability(tree: RolloutTree, value: float) -> float:
-    """q for the root seen as a prefix: the chance a fresh root rollout adds no new outcome.
+    """q for the root seen as a prefix: the chance a fresh root rollout makes no new mixed group.
 
-    0 when the tree is already mixed (any new leaf contrasts with an existing one), ``value``
-    when every leaf succeeded, ``1 - value`` when every leaf failed.
+    ``value`` when every leaf succeeded, ``1 - value`` when every leaf failed, and 1 when the
+    tree is already mixed: its root group already holds both outcomes, so another root
+    rollout cannot make it effective (it used to be 0 here, which made a fresh root a sure
+    gain and had ``trace+rootprefix`` buy roots for trees that were already mixed).
     """
     s, f = tree.outcome_counts()
     if s and f:
-        return 0.0
+        return 1.0
     return float(value) if s else 1.0 - float(value)
 
 
 def _exact_prefixes(request: ExpansionRequest, values: NDArray[np.float64],
-                    root_value: float | None = None) -> dict[int, int]:
+                    root_value: float | None = None, *, flip_once: bool = False) -> dict[int, int]:
     nodes = list(request.candidates)
     q = list(np.atleast_1d(repeat_probability(np.clip(values, 0.0, 1.0), request.endings()))) if nodes else []
     costs = [1] * len(nodes)
@@ -368,8 +383,12 @@ def _exact_prefixes(request: ExpansionRequest, values: NDArray[np.float64],
         costs.append(request.root_exchange)
     if not nodes:
         return {}
-    counts = allocate_prefixes(np.asarray(q), request.budget, cap=request.prefix_cap,
-                               costs=costs if root_value is not None else None)
+    if flip_once and not request.tree.is_mixed():
+        counts = allocate_flip_once(np.asarray(q), request.budget, cap=request.prefix_cap,
+                                    costs=costs if root_value is not None else None)
+    else:
+        counts = allocate_prefixes(np.asarray(q), request.budget, cap=request.prefix_cap,
+                                   costs=costs if root_value is not None else None)
     return {n.node_id: k for n, k in zip(nodes, counts, strict=True) if k}
 
 
@@ -442,6 +461,10 @@ class TRACE:
     ``root_prefix=True`` (an extension beyond the paper) also offers the root itself to the
     prefix problem, at ``root_exchange`` units per fresh root rollout, with
     q = :func:`root_repeat_probability` (solved exactly by the cost-aware DP).
+    ``root_objective="share"`` maximises the expected effective ratio in stage 1 instead of the
+    expected number of mixed groups; ``flip_once=True`` spends stage 2 of a tree whose roots all
+    ended alike on the chance it becomes mixed (:func:`~trace_agent.allocation.allocate_flip_once`)
+    instead of the expected flips (both the Oracle's, below).
     """
 
     name: str = "trace"
@@ -450,6 +473,8 @@ class TRACE:
     roots: bool = True
     prefixes: bool = True
     root_prefix: bool = False
+    root_objective: RootObjective = "sum"
+    flip_once: bool = False
 
     def _root_values(self, request: RootRequest) -> NDArray[np.float64]:
         return request.predicted()
@@ -465,7 +490,8 @@ class TRACE:
         if not self.roots:
             return uniform_roots(len(request.prompt_ids), request.root_budget, request.budget.max_active)
         return allocate_roots(self._root_values(request), request.root_budget,
-                              cap=request.budget.effective_root_cap, max_active=request.budget.max_active)
+                              cap=request.budget.effective_root_cap, max_active=request.budget.max_active,
+                              objective=self.root_objective)
 
     def allocate_continuations(self, request: ExpansionRequest) -> dict[int, int]:
         if not self.prefixes:
@@ -473,20 +499,32 @@ class TRACE:
         else:
             root_value = self._prompt_value(request) if self.root_prefix else None
             values = self._node_values(request) if request.candidates else np.zeros(0)
-            alloc = _exact_prefixes(request, values, root_value)
+            alloc = _exact_prefixes(request, values, root_value, flip_once=self.flip_once)
         return spend_rest_on_root(alloc, request)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Oracle(TRACE):
-    """TRACE's exact allocations on true success rates (Monte-Carlo from each anchor): the upper bound.
+    """Exact allocations on true success rates (Monte-Carlo from each anchor) that maximise the effective ratio.
+
+    Stage 1 maximises the expected share of active prompts whose root group is mixed
+    (``root_objective="share"``, exact: brute-force tested); stage 2 spends a tree whose roots
+    all ended alike on the chance that it becomes mixed (``flip_once``); a tree already mixed
+    keeps TRACE's expected-flips allocation (its effective status cannot change). Each stage is
+    optimal given the other's outcome; the two stages are not optimised jointly (stage 1 does
+    not count the continuations a prompt's roots will earn), so this bounds each stage of
+    TRACE, not every conceivable two-stage policy. ``oracle-sum`` is TRACE's own objectives on
+    true rates (the like-for-like bound on what a perfect predictor gives TRACE).
 
     Benchmark only: every candidate prompt and every visited prefix costs R extra policy
-    rollouts (``TreeCollector``'s ``oracle_samples``), reported apart from the budget.
+    rollouts (``TreeCollector``'s ``oracle_samples``), outside the budget; the collector
+    reports that cost (``oracle_generated_tokens``, ``oracle_env_steps``).
     """
 
     name: str = "oracle"
     uses_predictor: bool = False
+    root_objective: RootObjective = "share"
+    flip_once: bool = True
 
     def _root_values(self, request: RootRequest) -> NDArray[np.float64]:
         return request.oracle()
@@ -501,7 +539,7 @@ class Oracle(TRACE):
 
 #: Names accepted by :func:`make_strategy`.
 STRATEGY_NAMES: tuple[str, ...] = ("grpo", "pcl", "treepo", "trace", "trace-root", "trace-prefix", "oracle",
-                                   "trace+rootprefix", "oracle+rootprefix")
+                                   "trace+rootprefix", "oracle+rootprefix", "oracle-sum")
 
 
 def make_strategy(name: str) -> Strategy:
@@ -516,6 +554,7 @@ def make_strategy(name: str) -> Strategy:
         "oracle": Oracle,
         "trace+rootprefix": lambda: TRACE(name="trace+rootprefix", root_prefix=True),
         "oracle+rootprefix": lambda: Oracle(name="oracle+rootprefix", root_prefix=True),
+        "oracle-sum": lambda: Oracle(name="oracle-sum", root_objective="sum", flip_once=False),
     }
     try:
         return table[name]()

@@ -141,12 +141,12 @@ class Trainer:
         collected = self.collector.collect(prompts, step=step, seed=int(self.rng.integers(2**31)))
         trees = list(collected.trees)
         t_collect = time.perf_counter()
-        pred = (refresh_predictor(self.predictor, trees, prefixes=cfg.predictor.prefixes)
+        pred = (refresh_predictor(self.predictor, trees, prefixes=cfg.predictor.prefixes,
+                                  prefix_share=cfg.predictor.prefix_share, seed=step)
                 if self.refreshes_predictor else {})
         t_pred = time.perf_counter()
         o = cfg.objective
-        segments = batch_segments(trees, o.name, normalize_std=o.normalize_std, lone_child=o.lone_child,
-                                  skip_zero=o.skip_zero)
+        segments = batch_segments(trees, o.name, **o.segment_kwargs())
         upd = update_policy(self.learner, self.optimizer, segments, optim=cfg.optim, objective=o,
                             temperature=cfg.sampling.temperature, rng=self.rng, reference=self.reference)
         synced = sync_weights(self.engine, self.learner) if upd.optimizer_steps else False

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trace_agent.config import ObjectiveConfig, OptimConfig
-from trace_agent.objectives import PackedSequence, Segment, pack_segments, policy_loss
+from trace_agent.objectives import PackedSequence, Segment, loss_normalizer, pack_segments, policy_loss
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -29,7 +29,14 @@ __all__ = ["UpdateStats", "update_policy", "segment_logprobs", "batch_loss", "sy
 
 @dataclass(frozen=True, kw_only=True)
 class UpdateStats:
-    """What one :func:`update_policy` call did (token-weighted means over its optimiser steps)."""
+    """What one :func:`update_policy` call did.
+
+    ``loss``, ``policy_loss`` and ``kl`` are means over optimiser steps of each mini-batch's
+    aggregated loss; the fractions, ``ratio_mean`` and ``approx_kl_behaviour`` are means per
+    trained token. ``samples``: full-path samples trained (GRPO / Tree-GRPO: leaves; TreeRPO:
+    turns); ``zero_advantage_share``: share of the token weight (tokens x samples) whose
+    advantage is 0 (they add no gradient but, with ``token-mean``, count in the denominator).
+    """
 
     segments: int
     sequences: int
@@ -42,13 +49,19 @@ class UpdateStats:
     ratio_mean: float
     approx_kl_behaviour: float
     grad_norm: float
+    dual_clip_fraction: float = 0.0
+    samples: float = 0.0
+    zero_advantage_share: float = math.nan
 
     def as_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in self.__dict__.items()}
 
 
 #: the :class:`~trace_agent.objectives.LossStats` fields that :class:`UpdateStats` reports as token-weighted means
-_LOSS_MEANS: tuple[str, ...] = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean", "approx_kl_behaviour")
+_LOSS_MEANS: tuple[str, ...] = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean", "approx_kl_behaviour",
+                                "dual_clip_fraction")
+#: of those, the loss terms: already divided by their mini-batch's denominator, so averaged over optimiser steps
+_PER_STEP: tuple[str, ...] = ("loss", "policy_loss", "kl")
 
 
 def _padded(values: Sequence[Sequence[float]], width: int, fill: float, dtype: Any) -> torch.Tensor:
@@ -79,21 +92,31 @@ def batch_loss(
     reference: HFPolicy | None = None,
     num_tokens: float | None = None,
 ) -> tuple[torch.Tensor, Any]:
-    """The clipped-surrogate loss (with gradients) of ``seqs`` under the learner's current weights."""
+    """The clipped-surrogate loss (with gradients) of ``seqs`` under the learner's current weights.
+
+    Each token's samples enter through the packed weights (``gains``, ``penalties``,
+    ``weights``: :func:`~trace_agent.objectives.pack_segments`); ``num_tokens`` is the
+    mini-batch's denominator (:func:`~trace_agent.objectives.loss_normalizer`; default: this
+    call's token weights).
+    """
     import torch
 
     width = max(s.num_targets for s in seqs)
     logp = _score(learner, seqs, temperature)
-    old = _padded([s.behaviour_logprobs for s in seqs], width, math.nan, torch.float32)
-    adv = _padded([s.advantages for s in seqs], width, 0.0, torch.float32)
-    mask = _padded([[float(m) for m in s.mask] for s in seqs], width, 0.0, torch.float32).bool()
+    dev = logp.device
+    old = _padded([s.behaviour_logprobs for s in seqs], width, math.nan, torch.float32).to(dev)
+    gain = _padded([s.gains for s in seqs], width, 0.0, torch.float32).to(dev)
+    penalty = _padded([s.penalties for s in seqs], width, 0.0, torch.float32).to(dev)
+    weights = _padded([s.weights for s in seqs], width, 0.0, torch.float32).to(dev)
+    mask = _padded([[float(m) for m in s.mask] for s in seqs], width, 0.0, torch.float32).bool().to(dev)
     ref = None
     if reference is not None:
         with torch.no_grad():
-            ref = _score(reference, seqs, temperature).to(logp.device)
-    return policy_loss(logp, old.to(logp.device), adv.to(logp.device), mask.to(logp.device),
+            ref = _score(reference, seqs, temperature).to(dev)
+    return policy_loss(logp, old, gain, mask, negative_advantages=penalty, weights=weights,
                        clip_low=objective.clip_low, clip_high=objective.clip_high, ref_logprobs=ref,
-                       kl_coef=objective.kl_coef, num_tokens=num_tokens)
+                       kl_coef=objective.kl_coef, num_tokens=num_tokens, clip_ratio_c=objective.clip_ratio_c,
+                       log_ratio_clamp=objective.log_ratio_clamp)
 
 
 def update_policy(
@@ -109,14 +132,22 @@ def update_policy(
 ) -> UpdateStats:
     """Step 5: ``optim.epochs`` passes over the packed segments, ``optim.minibatches`` optimiser steps each.
 
-    Each mini-batch's loss is the token mean over all its trainable tokens (micro-batches of
-    ``optim.micro_batch`` sequences accumulate gradients against that common denominator),
-    gradients are clipped to ``optim.max_grad_norm``, then AdamW steps. Mini-batches are
-    drawn by ``rng`` (a permutation per epoch). The model is left in eval mode.
+    Each mini-batch's loss is aggregated by ``objective.loss_agg_mode`` (default
+    ``token-mean``: the mean over all its trainable tokens, each token counted once per
+    full-path sample it belongs to; verl's ``agg_loss``); micro-batches of
+    ``optim.micro_batch`` sequences accumulate gradients against that common denominator
+    (:func:`~trace_agent.objectives.loss_normalizer`). For ``seq-mean-token-sum-norm`` the
+    divisor is ``objective.loss_scale_factor``, or the step's longest sample in tokens when
+    unset. Gradients are clipped to ``optim.max_grad_norm``, then AdamW steps. Mini-batches
+    are drawn by ``rng`` (a permutation per epoch). The model is left in eval mode.
     """
     import torch
 
-    packed = pack_segments(segments)
+    mode = objective.loss_agg_mode
+    packed = pack_segments(segments, loss_agg_mode=mode)
+    scale = objective.loss_scale_factor
+    if mode == "seq-mean-token-sum-norm" and scale is None:
+        scale = float(max((t for seg in segments for _, t in seg.samples), default=1))
     if not packed or not any(s.num_tokens for s in packed):
         return UpdateStats(segments=len(segments), sequences=len(packed), tokens=0, optimizer_steps=0,
                            grad_norm=math.nan, **dict.fromkeys(_LOSS_MEANS, math.nan))
@@ -132,9 +163,9 @@ def update_policy(
             order = rng.permutation(len(packed))
             for mb in np.array_split(order, min(optim.minibatches, len(packed))):
                 seqs = [packed[int(i)] for i in mb]
-                total = sum(s.num_tokens for s in seqs)
-                if total == 0:
+                if sum(s.num_tokens for s in seqs) == 0:
                     continue
+                total = loss_normalizer(seqs, mode, loss_scale_factor=scale)
                 optimizer.zero_grad(set_to_none=True)
                 for start in range(0, len(seqs), optim.micro_batch):
                     micro = seqs[start:start + optim.micro_batch]
@@ -144,8 +175,8 @@ def update_policy(
                     loss, st = batch_loss(learner, micro, objective, temperature=temperature, reference=reference,
                                           num_tokens=total)
                     loss.backward()
-                    for k in _LOSS_MEANS:  # loss terms are already per `total` tokens, diagnostics per `n`
-                        sums[k] += getattr(st, k) * (total if k in ("loss", "policy_loss", "kl") else n)
+                    for k in _LOSS_MEANS:  # loss terms are already per `total`, diagnostics per token
+                        sums[k] += getattr(st, k) * (1.0 if k in _PER_STEP else n)
                     tokens_seen += n
                 limit = optim.max_grad_norm if optim.max_grad_norm > 0 else math.inf
                 grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, limit)))
@@ -155,9 +186,17 @@ def update_policy(
         model.eval()
     optimizer.zero_grad(set_to_none=True)
     t = max(tokens_seen, 1)
+    means = {k: v / (max(steps, 1) if k in _PER_STEP else t) for k, v in sums.items()}
     return UpdateStats(segments=len(segments), sequences=len(packed), tokens=sum(s.num_tokens for s in packed),
-                       optimizer_steps=steps, grad_norm=float(np.mean(grad_norms)),
-                       **{k: v / t for k, v in sums.items()})
+                       optimizer_steps=steps, grad_norm=float(np.mean(grad_norms)), **means,
+                       samples=sum(s.samples for s in packed), zero_advantage_share=_zero_share(packed))
+
+
+def _zero_share(packed: Sequence[PackedSequence]) -> float:
+    """Share of the packed token weight whose samples all have advantage 0."""
+    total = sum(s.weight for s in packed)
+    zero = sum(w for s in packed for w, g, p in zip(s.weights, s.gains, s.penalties) if w and g == 0 and p == 0)
+    return zero / total if total else math.nan
 
 
 def segment_logprobs(learner: HFPolicy, segments: Sequence[Segment], *, temperature: float = 1.0) -> list[float]:

@@ -13,6 +13,7 @@ from trace_agent.allocation import (
     BudgetAccount,
     BudgetConfig,
     InfeasibleAllocation,
+    allocate_flip_once,
     allocate_prefixes,
     allocate_roots,
     continuation_budget,
@@ -23,6 +24,7 @@ from trace_agent.allocation import (
     proportional_split,
     repeat_probability,
     root_objective,
+    spread_degenerate,
 )
 
 SIX = [0.99, 0.90, 0.50, 0.50, 0.15, 0.02]
@@ -220,8 +222,9 @@ def test_roots_are_deterministic_and_tie_break_to_lower_index() -> None:
     v = [0.5] * 6
     first = allocate_roots(v, 6, cap=3, max_active=2)
     assert first == allocate_roots(v, 6, cap=3, max_active=2) == [3, 3, 0, 0, 0, 0]
-    # all-certain prompts: every allocation is worth 0; the lowest indices are used
-    assert allocate_roots([1.0, 0.0, 1.0], 4) == [4, 0, 0]
+    # all-certain prompts: every allocation is worth 0; the budget is spread (changed by design, issue 13:
+    # it used to sit on the lowest index, [4, 0, 0])
+    assert allocate_roots([1.0, 0.0, 1.0], 4) == [2, 2, 0]
 
 
 def test_six_prompt_slider() -> None:
@@ -381,3 +384,90 @@ def test_polya_urn_quadratic_variation_equals_v_one_minus_v() -> None:
     v0 = float(table[0, 0])
     assert np.mean(values[:, -1]) == pytest.approx(v0, abs=0.015)  # martingale: E[V_T] = V_0
     assert np.mean(_martingale_energy(values)) == pytest.approx(v0 * (1 - v0), rel=0.03)
+
+
+# ----------------------------------------------------------------------------- issue 13: ties, share, flip-once
+
+
+def brute_share(v: np.ndarray, budget: int, cap: int | None, max_active: int | None) -> float | None:
+    """Best expected effective ratio (sum P_mixed / active) by enumeration (None when infeasible)."""
+    grid = _grid(len(v), budget if cap is None else cap)
+    ok = grid.sum(axis=1) == budget
+    if max_active is not None:
+        ok &= (grid > 0).sum(axis=1) <= max_active
+    ok &= (grid > 0).sum(axis=1) > 0
+    if not ok.any():
+        return None
+    g = grid[ok]
+    return float((mixed_probability(v[None, :], g).sum(axis=1) / (g > 0).sum(axis=1)).max())
+
+
+def test_share_objective_equals_brute_force_and_fixes_the_issue_example() -> None:
+    # the issue's example: v = 0.5 x 4, budget 8, cap 4; the sum optimum [3, 3, 2, 0] has share 0.667
+    v = np.full(4, 0.5)
+    assert allocate_roots(v, 8, cap=4) == [3, 3, 2, 0]
+    m = allocate_roots(v, 8, cap=4, objective="share")
+    assert sorted(m) == [0, 0, 4, 4] and root_objective(v, m) / 2 == pytest.approx(0.875)
+    rng = np.random.default_rng(5)
+    checked = 0
+    for trial in range(1500):
+        n = int(rng.integers(1, 6))
+        vv = _values(rng, n, trial % 3)
+        budget = int(rng.integers(2, 15))
+        cap = [None, 2, 3, 4, 6][int(rng.integers(5))]
+        max_active = [None, 1, 2, 3][int(rng.integers(4))]
+        best = brute_share(vv, budget, cap, max_active)
+        if best is None:
+            continue
+        m = allocate_roots(vv, budget, cap=cap, max_active=max_active, objective="share")
+        active = sum(x > 0 for x in m)
+        assert sum(m) == budget and all(x == 0 or x >= 2 for x in m)
+        assert root_objective(vv, m) / active == pytest.approx(best, abs=1e-9), (vv, budget, cap, max_active, m)
+        checked += 1
+    assert checked > 800
+    with pytest.raises(ValueError, match="objective"):
+        allocate_roots(v, 8, objective="mean")  # type: ignore[arg-type]
+
+
+def test_degenerate_values_spread_the_root_budget() -> None:
+    # a saturated predictor (all 0 or 1): every allocation is worth 0; the budget spreads over max_active
+    m = allocate_roots([0.0] * 12, 48, cap=16, max_active=12)
+    assert m == [4] * 12
+    # only the degenerate share is spread; the informative prompt keeps its optimum
+    v = [0.5, 0.0, 1.0, 0.0, 0.0]
+    m = allocate_roots(v, 20, cap=8, max_active=4)
+    assert m[0] == 8 and sorted(m[1:]) == [0, 4, 4, 4] and root_objective(v, m) == pytest.approx(
+        brute_roots(np.asarray(v), 20, 8, 4))
+    assert spread_degenerate([0.0, 0.0, 0.5], [6, 0, 2], cap=6, max_active=3) == [3, 3, 2]
+    assert spread_degenerate([0.0, 0.0, 0.5], [6, 0, 2], cap=6, max_active=2) == [6, 0, 2]
+
+
+def brute_flip_once(q: np.ndarray, budget: int, cap: int | None, costs: list[int]) -> float:
+    tops = [budget // c if cap is None else min(cap, budget // c) for c in costs]
+    best = 0.0
+    for ks in itertools.product(*[range(t + 1) for t in tops]):
+        if sum(k * c for k, c in zip(ks, costs)) <= budget:
+            best = max(best, 1.0 - float(np.prod(q ** np.asarray(ks))))
+    return best
+
+
+def test_flip_once_equals_brute_force() -> None:
+    rng = np.random.default_rng(9)
+    for trial in range(600):
+        n = int(rng.integers(1, 5))
+        q = _values(rng, n, trial % 3)
+        budget = int(rng.integers(0, 7))
+        cap = [None, 1, 2, 3][int(rng.integers(4))]
+        costs = [int(c) for c in rng.integers(1, 3, size=n)]
+        k = allocate_flip_once(q, budget, cap=cap, costs=costs)
+        assert sum(a * c for a, c in zip(k, costs)) <= budget and (cap is None or max(k) <= cap)
+        got = 1.0 - float(np.prod(q ** np.asarray(k)))
+        assert got == pytest.approx(brute_flip_once(q, budget, cap, costs), abs=1e-9), (q, budget, cap, costs, k)
+    # all on the likeliest flip, not spread as the expected-flips objective would
+    assert allocate_flip_once([0.9, 0.5], 4) == [0, 4]
+    assert allocate_prefixes([0.9, 0.5], 4) != [0, 4]
+
+
+def test_tied_prefixes_share_the_budget() -> None:
+    assert allocate_prefixes([1.0, 1.0, 1.0], 6) == [2, 2, 2]  # zero gains: round-robin, not all on the first
+    assert allocate_prefixes([0.5] * 4, 6) == [2, 2, 1, 1]

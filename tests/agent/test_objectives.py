@@ -47,7 +47,10 @@ def hand_tree() -> RolloutTree:
     return t
 
 
-A = 0.5 / (0.5 + EPS)  # (1 - 0.5) / (std 0.5 + eps)
+SD4 = math.sqrt(1 / 3)  # unbiased std of [1, 0, 0, 1] (verl's torch.std)
+A = 0.5 / (SD4 + EPS)  # (1 - 0.5) / (std + eps)
+B = 0.5 / (math.sqrt(0.5) + EPS)  # a group [1, 0]: unbiased std sqrt(1/2)
+S1 = 1.0 / (1.0 + EPS)  # verl's singleton rule: mean 0, std 1, so A = R / (1 + eps)
 
 
 def approx(d: dict[int, float]) -> dict[int, float]:
@@ -70,7 +73,7 @@ def test_grpo_flat_group_matches_textbook() -> None:
         n = t.add_turn(t.root, rollout_id=rid, generated_ids=[5], generated_logprobs=[-1.0])
         n = t.add_turn(n, rollout_id=rid, generated_ids=[6], generated_logprobs=[-1.0])
         t.finish(n, r)
-    mu, sd = 0.25, math.sqrt(0.25 * 0.75)
+    mu, sd = 0.25, math.sqrt(0.25 * 0.75 * 4 / 3)  # unbiased std
     want = [(r - mu) / (sd + EPS) for r in rewards]
     adv = node_advantages(t, "grpo")
     for i, w in enumerate(want):  # each rollout's two turns carry its leaf's advantage
@@ -80,20 +83,26 @@ def test_grpo_flat_group_matches_textbook() -> None:
 def test_treerpo_sibling_groups() -> None:
     t = hand_tree()
     # r: a .5, a1 1, b 0, b1 0, c 0, d 1, d1 1. Root group {a, c, d} mean .5; a's group {a1, b} mean .5.
-    assert node_advantages(t, "treerpo") == approx({1: 0.0, 5: -0.5, 6: 0.5, 2: 0.5, 3: -0.5, 4: 0.0, 7: 0.0})
-    inherit = node_advantages(t, "treerpo", lone_child="inherit")
-    assert inherit == approx({1: 0.0, 5: -0.5, 6: 0.5, 2: 0.5, 3: -0.5, 4: -0.5, 7: 0.5})
-    sd_root = math.sqrt((0.0 + 0.25 + 0.25) / 3)
+    # lone children (4 below 3, 7 below 6) inherit the edge above them: every turn trains (the default)
+    assert node_advantages(t, "treerpo") == approx({1: 0.0, 5: -0.5, 6: 0.5, 2: 0.5, 3: -0.5, 4: -0.5, 7: 0.5})
+    zero = node_advantages(t, "treerpo", lone_child="zero")
+    assert zero == approx({1: 0.0, 5: -0.5, 6: 0.5, 2: 0.5, 3: -0.5, 4: 0.0, 7: 0.0})
+    sd_root = math.sqrt((0.0 + 0.25 + 0.25) / 2)  # unbiased std of r over {a, c, d} = {.5, 0, 1}
     normed = node_advantages(t, "treerpo", normalize_std=True)
     assert normed == approx({1: 0.0, 5: -0.5 / (sd_root + EPS), 6: 0.5 / (sd_root + EPS),
-                             2: 0.5 / (0.5 + EPS), 3: -0.5 / (0.5 + EPS), 4: 0.0, 7: 0.0})
+                             2: B, 3: -B, 4: -B, 7: 0.5 / (sd_root + EPS)})
+    population = node_advantages(t, "treerpo", normalize_std=True, ddof=0)
+    assert population[2] == pytest.approx(0.5 / (0.5 + EPS))
 
 
 def test_tree_grpo_prompt_plus_tree_groups() -> None:
     t = hand_tree()
-    # prompt group: +-A; tree groups: {a1, b1} below a (+-A), {c} and {d1} alone (0)
-    assert tree_grpo_leaf_advantages(t) == approx({2: 2 * A, 4: -2 * A, 5: -A, 7: A})
-    assert node_advantages(t, "tree-grpo") == approx({1: 0.0, 2: 2 * A, 3: -2 * A, 4: -2 * A, 5: -A, 6: A, 7: A})
+    # prompt group [1, 0, 0, 1]: +-A; tree groups: {a1, b1} below a ([1, 0]: +-B), {c} (R = 0) and
+    # {d1} (R = 1) alone: verl's singleton rule gives R / (1 + eps)
+    assert tree_grpo_leaf_advantages(t) == approx({2: A + B, 4: -A - B, 5: -A, 7: A + S1})
+    assert tree_grpo_leaf_advantages(t, singleton="zero") == approx({2: A + B, 4: -A - B, 5: -A, 7: A})
+    assert node_advantages(t, "tree-grpo") == approx({1: 0.0, 2: A + B, 3: -A - B, 4: -A - B, 5: -A,
+                                                      6: A + S1, 7: A + S1})
 
 
 def test_uniform_outcomes_give_zero_advantages() -> None:
@@ -101,7 +110,11 @@ def test_uniform_outcomes_give_zero_advantages() -> None:
     for leaf in t.leaves():
         leaf.reward = 1.0
     for objective in ("grpo", "treerpo", "tree-grpo"):
-        assert all(v == 0.0 for v in node_advantages(t, objective).values())  # type: ignore[arg-type]
+        adv = node_advantages(t, objective, singleton="zero")  # type: ignore[arg-type]
+        assert all(v == 0.0 for v in adv.values())
+    # with the reference singleton rule, the lone trees {c} and {d1} keep their intra-tree R
+    ref = node_advantages(t, "tree-grpo")
+    assert ref[5] == pytest.approx(S1) and ref[7] == pytest.approx(S1) and ref[1] == 0.0
 
 
 def test_segments_contexts_and_sharing() -> None:
@@ -114,6 +127,8 @@ def test_segments_contexts_and_sharing() -> None:
     assert segs[4].context_ids == (100, 101, 1, 2, 9, 4, 8)
     assert segs[7].context_ids == (100, 101, 7, 10)
     kept = tree_segments(t, "treerpo", skip_zero=True)
+    assert [s.node_id for s in kept] == [2, 3, 4, 5, 6, 7]
+    kept = tree_segments(t, "treerpo", skip_zero=True, lone_child="zero")
     assert [s.node_id for s in kept] == [2, 3, 5, 6]
     # a prompt kept outside the tree
     t.root.observation_ids = []
@@ -140,10 +155,19 @@ def test_pack_segments_shares_paths_and_masks_observations() -> None:
     assert b1.token_ids == (100, 101, 1, 2, 9, 4, 8, 5) and b1.first_target == 2
     # targets 1 2 | 9 (observation) | 4 | 8 (observation) | 5
     assert b1.mask == (True, True, False, True, False, True)
-    assert b1.advantages == pytest.approx((0.0, 0.0, 0.0, -2 * A, 0.0, -2 * A))
+    assert b1.advantages == pytest.approx((0.0, 0.0, 0.0, -A - B, 0.0, -A - B))
+    # the shared turn a (1 2) is two full-path samples: leaf a1 (A + B) and leaf b1 (-A - B)
+    assert b1.weights == (2.0, 2.0, 0.0, 1.0, 0.0, 1.0)
+    assert b1.gains == pytest.approx((A + B, A + B, 0.0, 0.0, 0.0, 0.0))
+    assert b1.penalties == pytest.approx((-A - B, -A - B, 0.0, -A - B, 0.0, -A - B))
     assert b1.behaviour_logprobs[:2] == (-0.1, -0.2) and math.isnan(b1.behaviour_logprobs[2])
     assert c.token_ids == (100, 101, 6) and d1.token_ids == (100, 101, 7, 10, 11)
-    assert d1.mask == (True, False, True) and d1.advantages == pytest.approx((A, 0.0, A))
+    assert d1.mask == (True, False, True) and d1.advantages == pytest.approx((A + S1, 0.0, A + S1))
+    # four leaves: the packed sample shares add up to four samples; token weights to 3 + 4 + 1 + 2 tokens
+    assert sum(p.samples for p in packed) == pytest.approx(4.0)
+    assert sum(p.weight for p in packed) == pytest.approx(10.0)
+    once = pack_segments(tree_segments(hand_tree(), "tree-grpo", shared_turns="once"))
+    assert once[1].weights == (1.0, 1.0, 0.0, 1.0, 0.0, 1.0) and once[1].gains[:2] == (0.0, 0.0)
 
 
 def test_segment_validates() -> None:
@@ -206,4 +230,4 @@ def test_identical_sibling_turns_are_packed_apart() -> None:
     segs = tree_segments(t, "grpo")
     packed = pack_segments(segs)
     assert len(packed) == 2 and sum(p.num_tokens for p in packed) == sum(s.num_tokens for s in segs) == 6
-    assert sorted(p.advantages[0] for p in packed) == pytest.approx([-A, A])
+    assert sorted(p.advantages[0] for p in packed) == pytest.approx([-B, B])

@@ -76,6 +76,9 @@ def test_trace_roots_are_the_exact_allocation_and_oracle_uses_true_rates() -> No
     assert got == allocate_roots(VALUES, 8, cap=budget.effective_root_cap, max_active=budget.max_active)
     truth = VALUES[::-1].copy()
     got = Oracle().allocate_roots(_root_request(budget, branching=True, oracle=truth))
+    assert got == allocate_roots(truth, 8, cap=budget.effective_root_cap, max_active=budget.max_active,
+                                 objective="share")  # the effective-ratio bound (issue 13)
+    got = make_strategy("oracle-sum").allocate_roots(_root_request(budget, branching=True, oracle=truth))
     assert got == allocate_roots(truth, 8, cap=budget.effective_root_cap, max_active=budget.max_active)
     uniform = TRACE(roots=False).allocate_roots(_root_request(budget, branching=True))
     assert uniform == [2, 2, 2, 2, 0, 0, 0, 0]

@@ -26,7 +26,7 @@ from trace_agent.config import (
     config_to_dict,
     load_config,
 )
-from trace_agent.objectives import batch_segments, pack_segments
+from trace_agent.objectives import batch_segments, loss_normalizer, pack_segments
 from trace_agent.pool import PromptPool
 from trace_agent.trainer import Trainer
 from trace_agent.update import batch_loss, segment_logprobs, update_policy
@@ -159,6 +159,32 @@ def test_micro_batches_match_one_batch(collected) -> None:
     parts = [p.grad.clone() for p in learner.model.parameters() if p.grad is not None]
     learner.model.zero_grad()
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(whole, parts))
+
+
+@pytest.mark.parametrize("mode", ["seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_micro_batches_match_one_batch_in_other_agg_modes(collected, mode: str) -> None:
+    """Per-leaf samples (tree-grpo) and a non-token normalizer: micro-batches still give the one-batch gradient."""
+    trainer, trees = collected
+    learner = trainer.learner
+    packed = pack_segments(batch_segments(trees, "tree-grpo"), loss_agg_mode=mode)  # type: ignore[arg-type]
+    objective = ObjectiveConfig(name="tree-grpo", loss_agg_mode=mode, clip_ratio_c=3.0)  # type: ignore[arg-type]
+    total = loss_normalizer(packed, mode, loss_scale_factor=64.0)  # type: ignore[arg-type]
+    learner.model.zero_grad()
+    batch_loss(learner, packed, objective, temperature=1.0, num_tokens=total)[0].backward()
+    whole = [p.grad.clone() for p in learner.model.parameters() if p.grad is not None]
+    learner.model.zero_grad()
+    for i in range(0, len(packed), 3):
+        batch_loss(learner, packed[i:i + 3], objective, temperature=1.0, num_tokens=total)[0].backward()
+    parts = [p.grad.clone() for p in learner.model.parameters() if p.grad is not None]
+    learner.model.zero_grad()
+    assert whole and all(torch.allclose(a, b, atol=1e-5) for a, b in zip(whole, parts))
+    opt = torch.optim.AdamW(learner.model.parameters(), lr=1e-4)
+    state = copy.deepcopy(learner.model.state_dict())
+    stats = update_policy(learner, opt, batch_segments(trees, "tree-grpo"), optim=OptimConfig(lr=1e-4, minibatches=2),
+                          objective=objective, temperature=1.0, rng=np.random.default_rng(0))
+    assert stats.optimizer_steps == 2 and math.isfinite(stats.loss) and 0.0 <= stats.zero_advantage_share <= 1.0
+    assert stats.samples == pytest.approx(sum(len(t.leaves()) for t in trees))
+    learner.model.load_state_dict(state)
 
 
 def test_prompt_pool_epochs_and_state() -> None:
