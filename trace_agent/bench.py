@@ -26,7 +26,6 @@ strategy runs in the bench without touching the library::
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import shlex
@@ -40,7 +39,8 @@ from typing import Any
 import numpy as np
 
 from trace_agent.rollout import Collection, PromptSpec, RolloutConfig, TreeCollector
-from trace_agent.strategies import STRATEGY_NAMES, Budget, Strategy, TreePO, make_strategy
+from trace_agent.strategies import STRATEGY_NAMES, Budget, Strategy, TreePO
+from trace_agent.wiring import resolve_strategy
 
 __all__ = [
     "BenchConfig",
@@ -98,23 +98,6 @@ class BenchConfig:
                              f"({self.budget.max_active}) prompts")
         if not self.strategies:
             raise ValueError("name at least one strategy")
-
-
-def resolve_strategy(spec: str | Strategy) -> Strategy:
-    """A Strategy from a built-in name, a ``module:attribute`` spec, or the object itself."""
-    if not isinstance(spec, str):
-        return spec
-    if ":" not in spec:
-        return make_strategy(spec)
-    module, _, attr = spec.partition(":")
-    try:
-        target = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot load strategy {spec!r}: {exc}") from None
-    strategy = target() if isinstance(target, type) or not isinstance(target, Strategy) else target
-    if not isinstance(strategy, Strategy):
-        raise ValueError(f"{spec!r} is not a Strategy (needs name, branching, allocate_roots, allocate_continuations)")
-    return strategy
 
 
 def load_policy(spec: str, *, cache_dir: str | Path | None = None, log: Callable[[str], None] = print) -> Any:

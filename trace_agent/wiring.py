@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trace_agent.policy.hf import HFPolicy
 
 __all__ = ["ALL_TASKS", "EnvSetupError", "build_policies", "build_predictor", "check_env_id", "make_env_factory",
-           "split_kwargs", "task_ids"]
+           "resolve_strategy", "split_kwargs", "task_ids"]
 
 
 def build_policies(config: PolicyConfig, *, seed: int = 0) -> tuple[HFPolicy, Any]:
@@ -112,6 +112,32 @@ def split_kwargs(env_id: str, split: str | None, env_kwargs: dict[str, Any] | No
                                 f"(set the category with env_kwargs.category)")
         return {**kwargs, "tasks": bfcl_split(str(kwargs.get("category", "multi_turn_base")), split)}
     return {**kwargs, "tasks": split} if split is not None else kwargs
+
+
+def resolve_strategy(spec: Any) -> Any:
+    """A Strategy from a built-in name, a ``module:attribute`` spec, or the object itself.
+
+    ``module:attribute`` names a Strategy class or a factory (called without arguments) or an
+    instance, so a user's strategy trains (``rollout.strategy: mypkg.branching:EntropyBranching``)
+    and runs in ``trace-gym bench`` without touching the library.
+    """
+    import importlib
+
+    from trace_agent.strategies import Strategy, make_strategy
+
+    if not isinstance(spec, str):
+        return spec
+    if ":" not in spec:
+        return make_strategy(spec)
+    module, _, attr = spec.partition(":")
+    try:
+        target = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot load strategy {spec!r}: {exc} (is its module on PYTHONPATH?)") from None
+    strategy = target() if isinstance(target, type) or not isinstance(target, Strategy) else target
+    if not isinstance(strategy, Strategy):
+        raise ValueError(f"{spec!r} is not a Strategy (needs name, branching, allocate_roots, allocate_continuations)")
+    return strategy
 
 
 def make_env_factory(env_id: str, split: str | None, *, max_turns: int,
