@@ -31,6 +31,7 @@ __all__ = [
     "preflight",
     "require",
     "format_checks",
+    "model_check",
     "policy_dir",
     "policy_env_ids",
     "policy_env_warning",
@@ -60,7 +61,7 @@ def _offline() -> bool:
                for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
-def _model_check(name: str, path: str, *, what: str) -> Check:
+def model_check(name: str, path: str, *, what: str) -> Check:
     """A model reference: an existing directory, or a hub id (cached when this machine is offline)."""
     if not path:
         return Check(name=name, ok=False, message=f"{what} is empty: pass a model directory or a hub id")
@@ -162,12 +163,12 @@ def preflight(config: TrainConfig, *, train: bool = True) -> list[Check]:
         checks.append(Check(name="policy", ok=True, fatal=False,
                             message=f"policy: demo at {path}" + ("" if built else " (built there first: minutes)")))
     elif p.kind != "tiny":
-        checks.append(_model_check("policy", p.path, what="policy.path"))
+        checks.append(model_check("policy", p.path, what="policy.path"))
     warning = policy_env_warning(config)
     if warning:
         checks.append(Check(name="policy env", ok=False, fatal=False, message=warning))
     if train and config.predictor.kind == "lm-critic":
-        checks.append(_model_check("predictor", config.predictor.path, what="predictor.path"))
+        checks.append(model_check("predictor", config.predictor.path, what="predictor.path"))
     if p.device.startswith("cuda") or (p.kind.startswith("vllm") and p.kind != "vllm-server"):
         import torch
 
