@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -84,7 +85,7 @@ class MetricsLogger:
             if wb is not None:
                 id_file = self.run_dir / "wandb_id.txt"
                 run_id = id_file.read_text().strip() if resume_step is not None and id_file.is_file() else None
-                run_id = run_id or wb.util.generate_id()
+                run_id = run_id or secrets.token_hex(4)
                 id_file.write_text(run_id)
                 self._wandb = wb.init(project=os.environ.get("WANDB_PROJECT", "trace-gym"), dir=str(self.run_dir),
                                       config=dict(config or {}), id=run_id, resume="allow",

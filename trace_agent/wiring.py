@@ -71,7 +71,7 @@ def check_env_id(env_id: str) -> None:
         import difflib
 
         ours = sorted(k for k in gym.registry if k.startswith("trace_envs/"))
-        close = difflib.get_close_matches(env_id, list(gym.registry), n=1)
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=1, cutoff=0.8)
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise EnvSetupError(f"unknown env id {env_id!r}{hint}; the suite has {', '.join(ours)}")
 
