@@ -19,12 +19,12 @@ from trace_agent.cli import main
 from trace_agent.config import EvalConfig, LogConfig, RolloutSettings, TrainConfig, load_config, save_config
 from trace_agent.metrics import read_metrics
 
-#: The tiny Parity run (tests/agent/test_trainer.py) as a YAML config, 3 steps, small held-out eval.
+#: The tiny Parity run (tests/agent/test_trainer.py) as a YAML config, 2 steps, small held-out eval.
 _CHECKPOINTS = LogConfig(tensorboard=True, wandb=False, progress=False, keep_checkpoints=2)
 
 
 def _config_file(tmp_path: Path, **changes) -> Path:
-    cfg = tiny_config(tmp_path / "unused", **{"steps": 3, "eval": EvalConfig(tasks=2, samples=2), "log": _CHECKPOINTS,
+    cfg = tiny_config(tmp_path / "unused", **{"steps": 2, "eval": EvalConfig(tasks=2, samples=2), "log": _CHECKPOINTS,
                                               **changes})
     return save_config(cfg, tmp_path / "parity.yaml")
 
@@ -46,7 +46,7 @@ def _weights(run: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory) -> tuple[Path, Path]:
-    """An uninterrupted 3-step Parity run through the CLI (and its config file)."""
+    """An uninterrupted 2-step Parity run through the CLI (and its config file)."""
     tmp = tmp_path_factory.mktemp("cli")
     cfg = _config_file(tmp)
     assert main(["train", "--config", str(cfg), "--out", str(tmp / "a")]) == 0
@@ -54,22 +54,22 @@ def straight_run(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def test_resume_dir_alone_equals_an_uninterrupted_run(straight_run, tmp_path: Path) -> None:
-    """Kill after step 2's checkpoint (step 3's checkpoint gone), then `--resume DIR` alone: same run."""
+    """Kill after step 1's checkpoint (step 2's checkpoint gone), then `--resume DIR` alone: same run."""
     a, cfg = straight_run
     b = tmp_path / "b"
     assert main(["train", "--config", str(cfg), "--out", str(b)]) == 0
     import shutil
 
-    shutil.rmtree(b / "checkpoints" / "step_000003")
+    shutil.rmtree(b / "checkpoints" / "step_000002")
     config_bytes = (b / "config.yaml").read_bytes()
     assert main(["train", "--resume", str(b)]) == 0
     assert (b / "config.yaml").read_bytes() == config_bytes  # the saved config, neither defaults nor rewritten
-    assert _steps(b) == [0, 1, 2, 3, 3]  # eval before, 3 steps, eval after: nothing logged twice
+    assert _steps(b) == [0, 1, 2, 2]  # eval before, 3 steps, eval after: nothing logged twice
     assert _comparable(b) == _comparable(a)
     assert state_equal(_weights(a), _weights(b))
     # resuming a finished run re-logs nothing
     assert main(["train", "--resume", str(b)]) == 0
-    assert _steps(b) == [0, 1, 2, 3, 3]
+    assert _steps(b) == [0, 1, 2, 2]
 
 
 def test_tensorboard_holds_scalars_transcripts_and_tree_images(straight_run) -> None:
@@ -80,7 +80,7 @@ def test_tensorboard_holds_scalars_transcripts_and_tree_images(straight_run) -> 
     acc.Reload()
     tags = acc.Tags()
     assert "rollout/effective_ratio" in tags["scalars"] and "eval/success_se" in tags["scalars"]
-    assert "samples/tree" in tags["images"] and len(acc.Images("samples/tree")) == 3
+    assert "samples/tree" in tags["images"] and len(acc.Images("samples/tree")) == 2
     assert any(t.startswith("samples/transcript") for t in tags["tensors"])
     text = acc.Tensors(next(t for t in tags["tensors"] if t.startswith("samples/transcript")))[0]
     assert "best leaf" in text.tensor_proto.string_val[0].decode()
@@ -143,7 +143,7 @@ def test_show_tree_draws_pngs_from_a_run(straight_run, tmp_path: Path, capsys) -
     for p in map(Path, printed):
         assert p.parent == tmp_path / "pics" and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["show-tree", str(a), "--step", "99"]) == 1
-    assert "saved steps: 1, 2, 3" in capsys.readouterr().err
+    assert "saved steps: 1, 2" in capsys.readouterr().err
 
 
 def test_errors_are_one_line_and_come_before_the_policy_loads(tmp_path: Path, capsys, monkeypatch) -> None:

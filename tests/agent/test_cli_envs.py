@@ -43,3 +43,16 @@ def test_wikiqa_trains_and_evaluates_with_default_splits(tmp_path: Path, capsys)
 @pytest.mark.skipif(importlib.util.find_spec("bfcl_eval") is None, reason="bfcl-eval not installed")
 def test_bfcl_trains_and_evaluates_with_default_splits(tmp_path: Path, capsys) -> None:
     _train_then_eval("trace_envs/BFCL-v0", tmp_path, capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["wiki", "bfcl"])
+def test_shipped_env_configs_train_a_step(name: str, tmp_path: Path) -> None:
+    """docs/configs/{wiki,bfcl}.yaml train a step (offline: the tiny policy instead of the Qwen3 checkpoint)."""
+    if name == "bfcl" and importlib.util.find_spec("bfcl_eval") is None:
+        pytest.skip("bfcl-eval not installed")
+    config = Path(__file__).resolve().parents[2] / "docs" / "configs" / f"{name}.yaml"
+    run = tmp_path / name
+    assert main(["train", "--config", str(config), "--out", str(run), "--no-eval", *_SMALL]) == 0
+    assert (run / "checkpoints" / "step_000001" / "manifest.json").is_file()
+    assert (run / "config.yaml").read_text().count("train_split: train") == 1
