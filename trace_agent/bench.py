@@ -14,7 +14,12 @@ mixed groups, contrast pairs, prompts skipped, the depth histogram of branch poi
 root rollouts and continuations, paper units, generated tokens, env steps, wall time and,
 for Oracle, the Monte-Carlo cost outside the budget. The summary gives mean, standard
 deviation, min and max over seeds. Outputs under ``--out``: ``bench.json`` (config, rows,
-summary, predictor metrics), ``bench.md`` (Markdown tables + the command), PNG plots.
+summary, predictor metrics), ``bench.md`` (Markdown tables + the command), ``trees.jsonl``
+(every measured tree, its strategy and seed in ``metadata``; ``trace-gym show-tree`` draws them)
+and PNG plots: ``bench.png`` (effective ratio, leaf success, contrast pairs and generated tokens
+per strategy: mean ± std over seeds, each seed a dot), ``effective_ratio.png`` and
+``branch_depths.png`` (branch points per batch by depth: the table's "branch depths" column).
+Progress bars (with ETA) cover the predictor warm-up and the measured batches.
 
 Strategies are named (:data:`~trace_agent.strategies.STRATEGY_NAMES`) or given as
 ``module:attribute`` (a Strategy class or factory called without arguments), so a user's
@@ -26,7 +31,6 @@ strategy runs in the bench without touching the library::
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import shlex
@@ -40,7 +44,8 @@ from typing import Any
 import numpy as np
 
 from trace_agent.rollout import Collection, PromptSpec, RolloutConfig, TreeCollector
-from trace_agent.strategies import STRATEGY_NAMES, Budget, Strategy, TreePO, make_strategy
+from trace_agent.strategies import STRATEGY_NAMES, Budget, Strategy, TreePO
+from trace_agent.wiring import resolve_strategy
 
 __all__ = [
     "BenchConfig",
@@ -100,23 +105,6 @@ class BenchConfig:
             raise ValueError("name at least one strategy")
 
 
-def resolve_strategy(spec: str | Strategy) -> Strategy:
-    """A Strategy from a built-in name, a ``module:attribute`` spec, or the object itself."""
-    if not isinstance(spec, str):
-        return spec
-    if ":" not in spec:
-        return make_strategy(spec)
-    module, _, attr = spec.partition(":")
-    try:
-        target = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot load strategy {spec!r}: {exc}") from None
-    strategy = target() if isinstance(target, type) or not isinstance(target, Strategy) else target
-    if not isinstance(strategy, Strategy):
-        raise ValueError(f"{spec!r} is not a Strategy (needs name, branching, allocate_roots, allocate_continuations)")
-    return strategy
-
-
 def load_policy(spec: str, *, cache_dir: str | Path | None = None, log: Callable[[str], None] = print) -> Any:
     """``"demo"``: the offline demo policy (the shipped one, or built in ``cache_dir`` if given and
     missing); else a transformers model dir."""
@@ -141,6 +129,7 @@ class BenchResult:
     rows: tuple[dict[str, Any], ...]
     summary: dict[str, dict[str, dict[str, float]]]
     predictor: dict[str, Any]
+    trees: tuple[Any, ...] = ()
 
     def to_json(self) -> str:
         cfg = asdict(self.config)
@@ -154,7 +143,7 @@ class BenchResult:
         if "trace" in mean:
             t = mean["trace"]
             if "grpo" in mean:
-                out["trace_over_grpo"] = t / mean["grpo"] if mean["grpo"] else math.inf
+                out["trace_over_grpo"] = t / mean["grpo"] if mean["grpo"] else math.nan  # x/0: undefined
             if "treepo" in mean:
                 out["trace_minus_treepo_points"] = 100.0 * (t - mean["treepo"])
             if "oracle" in mean:
@@ -172,25 +161,25 @@ class BenchResult:
             f"[min, max].",
             "",
             "| strategy | effective ratio | mixed groups | contrast pairs | skipped | leaf success | roots + conts "
-            "| paper units | gen. tokens | env steps | wall s | branch depths |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+            "| paper units | gen. tokens | env steps | wall s | branch depths | continuation depths |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
         ]
         for name, s in self.summary.items():
             er = s["effective_ratio"]
-            depths = s.get("branch_depths", {})
-            hist = " ".join(f"{d}:{c:g}" for d, c in sorted(depths.items(), key=lambda kv: int(kv[0]))) or "-"
+            hist, cont = (" ".join(f"{d}:{c:g}" for d, c in sorted(s.get(h, {}).items(), key=lambda kv: int(kv[0])))
+                          or "-" for h in ("branch_depths", "continuation_depths"))
             lines.append(
                 f"| {name} | {er['mean']:.3f} ± {er['std']:.3f} [{er['min']:.2f}, {er['max']:.2f}] "
                 f"| {s['mixed_trees']['mean']:.1f} / {s['active_prompts']['mean']:.1f} "
                 f"| {s['contrast_pairs']['mean']:.1f} | {s['skipped']['mean']:.1f} | {s['success_rate']['mean']:.2f} "
                 f"| {s['root_rollouts']['mean']:.1f} + {s['continuations']['mean']:.1f} "
                 f"| {s['paper_units']['mean']:.1f} | {s['generated_tokens']['mean']:.0f} "
-                f"| {s['env_steps']['mean']:.0f} | {s['wall_seconds']['mean']:.1f} | {hist} |"
+                f"| {s['env_steps']['mean']:.0f} | {s['wall_seconds']['mean']:.1f} | {hist} | {cont} |"
             )
         comp = self.comparisons()
         if comp:
             lines += ["", "Comparisons on mean effective ratio: " + ", ".join(
-                f"{k} = {v:.2f}" for k, v in comp.items())]
+                f"{k} = {v:.2f}" if math.isfinite(v) else f"{k} = n/a (zero denominator)" for k, v in comp.items())]
         if self.predictor:
             keys = ("pre_spearman_root", "pre_spearman_prefix", "pre_mse", "examples")
             shown = {k: self.predictor.get("measured", {}).get(k) for k in keys}
@@ -210,6 +199,10 @@ class BenchResult:
         paths = [out / "bench.json", out / "bench.md"]
         paths[0].write_text(self.to_json())
         paths[1].write_text(self.to_markdown())
+        if self.trees:
+            from trace_agent.tree import save_jsonl
+
+            paths.append(save_jsonl(self.trees, out / "trees.jsonl"))
         paths += plot_result(self, out)
         return paths
 
@@ -284,14 +277,18 @@ def run_bench(
     predictor: Any = None,
     make_env: Callable[[], Any] | None = None,
     log: Callable[[str], None] = print,
+    progress: bool = False,
 ) -> BenchResult:
     """Warm the predictor up, then run every strategy for every seed; returns the rows and the summary.
 
     ``strategies`` overrides ``config.strategies`` (objects instead of names); ``predictor``
     defaults to a fresh :class:`~trace_agent.predictor.EmbeddingPredictor`; ``make_env``
-    defaults to ``gym.make(config.env_id, max_turns=..., **env_kwargs).unwrapped``.
+    defaults to ``gym.make(config.env_id, max_turns=..., **env_kwargs).unwrapped``. ``progress``
+    shows bars (with ETA) over the warm-up batches and the measured batches; ``log`` lines are
+    written above them.
     """
     import gymnasium as gym
+    from tqdm import tqdm
 
     import trace_envs  # noqa: F401
     from trace_agent.predictor import EmbeddingPredictor, prediction_metrics, refresh_predictor, tree_examples
@@ -313,25 +310,35 @@ def run_bench(
         t0 = time.perf_counter()
         warm_trees = []
         chunk = config.budget.max_active
-        for start in range(0, n_warm - chunk + 1, chunk):
+        starts = list(range(0, n_warm - chunk + 1, chunk))
+        bar = tqdm(starts, desc="predictor warm-up", unit="batch", disable=not progress, dynamic_ncols=True)
+        for start in bar:
             pool = [PromptSpec(task_id=t) for t in warm_ids[start:start + chunk]]
             batch = collector.collect(pool, _WarmUp(), config.budget, seed=10_000 + start)
             warm_trees.extend(batch.trees)
             info["warmup_refresh"] = refresh_predictor(predictor, batch.trees)  # the predictor keeps a replay buffer
+        bar.close()
         log(f"warm-up: {len(warm_trees)} trees on {n_warm} tasks in {time.perf_counter() - t0:.0f}s")
         measured_trees = []
+        bar = tqdm(total=config.seeds * len(chosen), desc="bench", unit="batch", disable=not progress,
+                   dynamic_ncols=True)
         for seed in range(config.seeds):
             rng = np.random.default_rng(seed)
             pool_ids = [measured_ids[i] for i in rng.choice(len(measured_ids), size=config.prompts, replace=False)]
             pool = [PromptSpec(task_id=t) for t in pool_ids]
             for strategy in chosen:
+                bar.set_postfix(seed=seed, strategy=strategy.name)
                 batch = collector.collect(pool, strategy, config.budget, seed=seed)
                 row = _row(batch, seed)
                 rows.append(row)
+                for tree in batch.trees:
+                    tree.metadata.update(strategy=strategy.name, seed=seed)
                 measured_trees.extend(batch.trees)
+                bar.update(1)
                 log(f"seed {seed} {strategy.name:>12}: effective {row['effective_ratio']:.3f} "
                     f"({row['mixed_trees']}/{row['active_prompts']}), pairs {row['contrast_pairs']}, "
                     f"units {row['paper_units']:g}, tokens {row['generated_tokens']}, {row['wall_seconds']:.1f}s")
+        bar.close()
         if oracle_cache:
             rates = np.asarray(list(oracle_cache.values()))
             info["oracle_prompt_rates"] = {"prompts": int(rates.size), "all_fail": int(np.sum(rates == 0.0)),
@@ -342,7 +349,8 @@ def run_bench(
         if len(examples):
             pred = predictor.predict(examples.contexts)
             info["measured"] = {f"pre_{k}": v for k, v in prediction_metrics(pred, examples).items()}
-    return BenchResult(config=config, rows=tuple(rows), summary=summarize(rows), predictor=info)
+    return BenchResult(config=config, rows=tuple(rows), summary=summarize(rows), predictor=info,
+                       trees=tuple(measured_trees))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -356,47 +364,84 @@ class _WarmUp(TreePO):
 # plots
 
 
+#: (row key, axis label) of the panels of ``bench.png``.
+BENCH_PANELS: tuple[tuple[str, str], ...] = (
+    ("effective_ratio", "effective ratio (mixed / active)"),
+    ("success_rate", "leaf success rate"),
+    ("contrast_pairs", "contrast pairs per batch"),
+    ("generated_tokens", "generated tokens per batch (cost)"),
+)
+
+
+def _spread_panel(ax: Any, result: BenchResult, names: Sequence[str], key: str, label: str) -> None:
+    """Bars at the mean over seeds, error bars of one std, each seed's value as a dot."""
+    means = [result.summary[n][key]["mean"] for n in names]
+    stds = [result.summary[n][key]["std"] for n in names]
+    ax.bar(range(len(names)), [0.0 if math.isnan(m) else m for m in means], yerr=stds, color="#5b8cc0",
+           capsize=4, alpha=0.85)
+    for i, n in enumerate(names):
+        vals = [float(r[key]) for r in result.rows if r["strategy"] == n and math.isfinite(float(r[key]))]
+        ax.scatter([i] * len(vals), vals, color="black", s=8, zorder=3)
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(label, fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _title(result: BenchResult) -> str:
+    b = result.config.budget
+    return (f"{result.config.env_id.split('/')[-1]}: (M, N) = ({b.roots}, {b.continuations_per_root}), "
+            f"group {b.group_size}, {result.config.seeds} seeds (mean ± std, dots = seeds)")
+
+
 def plot_result(result: BenchResult, out_dir: Path) -> list[Path]:
-    """Effective ratio per strategy (mean ± std, seeds as dots) and branch-depth histograms, as PNG."""
+    """``bench.png`` (four metrics with spread), ``effective_ratio.png`` and ``branch_depths.png``; returns the paths.
+
+    The depth plot shows the same quantity as the table's "branch depths" column: branch points
+    (nodes with more than one child) per batch by depth, averaged over seeds.
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     names = list(result.summary)
+    width = max(7.0, 0.9 * len(names) + 2.0)
     paths = []
-    fig = Figure(figsize=(max(5.0, 1.1 * len(names)), 3.6))
+
+    fig = Figure(figsize=(width * 1.6, 6.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    for i, (key, label) in enumerate(BENCH_PANELS):
+        ax = fig.add_subplot(2, 2, i + 1)
+        _spread_panel(ax, result, names, key, label)
+        if key in ("effective_ratio", "success_rate"):
+            ax.set_ylim(0, 1.05)
+    fig.suptitle(_title(result), fontsize=10)
+    paths.append(out_dir / "bench.png")
+    fig.savefig(paths[-1], dpi=100)
+
+    fig = Figure(figsize=(width, 4.0), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    means = [result.summary[n]["effective_ratio"]["mean"] for n in names]
-    stds = [result.summary[n]["effective_ratio"]["std"] for n in names]
-    ax.bar(range(len(names)), means, yerr=stds, color="#5b8cc0", capsize=4)
-    for i, n in enumerate(names):
-        vals = [r["effective_ratio"] for r in result.rows if r["strategy"] == n]
-        ax.scatter([i] * len(vals), vals, color="black", s=8, zorder=3)
-    ax.set_xticks(range(len(names)), names, rotation=20)
-    ax.set_ylabel("effective ratio (mixed / active)")
-    ax.set_ylim(0, 1)
-    b = result.config.budget
-    ax.set_title(f"{result.config.env_id.split('/')[-1]}, (M, N) = ({b.roots}, {b.continuations_per_root}), "
-                 f"{result.config.seeds} seeds")
-    fig.tight_layout()
+    _spread_panel(ax, result, names, "effective_ratio", "effective ratio (mixed / active)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(_title(result), fontsize=9)
     paths.append(out_dir / "effective_ratio.png")
     fig.savefig(paths[-1], dpi=110)
 
-    fig = Figure(figsize=(max(5.0, 1.1 * len(names)), 3.6))
+    fig = Figure(figsize=(width, 4.0), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    depths = sorted({int(d) for n in names for d in result.summary[n]["continuation_depths"]})
-    width = 0.8 / max(1, len(depths))
+    depths = sorted({int(d) for n in names for d in result.summary[n]["branch_depths"]})
+    bar_w = 0.8 / max(1, len(depths))
     for j, d in enumerate(depths):
-        ax.bar([i + j * width for i in range(len(names))],
-               [result.summary[n]["continuation_depths"].get(str(d), 0.0) for n in names], width=width,
+        ax.bar([i - 0.4 + (j + 0.5) * bar_w for i in range(len(names))],
+               [result.summary[n]["branch_depths"].get(str(d), 0.0) for n in names], width=bar_w,
                label=f"depth {d}")
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, rotation=20)
-    ax.set_ylabel("continuations per batch")
-    ax.set_title("where continuations started (depth of the restored save point)")
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("branch points per batch (mean over seeds)", fontsize=8)
+    ax.set_title("branch points by depth (the table's branch depths column)", fontsize=9)
     if depths:
         ax.legend(fontsize=8)
-    fig.tight_layout()
+    else:
+        ax.text(0.5, 0.5, "no strategy branched", ha="center", va="center", transform=ax.transAxes)
     paths.append(out_dir / "branch_depths.png")
     fig.savefig(paths[-1], dpi=110)
     return paths
@@ -428,8 +473,28 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--oracle-samples", type=int, default=8)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--out", default="artifacts/bench", help="output directory")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_cli)
     return p
+
+
+def _check_policy(spec: str, cache_dir: str | None, env_id: str) -> None:
+    """A missing policy directory is a clear error; a policy trained on other envs gets a warning."""
+    from trace_agent.preflight import PreflightError, model_check, policy_env_ids
+
+    if spec == "demo":
+        from trace_agent.policy.demo import SHIPPED_DEMO_POLICY
+
+        where = Path(cache_dir) if cache_dir else SHIPPED_DEMO_POLICY
+    else:
+        check = model_check("policy", spec, what="--policy")
+        if not check.ok:
+            raise PreflightError(check.message)
+        where = Path(spec)
+    envs = policy_env_ids(where)
+    if envs and env_id not in envs:
+        print(f"warning: the policy at {where} was trained on {', '.join(envs)}, not {env_id}: expect text written "
+              f"for that env", file=sys.stderr, flush=True)
 
 
 def _cli(args: argparse.Namespace) -> int:
@@ -444,8 +509,14 @@ def _cli(args: argparse.Namespace) -> int:
                               workers=args.workers, oracle_samples=args.oracle_samples),
         command=" ".join(["trace-gym bench", *(shlex.quote(a) for a in args.argv)]),
     )
+    from tqdm import tqdm
+
+    from trace_agent.wiring import check_env_id
+
+    check_env_id(config.env_id)  # before the policy loads
+    _check_policy(args.policy, args.policy_cache, config.env_id)
     policy = load_policy(args.policy, cache_dir=args.policy_cache)
-    result = run_bench(config, policy=policy)
+    result = run_bench(config, policy=policy, progress=not args.no_progress, log=tqdm.write)
     paths = result.write(args.out)
     print(result.to_markdown())
     print("wrote " + ", ".join(str(p) for p in paths))

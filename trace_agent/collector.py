@@ -89,11 +89,12 @@ class StrategyCollector:
 
     def __init__(self, trainer: Trainer) -> None:
         from trace_agent.rollout import RolloutConfig, TreeCollector
-        from trace_agent.strategies import Budget, make_strategy
+        from trace_agent.strategies import Budget
+        from trace_agent.wiring import resolve_strategy
 
         cfg = trainer.config
         r, s = cfg.rollout, cfg.sampling
-        self.strategy = make_strategy(r.strategy)
+        self.strategy = resolve_strategy(r.strategy)
         self.budget = Budget(roots=r.roots, continuations_per_root=r.continuations_per_root, group_size=r.group_size,
                              continuation_cost=r.continuation_cost, root_cap=r.root_cap, prefix_cap=r.prefix_cap)
         self._gen = _Timer()

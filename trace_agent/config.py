@@ -126,7 +126,8 @@ class RolloutSettings:
         strategy: ``trace`` (predictor-driven exact root + prefix allocation), ``grpo``
             (uniform groups, no branching), ``pcl`` (predictor keeps the prompts nearest 1/2,
             uniform groups), ``treepo`` (random branching), or any name
-            :func:`trace_agent.strategies.make_strategy` knows (``trace-root``, ``oracle`` ...).
+            :func:`trace_agent.strategies.make_strategy` knows (``trace-root``, ``oracle`` ...), or
+            ``module:attribute`` naming a Strategy class, factory or instance (a custom strategy).
         prompts_per_step: candidate prompts drawn from the pool per step (scored by TRACE/PCL).
         roots: M, root rollouts per step for a branching strategy.
         continuations_per_root: N, continuation units per root rollout. A flat strategy
@@ -150,8 +151,9 @@ class RolloutSettings:
     workers: int = 1
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"rollout.strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        module, colon, attr = self.strategy.partition(":")
+        if self.strategy not in STRATEGIES and not (colon and module and attr):
+            raise ConfigError(f"rollout.strategy must be one of {STRATEGIES} or module:attribute, got {self.strategy!r}")
         if self.roots < 2 or self.group_size < 2 or self.roots % self.group_size:
             raise ConfigError("rollout.roots must be a multiple of rollout.group_size (both >= 2)")
         if self.prompts_per_step < self.roots // self.group_size:
@@ -357,20 +359,23 @@ class LogConfig:
             installed and ``WANDB_MODE``/``WANDB_API_KEY`` is set; true: always when installed).
         checkpoint_every: save a checkpoint every that many steps (0: only at the end).
         keep_checkpoints: newest checkpoints kept.
-        save_trees: write each step's trees as JSONL.
+        save_trees: write each step's trees as JSONL (``trees/step_<k>.jsonl``; ``trace-gym show-tree`` draws them).
         progress: show progress bars.
+        samples_every: every that many steps, send one tree's picture and its best and worst
+            transcripts to TensorBoard / W&B (0: never).
     """
 
     tensorboard: bool = True
     wandb: bool | Literal["auto"] = "auto"
     checkpoint_every: int = 1
     keep_checkpoints: int = 2
-    save_trees: bool = False
+    save_trees: bool = True
     progress: bool = True
+    samples_every: int = 1
 
     def __post_init__(self) -> None:
-        if self.checkpoint_every < 0 or self.keep_checkpoints < 1:
-            raise ConfigError("log.checkpoint_every >= 0 and log.keep_checkpoints >= 1")
+        if self.checkpoint_every < 0 or self.keep_checkpoints < 1 or self.samples_every < 0:
+            raise ConfigError("log.checkpoint_every >= 0, log.keep_checkpoints >= 1 and log.samples_every >= 0")
 
 
 @dataclass(frozen=True, kw_only=True)

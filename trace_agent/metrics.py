@@ -3,8 +3,16 @@
 :class:`MetricsLogger` writes one JSON object per step to ``metrics.jsonl`` (flat
 ``name: float`` pairs plus ``step``), mirrors scalars to TensorBoard
 (``torch.utils.tensorboard``) and W&B when enabled, and can truncate the JSONL
-back to a step on resume (so a resumed run neither loses nor repeats lines).
-:func:`plot_learning_curves` draws the standard panels from a ``metrics.jsonl``.
+back to a step on resume (so a resumed run neither loses nor repeats lines). Text
+(sample transcripts) and images (tree pictures) go to TensorBoard and W&B beside the
+scalars (:meth:`MetricsLogger.log_text`, :meth:`MetricsLogger.log_image`).
+:func:`plot_learning_curves` draws the standard panels from a ``metrics.jsonl``, with
+error bars where a ``<key>_se`` standard error was logged (held-out success).
+
+W&B: ``pip install wandb``; it logs when ``wandb=True``, or with ``"auto"`` when
+``WANDB_MODE`` or ``WANDB_API_KEY`` is set (``WANDB_MODE=offline`` writes under
+``<run>/wandb`` without a network; ``wandb sync`` uploads it later). The W&B run id is kept in
+``<run>/wandb_id.txt`` so a resumed run continues the same W&B run.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -71,11 +80,16 @@ class MetricsLogger:
         if wandb is True or (wandb == "auto" and (os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE"))):
             try:
                 import wandb as wb
-
-                self._wandb = wb.init(project="trace-gym", dir=str(self.run_dir), config=dict(config or {}),
-                                      resume="allow")
             except ImportError:
-                self._wandb = None
+                wb = None
+            if wb is not None:
+                id_file = self.run_dir / "wandb_id.txt"
+                run_id = id_file.read_text().strip() if resume_step is not None and id_file.is_file() else None
+                run_id = run_id or secrets.token_hex(4)
+                id_file.write_text(run_id)
+                self._wandb = wb.init(project=os.environ.get("WANDB_PROJECT", "trace-gym"), dir=str(self.run_dir),
+                                      config=dict(config or {}), id=run_id, resume="allow",
+                                      name=self.run_dir.name)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
         """Write one step's metrics (non-numeric values go to JSONL only); returns the JSON record."""
@@ -93,6 +107,34 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.log(scalars, step=step)
         return record
+
+    def log_text(self, tag: str, text: str, step: int) -> None:
+        """A text sample (e.g. a transcript) at ``step``: TensorBoard's text tab (Markdown) and W&B (HTML)."""
+        if self._tb is not None:
+            # TensorBoard renders Markdown: indent by four spaces to keep the transcript verbatim
+            self._tb.add_text(tag, "\n".join("    " + line for line in text.splitlines()), step)
+            self._tb.flush()
+        if self._wandb is not None:
+            import html
+
+            import wandb as wb
+
+            self._wandb.log({tag: wb.Html(f"<pre>{html.escape(text)}</pre>")}, step=step)
+
+    def log_image(self, tag: str, png: str | Path, step: int) -> None:
+        """A PNG (e.g. a tree picture) at ``step``, to TensorBoard's image tab and W&B."""
+        if self._tb is None and self._wandb is None:
+            return
+        from matplotlib.image import imread
+
+        pixels = imread(str(png))
+        if self._tb is not None:
+            self._tb.add_image(tag, pixels[..., :3], step, dataformats="HWC")
+            self._tb.flush()
+        if self._wandb is not None:
+            import wandb as wb
+
+            self._wandb.log({tag: wb.Image(str(png))}, step=step)
 
     def close(self) -> None:
         if self._tb is not None:
@@ -126,13 +168,18 @@ def plot_learning_curves(records: Sequence[Mapping[str, Any]] | str | Path, path
     for i, (panel, keys) in enumerate(used):
         ax = fig.add_subplot(rows, cols, i + 1)
         for k in keys:
-            pts = [(r["step"], _finite(r.get(k))) for r in recs if _finite(r.get(k)) is not None]
-            xs, ys = zip(*pts)
-            ax.plot(xs, ys, marker="o", ms=3, label=k.split("/", 1)[-1])
+            pts = [(r["step"], _finite(r.get(k)), _finite(r.get(f"{k}_se"))) for r in recs
+                   if _finite(r.get(k)) is not None]
+            xs, ys, ses = zip(*pts)
+            if any(e is not None for e in ses):
+                ax.errorbar(xs, ys, yerr=[e or 0.0 for e in ses], marker="o", ms=3, capsize=3,
+                            label=k.split("/", 1)[-1] + " ± s.e.")
+            else:
+                ax.plot(xs, ys, marker="o", ms=3, label=k.split("/", 1)[-1])
         ax.set_title(panel)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        if len(keys) > 1:
+        if len(keys) > 1 or any(_finite(r.get(f"{keys[0]}_se")) is not None for r in recs):
             ax.legend(fontsize=7)
     if title:
         fig.suptitle(title)

@@ -1,16 +1,25 @@
-"""Pictures of rollout trees and allocations (matplotlib, Agg canvas; no global backend change).
+"""Pictures of rollout trees and allocations (matplotlib, Agg canvas; no global backend change), and ``show-tree``.
 
 matplotlib is imported inside the functions, so importing this module is cheap.
+
+``trace-gym show-tree PATH`` draws saved trees to PNG: ``PATH`` is a run directory (its
+``trees/step_<k>.jsonl``, written by ``trace-gym train``; the newest step unless ``--step``),
+a bench directory (its ``trees.jsonl``, written by ``trace-gym bench``; ``--strategy`` and
+``--seed`` pick a batch) or a ``.jsonl`` / ``.parquet`` tree file.
 """
 
 from __future__ import annotations
 
+import argparse
+import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from trace_agent.tree import Node, RolloutTree
+from trace_agent.tree import Node, RolloutTree, format_messages
 
-__all__ = ["tree_layout", "plot_tree", "plot_allocation"]
+__all__ = ["tree_layout", "plot_tree", "plot_allocation", "tree_transcript", "find_trees", "show_trees",
+           "add_show_tree_parser"]
 
 _SUCCESS = "#2e9d4a"
 _FAILURE = "#d1453b"
@@ -128,3 +137,98 @@ def plot_allocation(
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png")
     return path
+
+
+def tree_transcript(tree: RolloutTree, *, max_chars: int = 4000) -> str:
+    """The prompt, then the path of the best and of the worst leaf (text for TensorBoard / W&B samples)."""
+    leaves = sorted(tree.leaves(), key=lambda n: (n.reward or 0.0, -n.node_id), reverse=True)
+    s, f = tree.outcome_counts()
+    parts = [f"{tree.prompt_id}: {s} success / {f} failure", format_messages(tree.root.messages)]
+    picks = [("best", leaves[0])] + ([("worst", leaves[-1])] if len(leaves) > 1 else [])
+    for label, leaf in picks:
+        body = format_messages(leaf.history())
+        if len(body) > max_chars:
+            body = body[:max_chars] + f"... [{len(body) - max_chars} more characters]"
+        parts.append(f"--- {label} leaf (node {leaf.node_id}, reward {leaf.reward:g}) ---\n{body}")
+    return "\n\n".join(parts)
+
+
+# --------------------------------------------------------------------------------------------------
+# show-tree
+
+
+def find_trees(path: str | Path, *, step: int | None = None) -> tuple[list[RolloutTree], str]:
+    """Trees saved at ``path`` (run dir, bench dir or tree file) and a label of where they came from.
+
+    Raises ``FileNotFoundError`` with what to do when there are none.
+    """
+    from trace_agent.tree import load_jsonl, load_parquet
+
+    p = Path(path)
+    if p.is_file():
+        trees = load_parquet(p) if p.suffix == ".parquet" else load_jsonl(p)
+        return trees, p.stem
+    if (p / "trees.jsonl").is_file():  # a bench directory
+        return load_jsonl(p / "trees.jsonl"), "bench"
+    files = sorted((p / "trees").glob("step_*.jsonl"))
+    if not files:
+        what = "a run directory (trees/step_<k>.jsonl)" if (p / "config.yaml").is_file() else "a run or bench directory"
+        raise FileNotFoundError(f"no saved trees in {p}: expected {what}; runs save them with log.save_trees "
+                                f"(on by default), the bench writes trees.jsonl")
+    if step is not None:
+        chosen = [f for f in files if f.stem == f"step_{step:06d}"]
+        if not chosen:
+            steps = ", ".join(str(int(f.stem.split("_")[1])) for f in files)
+            raise FileNotFoundError(f"no trees of step {step} in {p}/trees (saved steps: {steps})")
+        files = chosen
+    return load_jsonl(files[-1]), files[-1].stem
+
+
+def show_trees(path: str | Path, out_dir: str | Path | None = None, *, step: int | None = None,
+               prompt: str | None = None, strategy: str | None = None, seed: int | None = None,
+               limit: int = 4, mixed_only: bool = False) -> list[Path]:
+    """Draw up to ``limit`` trees saved at ``path`` (filtered) to PNGs in ``out_dir``; returns their paths."""
+    trees, label = find_trees(path, step=step)
+    chosen = [t for t in trees
+              if (prompt is None or t.prompt_id == prompt or t.task_id == prompt)
+              and (strategy is None or t.metadata.get("strategy") == strategy)
+              and (seed is None or t.metadata.get("seed") == seed)
+              and (not mixed_only or t.is_mixed())]
+    if not chosen:
+        raise FileNotFoundError(f"none of the {len(trees)} trees at {path} match the filters")
+    base = Path(path)
+    out = Path(out_dir) if out_dir is not None else (base.parent if base.is_file() else base) / "tree_pictures"
+    paths = []
+    for i, tree in enumerate(chosen[:limit]):
+        tag = "_".join(str(x) for x in (label, tree.metadata.get("strategy"), tree.metadata.get("seed"), tree.prompt_id)
+                       if x is not None)
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "-", tag)[:120] + f"_{i}.png"
+        where = f" ({tree.metadata['strategy']}, seed {tree.metadata.get('seed')})" if "strategy" in tree.metadata else ""
+        s, f = tree.outcome_counts()
+        title = f"{label} {tree.prompt_id}{where}: {s} success / {f} failure" + (" (mixed)" if s and f else "")
+        paths.append(plot_tree(tree, out / name, title=title))
+    return paths
+
+
+def _show_tree_main(args: argparse.Namespace) -> int:
+    paths = show_trees(args.path, args.out, step=args.step, prompt=args.prompt, strategy=args.strategy,
+                       seed=args.seed, limit=args.max, mixed_only=args.mixed)
+    for p in paths:
+        print(p)
+    return 0
+
+
+def add_show_tree_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``show-tree`` to a ``trace-gym`` subparsers object."""
+    p = subparsers.add_parser("show-tree", help="draw saved rollout trees (from a run or a bench) to PNG",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("path", help="run directory, bench directory, or a trees .jsonl / .parquet file")
+    p.add_argument("--out", help="where the PNGs go (default: <path>/tree_pictures)")
+    p.add_argument("--step", type=int, help="run: the step whose trees to draw (default: the newest saved)")
+    p.add_argument("--prompt", help="only the tree of this prompt / task id")
+    p.add_argument("--strategy", help="bench: only trees of this strategy")
+    p.add_argument("--seed", type=int, help="bench: only trees of this seed")
+    p.add_argument("--mixed", action="store_true", help="only mixed trees (a success and a failure)")
+    p.add_argument("--max", type=int, default=4, help="most trees drawn (default 4)")
+    p.set_defaults(func=_show_tree_main)
+    return p

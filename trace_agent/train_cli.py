@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from trace_agent.config import OBJECTIVE_NAMES, STRATEGIES, TrainConfig, load_config
+from trace_agent.config import OBJECTIVE_NAMES, STRATEGIES, TrainConfig, config_to_dict, load_config
 
 __all__ = [
     "EvalResult",
@@ -41,9 +41,17 @@ __all__ = [
 
 @dataclass(frozen=True, kw_only=True)
 class EvalResult:
-    """Held-out success: mean reward over ``tasks`` x ``samples`` episodes, and per-task rates."""
+    """Held-out success: mean reward over ``tasks`` x ``samples`` episodes, and per-task rates.
+
+    ``success_se`` is the standard error of ``success`` with tasks as clusters: the standard
+    deviation of the per-task success rates over sqrt(tasks) (episodes of one task are not
+    independent draws; with equal samples per task the overall rate is the mean of the
+    per-task rates; e.g. Cameron & Miller 2015, "A Practitioner's Guide to Cluster-Robust
+    Inference"). 0 with one task.
+    """
 
     success: float
+    success_se: float
     tasks: int
     samples: int
     episodes: int
@@ -74,7 +82,8 @@ class TrainReport:
 
 
 def evaluate_heldout(policy: Any, config: TrainConfig, *, seed: int = 12345,
-                     on_episode: Callable[[str, int, float, list[dict[str, Any]]], None] | None = None) -> EvalResult:
+                     on_episode: Callable[[str, int, float, list[dict[str, Any]]], None] | None = None,
+                     progress: bool = False) -> EvalResult:
     """Play ``config.eval.samples`` episodes on each of the first ``config.eval.tasks`` held-out tasks.
 
     Episodes run in waves of ``policy.max_batch_size`` side by side (one env each, reused across
@@ -82,8 +91,11 @@ def evaluate_heldout(policy: Any, config: TrainConfig, *, seed: int = 12345,
     task they belong to.
     The draw is fixed by ``seed`` (same seed, same weights: same episodes).
     ``on_episode(task_id, sample, reward, messages)`` is called as each episode ends, with a copy
-    of the env's chat messages (e.g. to keep transcripts).
+    of the env's chat messages (e.g. to keep transcripts). ``progress`` shows a bar over the
+    episodes (with ETA) on stderr.
     """
+    from tqdm import tqdm
+
     from trace_agent.policy.demo import observation_messages
     from trace_agent.wiring import make_env_factory, task_ids
 
@@ -96,6 +108,8 @@ def evaluate_heldout(policy: Any, config: TrainConfig, *, seed: int = 12345,
     wave = max(1, min(len(episodes), getattr(policy, "max_batch_size", 32)))
     envs = [make() for _ in range(wave)]
     rewards = [0.0] * len(episodes)
+    bar = tqdm(total=len(episodes), desc="eval", unit="episode", disable=not progress, dynamic_ncols=True,
+               leave=False)
     try:
         for w0 in range(0, len(episodes), wave):
             batch = list(range(w0, min(w0 + wave, len(episodes))))
@@ -114,6 +128,8 @@ def evaluate_heldout(policy: Any, config: TrainConfig, *, seed: int = 12345,
                     env = envs[i - w0]
                     _, reward, terminated, truncated, _ = env.step(g.text)
                     rewards[i] = float(reward)
+                    if terminated or truncated:
+                        bar.update(1)
                     if (terminated or truncated) and on_episode is not None:
                         t, k = episodes[i]
                         on_episode(ids[t], k, float(reward), [dict(m) for m in env.messages])
@@ -123,90 +139,155 @@ def evaluate_heldout(policy: Any, config: TrainConfig, *, seed: int = 12345,
                 alive = still
                 turn += 1
     finally:
+        bar.close()
         for env in envs:
             env.close()
     per: dict[str, list[float]] = {}
     for (t, _), r in zip(episodes, rewards):
         per.setdefault(ids[t], []).append(r)
     per_task = {k: float(sum(r > 0 for r in v) / len(v)) for k, v in per.items()}
-    return EvalResult(success=float(sum(r > 0 for r in rewards) / max(len(rewards), 1)), tasks=len(ids),
+    rates = list(per_task.values())
+    se = (math.sqrt(sum((r - sum(rates) / len(rates)) ** 2 for r in rates) / (len(rates) - 1) / len(rates))
+          if len(rates) > 1 else 0.0)
+    return EvalResult(success=float(sum(r > 0 for r in rewards) / max(len(rewards), 1)), success_se=se,
+                      tasks=len(ids),
                       samples=e.samples, episodes=len(rewards), solved_tasks=sum(v > 0 for v in per_task.values()),
                       seconds=time.perf_counter() - t0, per_task=per_task)
 
 
 def _eval_metrics(result: EvalResult) -> dict[str, float]:
-    return {"eval/success": result.success, "eval/solved_tasks": float(result.solved_tasks),
+    return {"eval/success": result.success, "eval/success_se": result.success_se, "eval/solved_tasks": float(result.solved_tasks),
             "eval/tasks": float(result.tasks), "eval/episodes": float(result.episodes), "eval/seconds": result.seconds}
+
+
+def _resume(trainer: Any, out: Path, log: Callable[[str], None]) -> tuple[int, Path | None]:
+    """Load the newest checkpoint that verifies and fits; damaged ones are reported and skipped."""
+    from trace_agent.checkpoint import CheckpointError
+    from trace_agent.trainer import Trainer
+
+    found = Trainer.checkpoints(out)
+    refused = []
+    for ckpt in found:
+        try:
+            start = trainer.load_checkpoint(ckpt)
+        except CheckpointError as exc:
+            refused.append(str(exc))
+            log(f"refused checkpoint {exc}; trying an older one")
+            continue
+        log(f"resumed from {ckpt} (step {start})")
+        return start, ckpt
+    if refused:
+        raise CheckpointError(f"no usable checkpoint in {out / 'checkpoints'} ({'; '.join(refused)})")
+    log(f"no checkpoint in {out} yet: starting at step 0 with its config")
+    return 0, None
+
+
+def _log_samples(logger: Any, trees: Sequence[Any], step: int) -> None:
+    """A transcript (best and worst leaf) and a picture of one tree of the step, to TensorBoard / W&B."""
+    if not trees:
+        return
+    import tempfile
+
+    from trace_agent.plotting import plot_tree, tree_transcript
+
+    tree = next((t for t in trees if t.is_mixed()), trees[0])
+    logger.log_text("samples/transcript", tree_transcript(tree), step)
+    with tempfile.TemporaryDirectory() as tmp:
+        logger.log_image("samples/tree", plot_tree(tree, Path(tmp) / "tree.png", dpi=70), step)
 
 
 def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool | Literal["after"] = True,
                  log: Callable[[str], None] = print) -> TrainReport:
     """Train ``config`` end to end: held-out eval, ``steps`` steps (checkpointed), eval, final policy, plots.
 
-    With ``resume`` the newest checkpoint under ``config.out_dir`` is loaded (if any) and the
-    run continues from its step; metrics lines after that step are dropped and rewritten.
-    ``evaluate="after"`` skips the evaluation before training (e.g. when comparing runs that
-    start from the same policy).
+    With ``resume`` the newest checkpoint under ``config.out_dir`` that verifies is loaded
+    (damaged ones are reported and skipped: the run falls back to the one before) and the run
+    continues from its step; metrics lines after that step are dropped and rewritten, and an
+    evaluation already logged for the final step is not repeated. ``evaluate="after"`` skips the
+    evaluation before training (e.g. when comparing runs that start from the same policy).
+    Ctrl-C raises :class:`~trace_agent.rundir.TrainingStopped`, which names the last completed
+    step, the last checkpoint and the command that resumes.
     """
     from tqdm import tqdm
 
+    from trace_agent.config import save_config
     from trace_agent.metrics import MetricsLogger, plot_learning_curves, read_metrics
+    from trace_agent.preflight import policy_dir, policy_env_ids, write_policy_meta
+    from trace_agent.rundir import TrainingStopped, config_differences
     from trace_agent.trainer import Trainer
+    from trace_agent.wiring import check_env_id
 
+    check_env_id(config.env_id)
     t_start = time.perf_counter()
     out = Path(config.out_dir)
     trainer = Trainer(config)
-    start = 0
-    ckpt = Trainer.latest_checkpoint(out) if resume else None
-    if ckpt is not None:
-        start = trainer.load_checkpoint(ckpt)
-        log(f"resumed from {ckpt} (step {start})")
-    trainer.save_config()
+    start, ckpt = _resume(trainer, out, log) if resume else (0, None)
+    saved_path = out / "config.yaml"
+    if ckpt is None or not saved_path.is_file():
+        trainer.save_config()
+    else:
+        diffs = config_differences(load_config(saved_path), config, ignore=("out_dir",))
+        if diffs:
+            save_config(config, saved_path)
+            log(f"config.yaml updated: {'; '.join(diffs)}")
     logger = MetricsLogger(out, tensorboard=config.log.tensorboard, wandb=config.log.wandb,
-                           config={"steps": config.steps}, resume_step=start if ckpt is not None else None)
+                           config=config_to_dict(config), resume_step=start if ckpt is not None else None)
+    earlier = read_metrics(logger.path)
     before: EvalResult | None = None
     after: EvalResult | None = None
+    progress = config.log.progress
+    last_checkpoint = start if ckpt is not None else None
     try:
-        if evaluate is True and start == 0:
-            before = evaluate_heldout(trainer.engine, config)
-            logger.log(0, _eval_metrics(before))
-            log(f"held-out success before: {before.success:.3f} ({before.tasks} tasks x {before.samples} samples, "
-                f"{before.seconds:.0f}s)")
-        bar = tqdm(range(start, config.steps), initial=start, total=config.steps, desc="train", unit="step",
-                   disable=not config.log.progress, dynamic_ncols=True)
-        for _ in bar:
-            result = trainer.step()
-            metrics = dict(result.metrics)
-            k = result.step
-            if evaluate and config.eval.every and k % config.eval.every == 0 and k < config.steps:
-                metrics.update(_eval_metrics(evaluate_heldout(trainer.engine, config)))
-            if config.log.save_trees:
-                from trace_agent.tree import save_jsonl
+        try:
+            if evaluate is True and start == 0:
+                before = evaluate_heldout(trainer.engine, config, progress=progress)
+                logger.log(0, _eval_metrics(before))
+                log(f"held-out success before: {before.success:.3f} ± {before.success_se:.3f} ({before.tasks} tasks x "
+                    f"{before.samples} samples, {before.seconds:.0f}s)")
+            bar = tqdm(range(start, config.steps), initial=start, total=config.steps, desc="train", unit="step",
+                       disable=not progress, dynamic_ncols=True)
+            for _ in bar:
+                result = trainer.step()
+                metrics = dict(result.metrics)
+                k = result.step
+                if evaluate and config.eval.every and k % config.eval.every == 0 and k < config.steps:
+                    metrics.update(_eval_metrics(evaluate_heldout(trainer.engine, config, progress=progress)))
+                if config.log.save_trees:
+                    from trace_agent.tree import save_jsonl
 
-                save_jsonl(result.trees, out / "trees" / f"step_{k:06d}.jsonl")
-            logger.log(k, metrics)
-            bar.set_postfix(success=f"{metrics['rollout/success_rate']:.2f}",
-                            eff=f"{metrics['rollout/effective_ratio']:.2f}", loss=f"{metrics['update/loss']:.3f}")
-            if config.log.checkpoint_every and k % config.log.checkpoint_every == 0:
+                    save_jsonl(result.trees, out / "trees" / f"step_{k:06d}.jsonl")
+                logger.log(k, metrics)
+                if config.log.samples_every and k % config.log.samples_every == 0:
+                    _log_samples(logger, result.trees, k)
+                bar.set_postfix(success=f"{metrics['rollout/success_rate']:.2f}",
+                                eff=f"{metrics['rollout/effective_ratio']:.2f}", loss=f"{metrics['update/loss']:.3f}")
+                if config.log.checkpoint_every and k % config.log.checkpoint_every == 0:
+                    trainer.save_checkpoint()
+                    trainer.prune_checkpoints()
+                    last_checkpoint = k
+            bar.close()
+            if trainer.step_count and last_checkpoint != trainer.step_count:
                 trainer.save_checkpoint()
                 trainer.prune_checkpoints()
-        bar.close()
-        if trainer.step_count and (not config.log.checkpoint_every or trainer.step_count % config.log.checkpoint_every):
-            trainer.save_checkpoint()
-            trainer.prune_checkpoints()
-        if evaluate:
-            after = evaluate_heldout(trainer.engine, config)
-            logger.log(trainer.step_count, _eval_metrics(after))
-            log(f"held-out success after: {after.success:.3f} ({after.tasks} tasks x {after.samples} samples, "
-                f"{after.seconds:.0f}s)")
+                last_checkpoint = trainer.step_count
+            done = any(r.get("step") == trainer.step_count and "eval/success" in r for r in earlier)
+            if evaluate and not done:
+                after = evaluate_heldout(trainer.engine, config, progress=progress)
+                logger.log(trainer.step_count, _eval_metrics(after))
+                log(f"held-out success after: {after.success:.3f} ± {after.success_se:.3f} ({after.tasks} tasks x "
+                    f"{after.samples} samples, {after.seconds:.0f}s)")
+        except KeyboardInterrupt:
+            raise TrainingStopped(out_dir=out, step=trainer.step_count, checkpoint_step=last_checkpoint) from None
     finally:
         logger.close()
         close = getattr(trainer.collector, "close", None)
         if callable(close):
             close()
-    policy_dir = out / "policy"
-    trainer.learner.model.save_pretrained(policy_dir)
-    trainer.learner.tokenizer.save_pretrained(policy_dir)
+    policy_out = out / "policy"
+    trainer.learner.model.save_pretrained(policy_out)
+    trainer.learner.tokenizer.save_pretrained(policy_out)
+    write_policy_meta(policy_out, env_ids=[*(policy_env_ids(policy_dir(config)) or ()), config.env_id],
+                      trained_by="trace-gym train", run=str(out), steps=trainer.step_count)
     records = read_metrics(logger.path)
     plot = plot_learning_curves(records, out / "learning_curves.png",
                                 title=f"{config.rollout.strategy} / {config.objective.name} on {config.env_id}")
@@ -222,7 +303,7 @@ def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool | 
         effective_ratio=series("rollout/effective_ratio"), train_success=series("rollout/success_rate"),
         paper_units=trainer.totals.get("paper_units", 0.0), generated_tokens=trainer.totals.get("generated_tokens", 0.0),
         predictor_share=sum(shares) / sum(walls) if walls and sum(walls) > 0 else math.nan,
-        wall_seconds=time.perf_counter() - t_start, plot=str(plot), policy_dir=str(policy_dir),
+        wall_seconds=time.perf_counter() - t_start, plot=str(plot), policy_dir=str(policy_out),
     )
     (out / "summary.json").write_text(report.to_json())
     return report
@@ -237,16 +318,18 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="override any config field, e.g. --set optim.lr=1e-4 (repeatable; values are YAML)")
     parser.add_argument("--env", help="env id (config: env_id)")
-    parser.add_argument("--policy", choices=("demo", "hf", "vllm", "tiny"), help="policy kind (config: policy.kind)")
+    parser.add_argument("--policy", help="policy kind: demo, hf, vllm, tiny ... (config: policy.kind)")
     parser.add_argument("--policy-path", help="checkpoint directory or hub name (config: policy.path)")
     parser.add_argument("--device", help="torch device of the policy (config: policy.device)")
     parser.add_argument("--seed", type=int, help="run seed (config: seed)")
     parser.add_argument("--tasks", type=int, help="held-out tasks to evaluate (config: eval.tasks)")
     parser.add_argument("--samples", type=int, help="episodes per held-out task (config: eval.samples)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--preflight", action="store_true",
+                        help="check the prerequisites (env, splits, model paths offline, CUDA, vLLM) and exit")
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The run's config: ``--config`` YAML, then the named flags, then ``--set`` overrides."""
+def _flags(args: argparse.Namespace) -> list[str]:
     flags: list[str] = []
 
     def put(key: str, value: Any) -> None:
@@ -261,23 +344,75 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     put("eval.tasks", args.tasks)
     put("eval.samples", args.samples)
     for name, key in (("strategy", "rollout.strategy"), ("objective", "objective.name"), ("steps", "steps"),
-                      ("out", "out_dir"), ("lr", "optim.lr")):
+                      ("out", "out_dir"), ("lr", "optim.lr"), ("split", "eval.split")):
         put(key, getattr(args, name, None))
-    return load_config(args.config, [*flags, *args.overrides])
+    if getattr(args, "no_progress", False):
+        flags.append("log.progress=false")
+    return flags
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The run's config: ``--config`` YAML, then the named flags, then ``--set`` overrides.
+
+    With ``--resume DIR`` the base is ``DIR/config.yaml`` (see :func:`trace_agent.rundir.resume_config`):
+    flags and overrides given beside it must agree with it (``--steps`` may grow).
+    """
+    from trace_agent.rundir import RunDirError, resume_config
+
+    flags = [*_flags(args), *args.overrides]
+    resume = getattr(args, "resume", None)
+    if resume is None:
+        return load_config(args.config, flags)
+    run_dir = resume or args.out
+    if not run_dir:
+        raise RunDirError("--resume needs the run directory: trace-gym train --resume runs/NAME")
+    if args.out and resume and Path(args.out).resolve() != Path(resume).resolve():
+        raise RunDirError(f"--out {args.out} and --resume {resume} name different runs: give only --resume {resume}")
+    saved = resume_config(run_dir)
+    extra = [f for f in flags if not f.startswith("out_dir=") and f != "log.progress=false"]
+    if args.config is None and not extra:
+        return TrainConfig(**{**saved.__dict__, "log": replace(saved.log, progress=saved.log.progress
+                                                                and not args.no_progress)})
+    given = load_config(args.config, flags, base=None if args.config else saved)
+    return resume_config(run_dir, given)
+
+
+def _preflight(args: argparse.Namespace, config: TrainConfig, *, train: bool) -> int | None:
+    """Run the checks; ``--preflight`` prints them all and returns the exit code, else raise on the first failure."""
+    import sys
+
+    from trace_agent.preflight import format_checks, preflight, require
+
+    checks = preflight(config, train=train)
+    if args.preflight:
+        print(format_checks(checks))
+        return 0 if all(c.ok or not c.fatal for c in checks) else 1
+    require(checks, warn=lambda message: print(message, file=sys.stderr, flush=True))
+    return None
 
 
 def _train_main(args: argparse.Namespace) -> int:
+    from trace_agent.rundir import check_fresh, clear_run
+
     config = config_from_args(args)
-    if args.no_progress:
-        config = replace(config, log=replace(config.log, progress=False))
-    report = run_training(config, resume=args.resume, evaluate=not args.no_eval)
+    code = _preflight(args, config, train=True)
+    if code is not None:
+        return code
+    resume = args.resume is not None
+    if not resume:
+        if args.overwrite:
+            clear_run(config.out_dir)
+        check_fresh(config.out_dir)
+    report = run_training(config, resume=resume, evaluate=not args.no_eval, log=lambda m: print(m, flush=True))
     ratios = ", ".join("nan" if math.isnan(x) else f"{x:.2f}" for x in report.effective_ratio)
     print(f"effective ratio per step: {ratios}")
     if report.before and report.after:
         print(f"held-out success: {report.before.success:.3f} -> {report.after.success:.3f} "
-              f"({report.after.tasks} tasks x {report.after.samples} samples)")
-    print(f"predictor share of step wall-clock: {report.predictor_share:.1%}")
-    print(f"plots: {report.plot}\nmetrics: {Path(report.out_dir) / 'metrics.jsonl'}\npolicy: {report.policy_dir}")
+              f"(± {report.after.success_se:.3f}; {report.after.tasks} tasks x {report.after.samples} samples)")
+    share = "n/a" if math.isnan(report.predictor_share) else f"{report.predictor_share:.1%}"
+    print(f"predictor share of step wall-clock: {share}")
+    print(f"plots: {report.plot}\nmetrics: {Path(report.out_dir) / 'metrics.jsonl'}\npolicy: {report.policy_dir}\n"
+          f"trees: trace-gym show-tree {report.out_dir} --out {Path(report.out_dir) / 'tree_pictures'}")
     return 0
 
 
@@ -285,9 +420,11 @@ def _eval_main(args: argparse.Namespace) -> int:
     from trace_agent.wiring import build_policies
 
     config = config_from_args(args)
-    if args.split:
-        config = replace(config, eval=replace(config.eval, split=args.split))
+    code = _preflight(args, config, train=False)
+    if code is not None:
+        return code
     _, engine = build_policies(config.policy, seed=config.seed)
+    progress = not args.no_progress
     if args.transcripts:
         path = Path(args.transcripts)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -296,9 +433,9 @@ def _eval_main(args: argparse.Namespace) -> int:
                 f.write(json.dumps({"task_id": task_id, "sample": sample, "reward": reward, "messages": messages},
                                    ensure_ascii=False, default=str) + "\n")
 
-            result = evaluate_heldout(engine, config, seed=args.eval_seed, on_episode=write)
+            result = evaluate_heldout(engine, config, seed=args.eval_seed, on_episode=write, progress=progress)
     else:
-        result = evaluate_heldout(engine, config, seed=args.eval_seed)
+        result = evaluate_heldout(engine, config, seed=args.eval_seed, progress=progress)
     print(json.dumps({k: v for k, v in asdict(result).items() if k != "per_task"} if not args.per_task
                      else asdict(result), indent=1))
     return 0
@@ -309,14 +446,17 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("train", help="train a policy with TRACE / GRPO / PCL / TreePO rollouts",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
-    p.add_argument("--strategy", choices=STRATEGIES, help="rollout strategy (config: rollout.strategy)")
+    p.add_argument("--strategy", help=f"rollout strategy: {', '.join(STRATEGIES)} or module:attribute "
+                                      f"(config: rollout.strategy)")
     p.add_argument("--objective", choices=OBJECTIVE_NAMES, help="policy objective (config: objective.name)")
     p.add_argument("--steps", type=int, help="training steps (config: steps)")
     p.add_argument("--lr", type=float, help="learning rate (config: optim.lr)")
     p.add_argument("--out", help="run directory (config: out_dir)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the run directory")
+    p.add_argument("--resume", nargs="?", const="", default=None, metavar="DIR",
+                   help="continue the run in DIR (default: --out) from its newest valid checkpoint, with its "
+                        "config.yaml")
+    p.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
     p.add_argument("--no-eval", action="store_true", help="skip held-out evaluation before and after")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_train_main)
     return p
 

@@ -31,13 +31,13 @@ the predictor's state, every RNG (python, numpy global, torch, the trainer's
 own generator), the step, the prompt pool's position and the budget totals. A run
 killed after checkpoint k and resumed from it produces the same step k+1 batch and
 the same weights as a run that never stopped (same machine, same thread count).
+They are data, never code: safetensors for tensors, JSON for the rest, a sha256 manifest
+verified on load (:mod:`trace_agent.checkpoint`); nothing is unpickled.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import pickle
 import random
 import shutil
 import time
@@ -48,7 +48,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trace_agent.checkpoint import capture_rng_state, load_predictor_state, predictor_state, restore_rng_state
+from trace_agent.checkpoint import (
+    CheckpointError,
+    capture_rng_state,
+    list_checkpoints,
+    load_predictor_state,
+    predictor_state,
+    read_checkpoint,
+    restore_rng_state,
+    verify_checkpoint,
+    write_checkpoint,
+)
 from trace_agent.collector import default_collector
 from trace_agent.config import TrainConfig, config_to_dict, save_config
 from trace_agent.objectives import Segment, batch_segments
@@ -189,66 +199,92 @@ class Trainer:
         return StepResult(step=step, trees=tuple(trees), segments=tuple(segments), metrics=metrics)
 
     # ---------------------------------------------------------------- checkpoints
-    def save_checkpoint(self, path: str | Path | None = None) -> Path:
-        """Write everything the next step reads to ``path`` (default ``<out>/checkpoints/step_<k>``), atomically."""
-        import torch
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Everything the next step reads, as data (tensors, arrays, JSON values; see :mod:`trace_agent.checkpoint`)."""
+        return {"step": self.step_count, "config": config_to_dict(self.config),
+                "model": self.learner.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "reference": None if self.reference is None else self.reference.model.state_dict(),
+                "pool": self.pool.state_dict(), "totals": dict(self.totals),
+                "rng": capture_rng_state(self.rng), "predictor": predictor_state(self.predictor),
+                "collector": getattr(self.collector, "state_dict", lambda: None)()}
 
+    def save_checkpoint(self, path: str | Path | None = None) -> Path:
+        """Write :meth:`checkpoint_state` to ``path`` (default ``<out>/checkpoints/step_<k>``), atomically.
+
+        safetensors + JSON + a sha256 manifest (:func:`~trace_agent.checkpoint.write_checkpoint`); no pickle.
+        """
         final = Path(path) if path is not None else self.out_dir / "checkpoints" / f"step_{self.step_count:06d}"
-        tmp = final.with_name(final.name + ".tmp")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        torch.save({"model": self.learner.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "reference": None if self.reference is None else self.reference.model.state_dict()},
-                   tmp / "policy.pt")
-        with (tmp / "state.pkl").open("wb") as fh:
-            pickle.dump({"step": self.step_count, "pool": self.pool.state_dict(), "totals": dict(self.totals),
-                         "rng": capture_rng_state(self.rng), "predictor": predictor_state(self.predictor),
-                         "collector": getattr(self.collector, "state_dict", lambda: None)()}, fh)
-        (tmp / "meta.json").write_text(json.dumps({"step": self.step_count, "config": config_to_dict(self.config)},
-                                                  indent=1, default=str))
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-        return final
+        return write_checkpoint(final, self.checkpoint_state())
 
     def load_checkpoint(self, path: str | Path) -> int:
-        """Restore a checkpoint written by :meth:`save_checkpoint` into this trainer; returns its step."""
-        import torch
+        """Restore a checkpoint written by :meth:`save_checkpoint` into this trainer; returns its step.
 
+        The files are verified against the manifest and decoded as data before anything in the
+        trainer changes; a checkpoint that is damaged or does not fit this run (other model shapes,
+        another prompt pool) raises :class:`~trace_agent.checkpoint.CheckpointError` with the reason.
+        """
         path = Path(path)
-        blob = torch.load(path / "policy.pt", map_location=self.learner.device, weights_only=False)
-        self.learner.model.load_state_dict(blob["model"])
-        self.optimizer.load_state_dict(blob["optimizer"])
-        if self.reference is not None and blob["reference"] is not None:
-            self.reference.model.load_state_dict(blob["reference"])
-        with (path / "state.pkl").open("rb") as fh:
-            state = pickle.load(fh)
-        self.pool.load_state_dict(state["pool"])
-        self.totals = dict(state["totals"])
-        load_predictor_state(self.predictor, state["predictor"])
-        if state.get("collector") is not None:
-            self.collector.load_state_dict(state["collector"])
-        restore_rng_state(state["rng"], self.rng)
-        self.step_count = int(state["step"])
+        state = read_checkpoint(path)
+        try:
+            step = int(state["step"])
+            _check_fits(self.learner.model.state_dict(), state["model"], "model")
+            if self.reference is not None and state.get("reference") is not None:
+                _check_fits(self.reference.model.state_dict(), state["reference"], "reference")
+            self.learner.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.reference is not None and state.get("reference") is not None:
+                self.reference.model.load_state_dict(state["reference"])
+            self.pool.load_state_dict(state["pool"])
+            self.totals = {str(k): float(v) for k, v in dict(state["totals"]).items()}
+            load_predictor_state(self.predictor, state["predictor"])
+            if state.get("collector") is not None:
+                self.collector.load_state_dict(state["collector"])
+            restore_rng_state(state["rng"], self.rng)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{path}: {exc}") from None
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
+            raise CheckpointError(f"{path} does not fit this run: {type(exc).__name__}: {exc}") from None
+        self.step_count = step
         sync_weights(self.engine, self.learner)
         return self.step_count
 
     def prune_checkpoints(self) -> None:
         """Keep the newest ``log.keep_checkpoints`` step checkpoints."""
-        root = self.out_dir / "checkpoints"
-        found = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
-        for old in found[:-self.config.log.keep_checkpoints]:
+        for old in list_checkpoints(self.out_dir / "checkpoints")[self.config.log.keep_checkpoints:]:
             shutil.rmtree(old)
 
     @staticmethod
     def latest_checkpoint(out_dir: str | Path) -> Path | None:
-        """The newest complete checkpoint under ``<out_dir>/checkpoints`` (None: none)."""
-        found = sorted(p for p in (Path(out_dir) / "checkpoints").glob("step_*")
-                       if p.is_dir() and not p.name.endswith(".tmp"))
-        return found[-1] if found else None
+        """The newest checkpoint under ``<out_dir>/checkpoints`` that passes verification (None: none).
+
+        Damaged ones (truncated, edited, no manifest) are skipped; :meth:`checkpoints` lists them all.
+        """
+        for path in Trainer.checkpoints(out_dir):
+            try:
+                verify_checkpoint(path)
+            except CheckpointError:
+                continue
+            return path
+        return None
+
+    @staticmethod
+    def checkpoints(out_dir: str | Path) -> list[Path]:
+        """Every ``step_*`` checkpoint directory under ``<out_dir>/checkpoints``, newest first (unverified)."""
+        return list_checkpoints(Path(out_dir) / "checkpoints")
 
     def save_config(self) -> Path:
         return save_config(self.config, self.out_dir / "config.yaml")
 
 
+def _check_fits(current: dict[str, Any], saved: Any, what: str) -> None:
+    """Refuse a saved state dict whose names or shapes differ from the live model's (before loading anything)."""
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"the {what} weights are not a mapping")
+    missing, extra = sorted(set(current) - set(saved)), sorted(set(saved) - set(current))
+    if missing or extra:
+        raise CheckpointError(f"the {what} weights do not match this run's model (missing {missing[:3]}, "
+                              f"unexpected {extra[:3]})")
+    for name, tensor in current.items():
+        shape = tuple(getattr(saved[name], "shape", ()))
+        if shape != tuple(tensor.shape):
+            raise CheckpointError(f"the {what} weight {name} has shape {shape}, this run's model {tuple(tensor.shape)}")

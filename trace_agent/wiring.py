@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trace_agent.config import PolicyConfig, PredictorSettings
@@ -10,7 +11,8 @@ from trace_agent.config import PolicyConfig, PredictorSettings
 if TYPE_CHECKING:  # pragma: no cover
     from trace_agent.policy.hf import HFPolicy
 
-__all__ = ["build_policies", "build_predictor", "make_env_factory", "task_ids"]
+__all__ = ["ALL_TASKS", "EnvSetupError", "build_policies", "build_predictor", "check_env_id", "make_env_factory",
+           "resolve_strategy", "split_kwargs", "task_ids"]
 
 
 def build_policies(config: PolicyConfig, *, seed: int = 0) -> tuple[HFPolicy, Any]:
@@ -51,27 +53,115 @@ def build_predictor(config: PredictorSettings, *, seed: int = 0) -> Any:
     return LMCritic.from_pretrained(config.path, config=LMCriticConfig(seed=seed))
 
 
-def make_env_factory(env_id: str, split: str, *, max_turns: int,
-                     env_kwargs: dict[str, Any] | None = None) -> Callable[[], Any]:
-    """A zero-argument factory of ``gymnasium.make(env_id, tasks=split, max_turns=..., **env_kwargs)`` (unwrapped).
+#: Split names that mean "every task" of an env that has no single task file.
+ALL_TASKS = ("all", "default")
 
-    ``split`` is what the env's ``tasks`` argument takes ("train", "test", or a task file path for
-    PythonMath-v0); an explicit ``env_kwargs["tasks"]`` wins.
+
+class EnvSetupError(ValueError):
+    """An env id, split or env argument that cannot be used (the message says what to do)."""
+
+
+def check_env_id(env_id: str) -> None:
+    """Raise :class:`EnvSetupError` unless ``env_id`` is registered (checked before any policy loads)."""
+    import gymnasium as gym
+
+    import trace_envs  # noqa: F401  (registers the suite)
+
+    if env_id not in gym.registry:
+        import difflib
+
+        ours = sorted(k for k in gym.registry if k.startswith("trace_envs/"))
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=1, cutoff=0.8)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise EnvSetupError(f"unknown env id {env_id!r}{hint}; the suite has {', '.join(ours)}")
+
+
+def split_kwargs(env_id: str, split: str | None, env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``gymnasium.make`` arguments that select ``split`` of ``env_id``'s tasks.
+
+    * PythonMath-v0 (and any env not named below): ``tasks=split`` ("train", "test" or a task file).
+    * WikiQA-v0: "train" / "test" are the synthetic encyclopedia's disjoint question sets
+      (:func:`trace_envs.tasks.wiki.wiki_split`); "all" / "default" every question; anything
+      else must be an existing HotpotQA-format file (a split name is never looked up on the hub).
+    * BFCL-v0: "train" / "test" are the fixed partition of the category's entries
+      (:func:`trace_envs.tasks.bfcl.bfcl_split`, category from ``env_kwargs``); "all" / None the whole category.
+
+    An explicit ``env_kwargs["tasks"]`` wins over ``split``.
     """
+    kwargs = dict(env_kwargs or {})
+    if "tasks" in kwargs:
+        return kwargs
+    if env_id == "trace_envs/WikiQA-v0":
+        if split in (None, *ALL_TASKS):
+            return {**kwargs, "tasks": "default"}
+        from trace_envs.tasks.wiki import WIKI_SPLITS, wiki_split
+
+        if split in WIKI_SPLITS:
+            return {**kwargs, "tasks": wiki_split(split)}
+        if not Path(split).is_file():
+            raise EnvSetupError(f"WikiQA-v0 has no split {split!r}: use train, test, all, or the path of a "
+                                f"HotpotQA-format file (none exists at {split})")
+        return {**kwargs, "tasks": split}
+    if env_id == "trace_envs/BFCL-v0":
+        if split in (None, *ALL_TASKS):
+            return kwargs
+        from trace_envs.tasks.bfcl import BFCL_SPLITS, bfcl_split
+
+        if split not in BFCL_SPLITS:
+            raise EnvSetupError(f"BFCL-v0 has no split {split!r}: use train, test or all "
+                                f"(set the category with env_kwargs.category)")
+        return {**kwargs, "tasks": bfcl_split(str(kwargs.get("category", "multi_turn_base")), split)}
+    return {**kwargs, "tasks": split} if split is not None else kwargs
+
+
+def resolve_strategy(spec: Any) -> Any:
+    """A Strategy from a built-in name, a ``module:attribute`` spec, or the object itself.
+
+    ``module:attribute`` names a Strategy class or a factory (called without arguments) or an
+    instance, so a user's strategy trains (``rollout.strategy: mypkg.branching:EntropyBranching``)
+    and runs in ``trace-gym bench`` without touching the library.
+    """
+    import importlib
+
+    from trace_agent.strategies import Strategy, make_strategy
+
+    if not isinstance(spec, str):
+        return spec
+    if ":" not in spec:
+        return make_strategy(spec)
+    module, _, attr = spec.partition(":")
+    try:
+        target = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot load strategy {spec!r}: {exc} (is its module on PYTHONPATH?)") from None
+    strategy = target() if isinstance(target, type) or not isinstance(target, Strategy) else target
+    if not isinstance(strategy, Strategy):
+        raise ValueError(f"{spec!r} is not a Strategy (needs name, branching, allocate_roots, allocate_continuations)")
+    return strategy
+
+
+def make_env_factory(env_id: str, split: str | None, *, max_turns: int,
+                     env_kwargs: dict[str, Any] | None = None) -> Callable[[], Any]:
+    """A zero-argument factory of the unwrapped ``gymnasium.make(env_id, max_turns=..., **split args)``.
+
+    ``split`` is resolved by :func:`split_kwargs` once, when the factory is made (so an unknown
+    split fails here, not in a worker); an explicit ``env_kwargs["tasks"]`` wins.
+    """
+    check_env_id(env_id)
+    kwargs = {"max_turns": max_turns, **split_kwargs(env_id, split, env_kwargs)}
 
     def make() -> Any:
         import gymnasium as gym
 
         import trace_envs  # noqa: F401  (registers the suite)
 
-        kwargs = {"tasks": split, "max_turns": max_turns, **dict(env_kwargs or {})}
         return gym.make(env_id, **kwargs).unwrapped
 
     return make
 
 
-def task_ids(env_id: str, split: str, *, env_kwargs: dict[str, Any] | None = None) -> list[str]:
-    """The task ids of ``env_id``'s ``split``."""
+def task_ids(env_id: str, split: str | None, *, env_kwargs: dict[str, Any] | None = None) -> list[str]:
+    """The task ids of ``env_id``'s ``split`` (see :func:`split_kwargs`)."""
     env = make_env_factory(env_id, split, max_turns=1, env_kwargs=env_kwargs)()
     try:
         return list(env.tasks.ids())

@@ -36,11 +36,35 @@ def test_bench_runs_every_strategy_at_equal_budget_and_writes_its_outputs(tmp_pa
     assert result.rows[6]["oracle_generated_tokens"] > 0
     assert "warmup_refresh" in result.predictor
     paths = result.write(tmp_path)
-    assert {p.name for p in paths} == {"bench.json", "bench.md", "effective_ratio.png", "branch_depths.png"}
+    assert {p.name for p in paths} == {"bench.json", "bench.md", "trees.jsonl", "bench.png", "effective_ratio.png",
+                                       "branch_depths.png"}
+    for p in paths:
+        if p.suffix == ".png":
+            assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000, p
+    from trace_agent.plotting import show_trees
+    from trace_agent.tree import load_jsonl
+
+    trees = load_jsonl(tmp_path / "trees.jsonl")
+    assert {(t.metadata["strategy"], t.metadata["seed"]) for t in trees} == {(r["strategy"], r["seed"])
+                                                                             for r in result.rows}
+    drawn = show_trees(tmp_path, tmp_path / "pics", strategy="trace", seed=1, limit=2)
+    assert len(drawn) >= 1 and all(p.read_bytes()[:4] == b"\x89PNG" for p in drawn)
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["config"]["budget"]["roots"] == 8 and len(data["rows"]) == 16
     md = (tmp_path / "bench.md").read_text()
     assert "| trace |" in md and "trace-gym bench (test)" in md and "trace_over_grpo" in md
+    assert "inf" not in md.replace("info", "")
+
+
+def test_comparisons_never_divide_by_zero() -> None:
+    from trace_agent.bench import BenchResult
+
+    zero = {"effective_ratio": {"mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0}}
+    result = BenchResult(config=BenchConfig(strategies=("grpo", "trace")), rows=(),
+                         summary={"grpo": zero, "trace": zero}, predictor={})
+    import math
+
+    assert math.isnan(result.comparisons()["trace_over_grpo"])
 
 
 def test_summary_is_mean_std_min_max_over_seeds() -> None:

@@ -616,10 +616,14 @@ def build_demo_policy(
     steps: int | None = None,
     config: DemoTrainConfig | None = None,
     log: Callable[[str], None] | None = None,
+    progress: bool = False,
 ) -> DemoBuildReport:
     """Demonstrate, train the tokenizer, warm-start the tiny LM, ``save_pretrained`` it to ``out_dir``.
 
     ``seed`` and ``steps`` override ``config``'s. Writes ``build_report.json`` beside the weights.
+    The training loop checkpoints into ``out_dir/.build`` every 100 steps and a new call with the
+    same settings resumes from there (the directory is removed when the build ends); ``progress``
+    shows a bar with ETA.
     """
     cfg = config or DemoTrainConfig()
     cfg = DemoTrainConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__},
@@ -647,12 +651,16 @@ def build_demo_policy(
         f"tokens (mean {sum(lengths) / len(lengths):.0f})")
 
     model = make_demo_model(tokenizer, cfg.model, seed=cfg.seed)
-    losses = _train(model, encoded, cfg, pad_id=chat.pad_token_id, log=say)
+    losses = _train(model, encoded, cfg, pad_id=chat.pad_token_id, log=say, checkpoint_dir=out / ".build",
+                    progress=progress)
     t_train = time.perf_counter()
 
     model.eval()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    import shutil
+
+    shutil.rmtree(out / ".build", ignore_errors=True)
     size = _directory_size(out)
     report = DemoBuildReport(
         out_dir=str(out),
@@ -683,16 +691,26 @@ def _common_prefix_length(seqs: Sequence[Sequence[int]]) -> int:
 
 
 def _train(model: Any, encoded: Sequence[tuple[list[int], list[bool]]], cfg: DemoTrainConfig, *,
-           pad_id: int, log: Callable[[str], None]) -> list[float]:
+           pad_id: int, log: Callable[[str], None], checkpoint_dir: Path | None = None,
+           checkpoint_every: int = 100, progress: bool = False) -> list[float]:
     """Masked next-token loss on assistant tokens, with the shared prompt prefix computed once per step.
 
     Demonstrations of one env share a long prefix (system prompt and tool schemas): each step runs it
     once (batch 1, with gradients), repeats its KV cache over the batch and runs only the rest of every
     sequence on top of it, which cuts the tokens processed per step about fourfold.
+
+    With ``checkpoint_dir`` the loop saves model, optimiser, schedule, batch generator and losses
+    there every ``checkpoint_every`` steps (safetensors + JSON, :mod:`trace_agent.checkpoint`) and,
+    when it finds a checkpoint of the same config and data there, continues from it, so a stopped
+    build resumes where it was and ends with the same weights. ``progress`` shows a bar with ETA.
     """
+    import hashlib
     import inspect
 
     import torch
+    from tqdm import tqdm
+
+    from trace_agent.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, (seq, _) in enumerate(encoded):
@@ -718,7 +736,27 @@ def _train(model: Any, encoded: Sequence[tuple[list[int], list[bool]]], cfg: Dem
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
     model.train()
     losses: list[float] = []
-    for step in range(cfg.steps):
+    fingerprint = hashlib.sha256(json.dumps([asdict(cfg), [list(x) for x in encoded]],
+                                            default=str).encode()).hexdigest()
+    first = 0
+    if checkpoint_dir is not None and (checkpoint_dir / "manifest.json").exists():
+        try:
+            state = read_checkpoint(checkpoint_dir)
+            if state.get("fingerprint") == fingerprint:
+                model.load_state_dict(state["model"])
+                optimizer.load_state_dict(state["optimizer"])
+                scheduler.load_state_dict(state["scheduler"])
+                gen.set_state(state["generator"])
+                losses = [float(x) for x in state["losses"]]
+                first = int(state["step"])
+                log(f"resuming the demo-policy build at step {first}/{cfg.steps} from {checkpoint_dir}")
+            else:
+                log(f"{checkpoint_dir} holds a build of other settings or data: starting over")
+        except (CheckpointError, KeyError, RuntimeError, ValueError) as exc:
+            log(f"cannot resume the demo-policy build ({exc}): starting over")
+    bar = tqdm(range(first, cfg.steps), initial=first, total=cfg.steps, desc="demo policy", unit="step",
+               disable=not progress, dynamic_ncols=True)
+    for step in bar:
         prefix, members = plans[int(torch.multinomial(weights, 1, generator=gen).item())]
         picks = [members[j] for j in torch.randint(len(members), (cfg.batch_size,), generator=gen).tolist()]
         p = len(prefix)
@@ -750,8 +788,15 @@ def _train(model: Any, encoded: Sequence[tuple[list[int], list[bool]]], cfg: Dem
         optimizer.step()
         scheduler.step()
         losses.append(float(loss.item()))
-        if (step + 1) % 25 == 0 or step == cfg.steps - 1:
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        if ((step + 1) % 25 == 0 or step == cfg.steps - 1) and not progress:
             log(f"step {step + 1}/{cfg.steps} loss {sum(losses[-25:]) / len(losses[-25:]):.3f}")
+        if checkpoint_dir is not None and checkpoint_every and (step + 1) % checkpoint_every == 0 \
+                and step + 1 < cfg.steps:
+            write_checkpoint(checkpoint_dir, {"fingerprint": fingerprint, "step": step + 1, "model": model.state_dict(),
+                                              "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                                              "generator": gen.get_state(), "losses": losses})
+    bar.close()
     model.eval()
     return losses
 
@@ -771,7 +816,7 @@ def ensure_demo_policy(path: str | Path | None = None, *, seed: int = 0, steps: 
     if not (target / "config.json").exists():
         if log is not None:
             log(f"building the demo policy in {target} (minutes, once)")
-        build_demo_policy(target, seed=seed, steps=steps, log=log)
+        build_demo_policy(target, seed=seed, steps=steps, log=log, progress=True)
     return target
 
 

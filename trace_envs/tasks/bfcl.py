@@ -37,6 +37,9 @@ __all__ = [
     "load_function_docs",
     "entry_to_task",
     "load_bfcl_tasks",
+    "BFCL_SPLITS",
+    "BFCL_HELDOUT_FRACTION",
+    "bfcl_split",
 ]
 
 #: The multi-turn categories BFCL-v0 serves (BFCL v4 file names).
@@ -177,3 +180,33 @@ def load_bfcl_tasks(category: str = "multi_turn_base") -> TaskSet:
     """The TaskSet of one BFCL multi-turn category (200 entries each), ordered as in the data file."""
     name = normalize_category(category)
     return TaskSet([entry_to_task(e, name) for e in load_bfcl_entries(name)], name=f"bfcl/{name}")
+
+
+#: Split names of every BFCL category: a fixed partition of its entries.
+BFCL_SPLITS: tuple[str, ...] = ("train", "test")
+
+#: Share of each category's entries in the "test" split (50 of 200).
+BFCL_HELDOUT_FRACTION = 0.25
+
+
+def bfcl_split(category: str = "multi_turn_base", split: str = "train") -> TaskSet:
+    """The ``"train"`` or ``"test"`` entries of one BFCL multi-turn category.
+
+    The partition is fixed: the category's entry ids, sorted, are shuffled by a generator
+    seeded with the category's name and the first ``ceil(BFCL_HELDOUT_FRACTION * n)`` are
+    held out. Both splits keep the data file's order; together they are the whole category.
+    The TaskSet's name is ``bfcl/<category>/<split>``.
+    """
+    import math
+    import random
+
+    if split not in BFCL_SPLITS:
+        raise ValueError(f"unknown BFCL split {split!r}; choose one of {', '.join(BFCL_SPLITS)} "
+                         f"(or 'all' for the whole category)")
+    name = normalize_category(category)
+    tasks = load_bfcl_tasks(name)
+    order = sorted(tasks.ids())
+    random.Random(f"trace-gym-bfcl-split|{name}").shuffle(order)
+    held = set(order[:math.ceil(BFCL_HELDOUT_FRACTION * len(order))])
+    chosen = [t for t in tasks.values() if (t.task_id in held) == (split == "test")]
+    return TaskSet(chosen, name=f"bfcl/{name}/{split}")

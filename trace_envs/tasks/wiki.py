@@ -46,6 +46,9 @@ __all__ = [
     "Encyclopedia",
     "generate_encyclopedia",
     "default_wiki_tasks",
+    "WIKI_SPLITS",
+    "HELDOUT_FRACTION",
+    "wiki_split",
     "default_wiki_index",
     "cache_root",
     "GENERATOR_VERSION",
@@ -381,6 +384,43 @@ def default_wiki_tasks(config: SyntheticWikiConfig | None = None) -> TaskSet:
     if config not in _TASK_CACHE:
         _TASK_CACHE[config] = generate_encyclopedia(config).tasks
     return _TASK_CACHE[config]
+
+
+#: Split names of the synthetic questions: disjoint question sets over the same corpus.
+WIKI_SPLITS: tuple[str, ...] = ("train", "test")
+
+#: Share of each question kind held out in the "test" split.
+HELDOUT_FRACTION = 0.25
+
+
+def wiki_split(split: str, config: SyntheticWikiConfig | None = None) -> TaskSet:
+    """The ``"train"`` or ``"test"`` questions of the synthetic encyclopedia (memoised questions).
+
+    The split is fixed per kind of question (seven kinds, ``n_questions`` each): the kind's
+    questions are shuffled with a generator seeded by the encyclopedia's seed and the kind,
+    and the first ``ceil(HELDOUT_FRACTION * n)`` of them are held out. The two splits are
+    disjoint, cover every question, hold every kind in both, and are answered from the same
+    corpus and index (a held-out question is new, its passages are not). Tasks keep their
+    generation order inside a split; the TaskSet's name is ``<config.key>/<split>`` so a
+    snapshot never moves between splits.
+    """
+    import math
+
+    if split not in WIKI_SPLITS:
+        raise ValueError(f"unknown WikiQA split {split!r}; choose one of {', '.join(WIKI_SPLITS)} "
+                         f"(or 'default' for all questions)")
+    config = config or SyntheticWikiConfig()
+    tasks = default_wiki_tasks(config)
+    kinds: dict[str, list[str]] = {}
+    for task in tasks.values():
+        kinds.setdefault(str(task.data.get("kind", "")), []).append(task.task_id)
+    held: set[str] = set()
+    for kind, ids in kinds.items():
+        order = sorted(ids)
+        random.Random(f"trace-gym-wiki-split|{config.seed}|{kind}").shuffle(order)
+        held.update(order[:math.ceil(HELDOUT_FRACTION * len(order))])
+    chosen = [t for t in tasks.values() if (t.task_id in held) == (split == "test")]
+    return TaskSet(chosen, name=f"{config.key}/{split}")
 
 
 def cache_root() -> Path:
