@@ -44,12 +44,26 @@ __all__ = [
     "format_tool_call",
     "MAX_ACTION_CHARS",
     "MAX_NESTING",
+    "scrub_surrogates",
 ]
 
 #: the longest turn parsed at all; a longer one is an error observation.
 MAX_ACTION_CHARS = 100_000
 #: the deepest ``[``/``{`` (JSON) or bracket (call list) nesting accepted.
 MAX_NESTING = 64
+
+
+def scrub_surrogates(text: str) -> str:
+    """``text`` with every lone UTF-16 surrogate replaced by U+FFFD (a split pair is joined), so it encodes as UTF-8.
+
+    Interpreter output and JSON escapes (``"\\ud800"``) can carry lone surrogates, which
+    tokenizers, JSON writers and the JVM refuse. Valid text is returned unchanged (one encode check).
+    """
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _tag_spans(text: str, opener: str, closer: str, *, run_to_end: bool = False) -> tuple[list[str], str]:
