@@ -257,7 +257,7 @@ class _Proc:
                 if not nothing_pending(self.sock):
                     raise ProtocolError("bytes after the reply (a forged frame)")
             except TimeoutError as exc:
-                raise SandboxCrashed(f"the interpreter did not answer within {timeout:g} s") from exc
+                raise SandboxCrashed(f"the interpreter ignored its time limit (no answer within {timeout:g} s) and was killed") from exc
             except ProtocolError as exc:
                 raise SandboxCrashed(f"the interpreter broke the control protocol: {exc}") from exc
             except (OSError, EOFError) as exc:
