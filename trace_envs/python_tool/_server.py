@@ -441,6 +441,7 @@ class Runtime:
         old = sys_.stdout, sys_.stderr
         sys_.stdout = sys_.stderr = out
         try:
+            self.signal(signal.SIGXCPU, self.io["on_xcpu"])
             self.set_cpu_limit(cpu_now + cfg["cpu_s"])
             self.setitimer(self.itimer_real, cfg["timeout_s"])
             tree = self.compile(code, name, "exec", self.only_ast)
@@ -522,7 +523,9 @@ class Runtime:
                                                      signal.default_int_handler):
                 self.signal(sig, signal.SIG_DFL)
         self.signal(signal.SIGALRM, self.io["on_alarm"])
-        self.signal(signal.SIGXCPU, self.io["on_xcpu"])
+        # between cells the kernel's default action ends the process: whichever thread gets the signal
+        # (a burning background thread, while the main thread waits in recvmsg), it cannot be deferred
+        self.signal(signal.SIGXCPU, signal.SIG_DFL)
 
     # ------------------------------------------------------------ serving
     def serve(self, sock) -> None:
