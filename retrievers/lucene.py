@@ -235,6 +235,8 @@ class LuceneRetriever(IndexDirRetriever):
     def batch_search(self, queries: Sequence[str], k: int = 10) -> list[list[Hit]]:
         """Top-``k`` BM25 hits per query (Anserini's bag-of-words query; no query syntax)."""
         k = check_k(k)
+        # the JVM refuses lone surrogates (they reach here from JSON escapes in model output)
+        queries = [q.encode("utf-16", "surrogatepass").decode("utf-16", "replace") for q in queries]
         results: list[list[Hit]] = [[] for _ in queries]
         live = [i for i, q in enumerate(queries) if q.strip()]
         if not live:

@@ -16,6 +16,14 @@ Formats:
       <answer>\\boxed{42}</answer>
 
 Text inside ``<think>...</think>`` is ignored.
+
+Bounds (model output is hostile): a turn longer than ``MAX_ACTION_CHARS`` is
+refused before any scanning; tags are found with ``str.find`` in one left-to-right
+pass (linear in the text, however many unclosed openers it holds — lazy regexes
+are quadratic there); a JSON body nested deeper than ``MAX_NESTING`` is refused
+by a linear pre-scan before ``json.loads`` sees it, and every error ``json`` can
+raise (``ValueError`` for a 5,000-digit integer, ``RecursionError``) becomes an
+error message. The same bounds hold for BFCL call lists.
 """
 
 from __future__ import annotations
@@ -34,11 +42,92 @@ __all__ = [
     "extract_boxed",
     "strip_thinking",
     "format_tool_call",
+    "MAX_ACTION_CHARS",
+    "MAX_NESTING",
+    "scrub_surrogates",
 ]
 
-_THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+#: the longest turn parsed at all; a longer one is an error observation.
+MAX_ACTION_CHARS = 100_000
+#: the deepest ``[``/``{`` (JSON) or bracket (call list) nesting accepted.
+MAX_NESTING = 64
+
+
+def scrub_surrogates(text: str) -> str:
+    """``text`` with every lone UTF-16 surrogate replaced by U+FFFD (a split pair is joined), so it encodes as UTF-8.
+
+    Interpreter output and JSON escapes (``"\\ud800"``) can carry lone surrogates, which
+    tokenizers, JSON writers and the JVM refuse. Valid text is returned unchanged (one encode check).
+    """
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _tag_spans(text: str, opener: str, closer: str, *, run_to_end: bool = False) -> tuple[list[str], str]:
+    """Bodies of the non-overlapping ``opener ... closer`` spans, left to right, and the text without them.
+
+    The same spans as the lazy regex ``opener(.*?)closer`` would find, in one linear pass: each
+    ``find`` starts where the previous span ended, and the first opener without a closer ends the
+    scan (every later opener lacks one too). ``run_to_end``: an unclosed span runs to the end of the
+    text and is removed (as ``<think>`` spans are).
+    """
+    bodies: list[str] = []
+    kept: list[str] = []
+    pos = 0
+    while True:
+        start = text.find(opener, pos)
+        if start < 0:
+            break
+        end = text.find(closer, start + len(opener))
+        if end < 0:
+            if run_to_end:
+                bodies.append(text[start + len(opener):])
+                kept.append(text[pos:start])
+                pos = len(text)
+            break
+        bodies.append(text[start + len(opener):end])
+        kept.append(text[pos:start])
+        pos = end + len(closer)
+    kept.append(text[pos:])
+    return bodies, "".join(kept)
+
+
+def _json_depth_exceeds(body: str, limit: int) -> bool:
+    """Whether ``[``/``{`` nesting outside JSON strings goes deeper than ``limit`` (one linear pass)."""
+    depth = 0
+    in_string = escaped = False
+    for ch in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif ch in "]}":
+            depth -= 1
+    return False
+
+
+def _loads(text: str) -> tuple[bool, Any]:
+    """``json.loads`` that never raises: (True, value) or (False, a short reason)."""
+    if _json_depth_exceeds(text, MAX_NESTING):
+        return False, f"nested deeper than {MAX_NESTING} levels"
+    try:
+        return True, json.loads(text)
+    except json.JSONDecodeError as exc:
+        return False, f"{exc.msg} at position {exc.pos}"
+    except (ValueError, RecursionError, MemoryError, TypeError) as exc:  # e.g. an integer of 5,000 digits
+        return False, str(exc).split(":")[0][:120] or type(exc).__name__
 
 
 @dataclass(frozen=True)
@@ -82,8 +171,8 @@ class ParsedAction(_Problems):
 
 
 def strip_thinking(text: str) -> str:
-    """Remove ``<think>...</think>`` spans (an unclosed one runs to the end)."""
-    return _THINK.sub("", text)
+    """Remove ``<think>...</think>`` spans (an unclosed one runs to the end); linear time."""
+    return _tag_spans(text, "<think>", "</think>", run_to_end=True)[1]
 
 
 def extract_boxed(text: str) -> str | None:
@@ -106,10 +195,9 @@ def extract_boxed(text: str) -> str | None:
 def _parse_call_body(body: str, index: int) -> ToolCall | str:
     """One ``<tool_call>`` body → ToolCall, or an error sentence."""
     where = f"tool call #{index}"
-    try:
-        obj = json.loads(body.strip())
-    except json.JSONDecodeError as exc:
-        return f"{where} is not valid JSON ({exc.msg} at position {exc.pos})."
+    ok, obj = _loads(body.strip())
+    if not ok:
+        return f"{where} is not valid JSON ({obj})."
     if not isinstance(obj, dict):
         return f"{where} must be a JSON object with 'name' and 'arguments'."
     name = obj.get("name")
@@ -117,42 +205,53 @@ def _parse_call_body(body: str, index: int) -> ToolCall | str:
         return f"{where} has no 'name' string."
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):  # some models emit arguments as a JSON string
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+        ok, args = _loads(args) if args.strip() else (True, {})
+        if not ok:
             return f"{where}: 'arguments' is a string that is not valid JSON."
     if not isinstance(args, dict):
         return f"{where}: 'arguments' must be a JSON object."
     return ToolCall(name=name, arguments=args)
 
 
-def parse_action(text: str, *, max_tool_calls: int | None = None, allow_answer: bool = True) -> ParsedAction:
-    """Parse one assistant turn.
+def _too_long(text: str, max_chars: int) -> str | None:
+    if len(text) > max_chars:
+        return f"the turn is {len(text):,} characters long; at most {max_chars:,} are accepted."
+    return None
+
+
+def parse_action(text: str, *, max_tool_calls: int | None = None, allow_answer: bool = True,
+                 max_chars: int = MAX_ACTION_CHARS) -> ParsedAction:
+    """Parse one assistant turn in time linear in its length.
 
     Args:
         text: the raw model output for this turn.
         max_tool_calls: more calls than this in one turn is an error (None: no limit).
         allow_answer: whether ``<answer>`` is a valid way to end the turn.
+        max_chars: a longer turn is refused unparsed.
 
     Returns:
         A ParsedAction; malformed text yields ``errors`` and never raises.
     """
     if not isinstance(text, str):
-        return ParsedAction(text=repr(text), errors=(f"the action must be text, got {type(text).__name__}.",))
+        return ParsedAction(text=repr(text)[:200], errors=(f"the action must be text, got {type(text).__name__}.",))
+    too_long = _too_long(text, max_chars)
+    if too_long:
+        return ParsedAction(text=text, errors=(too_long,))
     visible = strip_thinking(text)
     errors: list[str] = []
     calls: list[ToolCall] = []
-    for index, match in enumerate(_TOOL_CALL.finditer(visible), start=1):
-        parsed = _parse_call_body(match.group(1), index)
+    bodies, remainder = _tag_spans(visible, "<tool_call>", "</tool_call>")
+    limit = len(bodies) if max_tool_calls is None else max_tool_calls + 1
+    for index, body in enumerate(bodies[:limit], start=1):  # calls past the limit are an error anyway
+        parsed = _parse_call_body(body, index)
         if isinstance(parsed, str):
             errors.append(parsed)
         else:
             calls.append(parsed)
-    remainder = _TOOL_CALL.sub("", visible)
     if "<tool_call>" in remainder:
         errors.append("a <tool_call> tag is not closed with </tool_call>.")
-    answers = [m.group(1) for m in _ANSWER.finditer(remainder)]
-    if "<answer>" in _ANSWER.sub("", remainder):
+    answers, rest = _tag_spans(remainder, "<answer>", "</answer>")
+    if "<answer>" in rest:
         errors.append("an <answer> tag is not closed with </answer>.")
     answer: str | None = None
     if answers:
@@ -166,8 +265,8 @@ def parse_action(text: str, *, max_tool_calls: int | None = None, allow_answer: 
                 errors.append("the <answer> is empty.")
     if answer is not None and (calls or errors) and not errors:
         errors.append("give either tool calls or a final <answer> in one turn, not both.")
-    if max_tool_calls is not None and len(calls) > max_tool_calls:
-        errors.append(f"at most {max_tool_calls} tool call(s) per turn, got {len(calls)}.")
+    if max_tool_calls is not None and len(bodies) > max_tool_calls:
+        errors.append(f"at most {max_tool_calls} tool call(s) per turn, got {len(bodies)}.")
     if not errors and not calls and answer is None:
         errors.append(
             "no tool call or answer found. Call a tool with "
@@ -195,7 +294,7 @@ def format_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
 
 __all__ += ["PythonCall", "ParsedCallList", "parse_call_list", "looks_like_call_list"]
 
-_FENCE = re.compile(r"^```[A-Za-z0-9_+-]*\s*\n?(.*?)\n?\s*```$", re.DOTALL)
+_FENCE_TAG = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_+-")
 _CALL_START = re.compile(r"^(\[\s*[A-Za-z_][\w.]*\s*[(\[.]|[A-Za-z_][\w.]*[(\[])")
 
 
@@ -227,9 +326,28 @@ class ParsedCallList(_Problems):
 
 
 def _unfence(text: str) -> str:
+    """Thinking removed and one Markdown fence (```lang ... ```) around the whole text stripped; linear."""
     stripped = strip_thinking(text).strip()
-    match = _FENCE.match(stripped)
-    return (match.group(1) if match else stripped).strip()
+    if len(stripped) < 6 or not (stripped.startswith("```") and stripped.endswith("```")):
+        return stripped
+    inner = stripped[3:-3]
+    tag = 0
+    while tag < len(inner) and inner[tag] in _FENCE_TAG:
+        tag += 1
+    return inner[tag:].strip()
+
+
+def _bracket_depth_exceeds(body: str, limit: int) -> bool:
+    """Whether bracket nesting goes deeper than ``limit`` (strings not excluded: a conservative bound)."""
+    depth = 0
+    for ch in body:
+        if ch in "([{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif ch in ")]}":
+            depth -= 1
+    return False
 
 
 def looks_like_call_list(text: str) -> bool:
@@ -239,8 +357,8 @@ def looks_like_call_list(text: str) -> bool:
     (no space before the parenthesis; dotted names included), or is exactly ``[]``.
     Plain prose does not match, so a reply without calls can be told apart from a malformed call list.
     """
-    if not isinstance(text, str):
-        return False
+    if not isinstance(text, str) or len(text) > MAX_ACTION_CHARS:
+        return isinstance(text, str) and bool(_CALL_START.match(text[:1000].lstrip()))
     body = _unfence(text)
     return bool(_CALL_START.match(body)) or body.replace(" ", "") == "[]"
 
@@ -282,16 +400,22 @@ def _call_from_node(node: ast.expr, index: int) -> PythonCall | str:
     return PythonCall(name=name, args=tuple(args), kwargs=kwargs)
 
 
-def parse_call_list(text: str) -> ParsedCallList:
+def parse_call_list(text: str, *, max_chars: int = MAX_ACTION_CHARS) -> ParsedCallList:
     """Parse BFCL's Python-style call list, e.g. ``[cd(folder='docs'), ls(a=True)]``.
 
     Thinking spans and a Markdown code fence around the list are removed;
     a single call without brackets is accepted, as BFCL's decoder does.
-    Never raises and never evaluates: malformed or non-literal input yields ``errors``.
+    Never raises and never evaluates: malformed or non-literal input yields ``errors``;
+    text over ``max_chars`` or nested deeper than ``MAX_NESTING`` is refused before ``ast`` sees it.
     """
     if not isinstance(text, str):
-        return ParsedCallList(text=repr(text), errors=(f"the action must be text, got {type(text).__name__}.",))
+        return ParsedCallList(text=repr(text)[:200], errors=(f"the action must be text, got {type(text).__name__}.",))
+    too_long = _too_long(text, max_chars)
+    if too_long:
+        return ParsedCallList(text=text, errors=(too_long,))
     body = _unfence(text)
+    if _bracket_depth_exceeds(body, MAX_NESTING):
+        return ParsedCallList(text=text, errors=(f"the call list is nested deeper than {MAX_NESTING} levels.",))
     if not body.startswith("["):
         body = "[" + body
     if not body.endswith("]"):

@@ -23,6 +23,7 @@ import copy
 import hashlib
 import itertools
 import json
+import logging
 import string
 import threading
 import weakref
@@ -35,6 +36,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector.utils import shared_memory as _shared_memory
 
+from trace_envs.actions import scrub_surrogates
 from trace_envs.errors import (
     ForeignSnapshotError,
     InvalidTaskError,
@@ -56,6 +58,7 @@ __all__ = [
 ]
 
 Message = dict[str, Any]
+_log = logging.getLogger(__name__)
 
 
 class FreeText(spaces.Text):
@@ -413,7 +416,11 @@ class BranchableEnv(gym.Env[str, str]):
             self._messages = []
             if self.system_prompt:
                 self._messages.append({"role": "system", "content": self.system_prompt})
-            observation = self._start_episode(task)
+            try:
+                observation = scrub_surrogates(self._start_episode(task))
+            except BaseException:  # a failed reset leaves no half-started episode behind
+                self._task, self._done, self._messages = None, True, []
+                raise
             self._messages.append({"role": "user", "content": observation})
             return observation, self._info({})
 
@@ -422,13 +429,18 @@ class BranchableEnv(gym.Env[str, str]):
         with self._lock:
             if self._task is None or self._done:
                 raise ResetNeededError("the episode is over or not started: call reset() first")
-            text = action if isinstance(action, str) else repr(action)
+            text = scrub_surrogates(action) if isinstance(action, str) else repr(action)[:1000]
             self._turn += 1
             self._messages.append({"role": "assistant", "content": text})
-            result = self._run_turn(action)
+            try:
+                result = self._run_turn(action)
+            except Exception as exc:  # noqa: BLE001 - the last line of "every step returns an observation"
+                _log.exception("%s: _run_turn raised on a model action; returning an error observation", self.env_id)
+                result = TurnResult(f"Error: the environment failed on this turn ({type(exc).__name__}: "
+                                    f"{str(exc)[:300]}).", info={"env_error": type(exc).__name__})
             terminated = bool(result.terminated)
             truncated = not terminated and self._turn >= self.max_turns
-            observation = result.observation
+            observation = scrub_surrogates(str(result.observation))
             if truncated and not observation:
                 observation = f"Turn limit ({self.max_turns}) reached."
             if observation:

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trace_agent.policy.base import Generation, Message, PolicyError, TokenContext
+from trace_envs.actions import scrub_surrogates
 
 __all__ = ["ChatRenderer", "ChatTemplated", "QWEN3_CHAT_TEMPLATE", "QWEN3_SPECIAL_TOKENS", "END_OF_TURN"]
 
@@ -131,7 +132,8 @@ class ChatRenderer:
         )
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        # lone surrogates (from interpreter output or JSON escapes) cannot be encoded: U+FFFD instead
+        return list(self.tokenizer.encode(scrub_surrogates(text), add_special_tokens=False))
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids``, special tokens kept, no clean-up (lossless for byte-level BPE)."""

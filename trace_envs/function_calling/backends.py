@@ -17,7 +17,15 @@ a :class:`Backends` owns its instances and dispatches a parsed call
 * an exception raised inside a backend becomes the result
   ``"Error during execution: <message>"``, BFCL's own wording;
 * a result is rendered as BFCL does: a ``str`` as is, a ``dict`` as JSON
-  (``str()`` if not serialisable), anything else with ``str()``.
+  (``str()`` if not serialisable), anything else with ``str()``; a result that cannot
+  be rendered (an integer past Python's 4,300-digit limit) is an error result;
+* calls of the stateless classes (bfcl's ``STATELESS_CLASSES``: MathAPI, the only
+  one doing unbounded arithmetic such as ``power(10, 10**9)``) run in a worker
+  process (:class:`IsolatedCalls`) with a wall-clock deadline and a memory limit,
+  so they cannot hang or exhaust the host nor change its process-wide ``mpmath``
+  / ``decimal`` settings; calls of the stateful classes run in the host on
+  arguments bounded by the action-size cap, and the ``mpmath`` precision and the
+  ``decimal`` context are put back after each of them too.
 
 State is frozen with ``pickle`` (a deep copy that preserves shared references
 such as the file system's current directory inside its tree, and the private
@@ -28,20 +36,147 @@ the bytes are immutable, so a frozen state can be thawed any number of times.
 from __future__ import annotations
 
 import copy
+import decimal
 import functools
 import importlib
 import inspect
 import json
+import os
 import pickle
+import select
+import struct
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from trace_envs.tasks.bfcl import INSTALL_HINT, BFCLUnavailableError
 
-__all__ = ["CallOutcome", "Backends", "backend_class", "format_result", "public_state", "compare_public_state"]
+__all__ = ["CallOutcome", "Backends", "IsolatedCalls", "backend_class", "format_result", "public_state",
+           "compare_public_state"]
 
 _PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
+_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_isolated.py")
+
+
+class IsolatedCalls:
+    """One worker process (``_isolated.py``) that runs stateless backend calls, shared by a host process.
+
+    ``call`` sends one call and waits at most ``timeout_s``; a worker that misses it, dies or
+    answers garbage is killed (it is this object's own child: no pid from elsewhere is signalled)
+    and the next call starts a new one. Thread-safe (one call at a time).
+    """
+
+    def __init__(self, *, timeout_s: float = 2.0, memory_mb: int = 1024, max_reply: int = 1 << 20) -> None:
+        self.timeout_s, self.memory_mb, self.max_reply = timeout_s, memory_mb, max_reply
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+
+    def _start(self) -> subprocess.Popen:
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        return subprocess.Popen([sys.executable, "-s", _WORKER, str(self.memory_mb)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            for pipe in (self._proc.stdin, self._proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+            self._proc = None
+
+    def _read(self, fd: int, size: int, deadline: float) -> bytes:
+        buf = bytearray()
+        while len(buf) < size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                raise TimeoutError
+            chunk = os.read(fd, size - len(buf))
+            if not chunk:
+                raise EOFError
+            buf += chunk
+        return bytes(buf)
+
+    def call(self, class_name: str, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, bool]:
+        """(result text, error) of ``class_name().name(*args, **kwargs)`` run in the worker."""
+        try:
+            data = json.dumps({"cls": class_name, "name": name, "args": _jsonable(args),
+                               "kwargs": _jsonable(kwargs)}).encode()
+        except (TypeError, ValueError, RecursionError):
+            return f"Error: {name}: arguments must be JSON values (numbers, strings, lists, objects).", True
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._kill()
+                self._proc = self._start()
+            proc = self._proc
+            assert proc.stdin is not None and proc.stdout is not None
+            deadline = time.monotonic() + self.timeout_s
+            try:
+                proc.stdin.write(struct.pack(">I", len(data)) + data)
+                proc.stdin.flush()
+                (size,) = struct.unpack(">I", self._read(proc.stdout.fileno(), 4, deadline))
+                if size > self.max_reply:
+                    raise ValueError("oversized reply")
+                reply = json.loads(self._read(proc.stdout.fileno(), size, deadline))
+                text, error = reply["result"], reply["error"]
+                if not isinstance(text, str) or not isinstance(error, bool):
+                    raise ValueError("reply off its schema")
+                return text, error
+            except TimeoutError:
+                self._kill()
+                return f"Error during execution: the call exceeded its {self.timeout_s:g} s limit", True
+            except (OSError, EOFError, ValueError, KeyError, TypeError, RecursionError):
+                self._kill()
+                return "Error during execution: the call failed (its worker process died)", True
+
+    def close(self) -> None:
+        with self._lock:
+            self._kill()
+
+
+def _jsonable(value: Any) -> Any:
+    """Tuples as lists (call-list literals); everything else must already be JSON."""
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise TypeError(type(value).__name__)
+
+
+_ISOLATED = IsolatedCalls()
+_STATELESS: frozenset[str] | None = None
+
+
+def _stateless_classes() -> frozenset[str]:
+    global _STATELESS
+    if _STATELESS is None:
+        try:
+            from bfcl_eval.constants.executable_backend_config import STATELESS_CLASSES
+        except ImportError:
+            return frozenset()
+        _STATELESS = frozenset(STATELESS_CLASSES)
+    return _STATELESS
+
+
+class _NumericState:
+    """Puts ``mpmath.mp``'s precision and this thread's ``decimal`` context back after a backend call."""
+
+    def __enter__(self) -> None:
+        self.mp = sys.modules.get("mpmath")
+        self.prec = self.mp.mp.prec if self.mp is not None else None
+        self.context = decimal.getcontext().copy()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.mp is not None:
+            self.mp.mp.prec = self.prec
+        decimal.setcontext(self.context)
 
 
 def backend_class(class_name: str) -> type:
@@ -65,6 +200,13 @@ def backend_class(class_name: str) -> type:
 def _signature(function: Callable[..., Any]) -> inspect.Signature:
     """The signature of a backend class's function, self included (pure metadata, so cached)."""
     return inspect.signature(function)
+
+
+def _error_text(exc: BaseException) -> str:
+    try:
+        return f"Error during execution: {exc}"
+    except Exception:  # noqa: BLE001 - an exception whose str() fails (e.g. a huge int in its args)
+        return f"Error during execution: {type(exc).__name__}"
 
 
 def format_result(value: Any) -> str:
@@ -201,13 +343,21 @@ class Backends:
         # state (post_tweet keeps its `mentions` list, which mention() later extends), so neither the
         # caller's objects nor a function's mutable default may ever be aliased into a backend.
         bound.apply_defaults()
-        call_args, call_kwargs = copy.deepcopy((bound.args[1:], bound.kwargs))
         try:
-            value = method(*call_args, **call_kwargs)
+            call_args, call_kwargs = copy.deepcopy((bound.args[1:], bound.kwargs))
+        except (RecursionError, MemoryError, TypeError, ValueError) as exc:
+            return refuse(f"{name}: the arguments cannot be copied ({type(exc).__name__}).")
+        if class_name in _stateless_classes():
+            text, error = _ISOLATED.call(class_name, name, call_args, call_kwargs)
+            return CallOutcome(name=name, args=args, kwargs=kwargs, result=text, error=error, class_name=class_name)
+        try:
+            with _NumericState():
+                value = method(*call_args, **call_kwargs)
+            result = format_result(value)
         except Exception as exc:  # noqa: BLE001 - a backend failure is the model's observation, as in BFCL
-            return CallOutcome(name=name, args=args, kwargs=kwargs, result=f"Error during execution: {exc}",
+            return CallOutcome(name=name, args=args, kwargs=kwargs, result=_error_text(exc),
                                error=True, class_name=class_name)
-        return CallOutcome(name=name, args=args, kwargs=kwargs, result=format_result(value), class_name=class_name)
+        return CallOutcome(name=name, args=args, kwargs=kwargs, result=result, class_name=class_name)
 
     def with_keywords(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """The call's arguments as keywords only (positional ones named by the method's signature).

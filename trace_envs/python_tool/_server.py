@@ -2,8 +2,9 @@
 
 Process tree, all started by the host through one ``Popen``::
 
-    keeper  (stays root where the host is root; sets up namespaces and rlimits,
-      |      preloads modules, is the child-subreaper that reaps every orphan)
+    keeper  (stays root where the host is root; sets up namespaces, mounts, cgroups and
+      |      rlimits, preloads modules, is the child-subreaper that reaps every orphan, and
+      |      kills the whole tree when the host's end of its socket closes, e.g. host SIGKILLed)
       +-- base      (privileges dropped; a pristine interpreter, never runs user code)
             +-- live / frozen copies, each made by ``fork`` of another one
 
@@ -11,56 +12,81 @@ Every non-keeper process runs the same loop on its own Unix socket: ``exec``
 runs a cell, ``fork`` makes a copy-on-write copy of the whole interpreter that
 serves on a socket the host passes along (SCM_RIGHTS). Which copy is "live"
 and which is "frozen" is the host's business. Messages are 4-byte big-endian
-length + JSON.
+length + JSON; every request carries a ``seq`` that its reply echoes.
+
+Nothing this process sends is trusted by the host (model code shares the
+process and can write to the socket): the host learns a copy's pid from the
+kernel (SCM_CREDENTIALS), checks its parentage and uid, and enforces a frame
+cap, a schema and a deadline per reply.
+
+The in-process guard (an audit hook) is always armed, in every thread, the
+server's own code included; the server's few privileged calls (fork, adopting
+a socket, setting rlimits) are let through by one-shot permits for the main
+thread, consumed by the audit event of that very C call. The hook, its state
+and the permits live in a closure that no module, frame or object reachable
+from model code refers to: ``__main__`` is replaced, the output writer and
+signal handlers are defined in a namespace of their own, and the introspection
+routes to the rest (``gc``, ``ctypes``, frames of tracebacks/generators/
+coroutines, ``sys._getframe``, tracing, other threads' frames, new audit hooks,
+``__code__`` replacement) are refused. It is a guard, not a kernel boundary:
+under root the kernel enforces the same write rules (read-only mounts, a private
+tmpfs, a dropped uid).
 
 This file is executed as a script by path; it must not import trace_envs.
 """
 
 from __future__ import annotations
 
-import ast
+import _imp
+import _json
+import _socket
+import _thread
 import builtins
 import ctypes
 import ctypes.util
 import json
 import os
 import resource
-import shutil
 import signal
 import socket
+import stat
 import struct
 import sys
-import traceback
+import time
+import types
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
-MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 36, 38
-WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
 WRITE_EVENTS = ("os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.chmod", "os.chown", "os.link",
-                "os.symlink", "os.truncate", "os.utime", "shutil.rmtree", "shutil.move", "shutil.copyfile")
+                "os.symlink", "os.truncate", "os.utime", "os.chflags", "os.setxattr", "os.removexattr",
+                "shutil.rmtree", "shutil.move", "shutil.copyfile", "shutil.copytree", "shutil.chown",
+                "shutil.copymode", "shutil.copystat", "shutil.make_archive", "shutil.unpack_archive")
 BLOCKED_EVENTS = ("os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-                  "subprocess.Popen", "os.kill", "os.killpg", "signal.pthread_kill", "socket.connect",
-                  "socket.bind", "socket.sendto", "socket.getaddrinfo", "ctypes.dlopen", "os.setuid")
+                  "subprocess.Popen", "os.kill", "os.killpg", "signal.pthread_kill", "socket.",
+                  "ctypes.", "os.setuid", "os.setgid", "os.setreuid", "os.setregid", "os.setresuid",
+                  "os.setresgid", "os.setgroups", "resource.setrlimit", "resource.prlimit", "gc.get_",
+                  "sys._current_frames", "sys.settrace", "sys.setprofile", "sys.addaudithook",
+                  "sys._current_exceptions", "cpython.PyInterpreterState_")
+FRAME_ATTRS = ("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back", "f_globals", "f_locals")
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-_state = {"armed": False, "workdir": "/", "root": "/", "ns": None, "cell": 0}
 
 
-# ------------------------------------------------------------------ framing
+# ------------------------------------------------------------------ framing (keeper and start-up only)
 def send(sock: socket.socket, obj: object) -> None:
     data = json.dumps(obj).encode()
     sock.sendall(struct.pack(">I", len(data)) + data)
 
 
-def recv(sock: socket.socket) -> tuple[dict, list[int]]:
-    head, fds = b"", []
+def recv(sock: socket.socket) -> dict:
+    head = b""
     while len(head) < 4:
-        chunk, got, _, _ = socket.recv_fds(sock, 4 - len(head), 4)
+        chunk = sock.recv(4 - len(head))
         if not chunk:
             raise EOFError
         head += chunk
-        fds += got
     (size,) = struct.unpack(">I", head)
     body = bytearray()
     while len(body) < size:
@@ -68,13 +94,13 @@ def recv(sock: socket.socket) -> tuple[dict, list[int]]:
         if not chunk:
             raise EOFError
         body += chunk
-    return json.loads(body), fds
+    return json.loads(body)
 
 
-# ------------------------------------------------------------- isolation
-def _mount(src: str | None, dst: str, flags: int) -> bool:
-    ok = _libc.mount(src.encode() if src else None, dst.encode(), None, flags, None) == 0
-    return ok
+# ------------------------------------------------------------- isolation (keeper, as root)
+def _mount(src: str | None, dst: str, flags: int, fstype: str | None = None, data: str | None = None) -> bool:
+    return _libc.mount(src.encode() if src else None, dst.encode(), fstype.encode() if fstype else None, flags,
+                       data.encode() if data else None) == 0
 
 
 def _closed_ancestor(path: str) -> tuple[str, str] | None:
@@ -107,7 +133,7 @@ def expose_python(cfg: dict) -> bool:
         os.makedirs(stage, exist_ok=True)
         if not _mount(top, stage, MS_BIND):
             return False
-        if _libc.mount(b"tmpfs", top.encode(), b"tmpfs", 0, b"mode=0755,size=1m") != 0:
+        if not _mount("tmpfs", top, 0, "tmpfs", "mode=0755,size=1m"):
             return False
         for child in children:
             target = os.path.join(top, child)
@@ -116,25 +142,45 @@ def expose_python(cfg: dict) -> bool:
                 return False
         _libc.umount2(stage.encode(), 2)  # MNT_DETACH
         os.rmdir(stage)
+        _mount(None, top, MS_REMOUNT | MS_BIND | MS_RDONLY)
     return all(_closed_ancestor(p) is None for p in needed)
 
 
+def _mount_points() -> list[str]:
+    """Mount points of this mount namespace, from /proc/self/mountinfo (octal escapes decoded)."""
+    points = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            fields = line.split()
+            if len(fields) > 4:
+                points.append(fields[4].encode().decode("unicode_escape"))
+    return points
+
+
+def _read_only(point: str) -> bool:
+    """Remount ``point`` read-only in this mount namespace (bind it onto itself first if needed)."""
+    if _mount(None, point, MS_REMOUNT | MS_BIND | MS_RDONLY):
+        return True
+    return _mount(point, point, MS_BIND) and _mount(None, point, MS_REMOUNT | MS_BIND | MS_RDONLY)
+
+
 def isolate_os(cfg: dict) -> list[str]:
-    """Namespaces and read-only world-writable dirs (keeper, as root). Returns the active layers."""
+    """Namespaces, a read-only file system and a private tmpfs work dir (keeper, as root). Returns the layers."""
     layers: list[str] = []
     if os.geteuid() != 0:
         return layers
     if cfg["network_namespace"] and _libc.unshare(CLONE_NEWNET) == 0:
         layers.append("network-namespace")
     if _libc.unshare(CLONE_NEWNS) == 0 and _mount(None, "/", MS_REC | MS_PRIVATE):
-        done = True
-        for path in WORLD_WRITABLE:
-            if os.path.isdir(path) and not os.path.islink(path):
-                done &= _mount(path, path, MS_BIND) and _mount(None, path, MS_REMOUNT | MS_BIND | MS_RDONLY)
-        # the sandbox's own dir stays writable: a bind mount of it, remounted read-write
-        done &= _mount(cfg["root"], cfg["root"], MS_BIND) and _mount(None, cfg["root"], MS_REMOUNT | MS_BIND)
-        if done:
-            layers.append("mount-namespace(read-only /tmp,/var/tmp,/dev/shm)")
+        # every mount read-only (a per-mount flag: the host's view is untouched): the kernel, not the
+        # audit hook, keeps model code from writing anywhere but its work dir
+        failed = [p for p in _mount_points() if not _read_only(p)]
+        if not [p for p in failed if p in ("/", "/tmp", "/var/tmp", "/dev/shm")]:
+            layers.append("read-only-filesystem(mount namespace)")
+        size = f"size={cfg['disk_mb']}m,nr_inodes=65536,mode=0700,uid={cfg['uid'] or 0},gid={cfg['uid'] or 0}"
+        if _mount("tmpfs", cfg["root"], MS_NOSUID | MS_NODEV, "tmpfs", size):
+            layers.append(f"private-tmpfs-workdir({cfg['disk_mb']} MB quota, freed with the sandbox)")
+            cfg["tmpfs"] = True
         if cfg["uid"] is not None and not expose_python(cfg):
             cfg["uid"] = None  # the interpreter could not import its own stdlib under another uid
     elif cfg["uid"] is not None and not all(
@@ -144,13 +190,31 @@ def isolate_os(cfg: dict) -> list[str]:
     return layers
 
 
+def join_cgroups(cfg: dict) -> list[str]:
+    """Move the keeper (and so every later process) into the env's cgroups made by the host."""
+    joined = []
+    for path in cfg.get("cgroup_procs", []):
+        try:
+            with open(path, "w") as fh:
+                fh.write(str(os.getpid()))
+            joined.append(path)
+        except OSError:
+            pass
+    try:  # the keeper holds the tree together: the OOM killer takes an interpreter instead
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write("-1000")
+    except OSError:
+        pass
+    return [f"cgroups-joined({len(joined)})"] if joined else []
+
+
 def drop_privileges(cfg: dict) -> list[str]:
     layers = []
     if os.geteuid() == 0 and cfg["uid"] is not None:
         os.setgroups([])
         os.setgid(cfg["uid"])
         os.setuid(cfg["uid"])
-        layers.append(f"uid-drop({cfg['uid']})")
+        layers.append(f"uid-drop({cfg['uid']}, unique to this sandbox)")
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     return layers
 
@@ -161,42 +225,28 @@ def set_limits(cfg: dict) -> list[str]:
     resource.setrlimit(resource.RLIMIT_FSIZE, (cfg["file_mb"] * 1024 * 1024,) * 2)
     resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_total_s"], cfg["cpu_total_s"]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (cfg["max_open_files"],) * 2)
     if os.geteuid() == 0 and cfg["uid"] is not None:
         resource.setrlimit(resource.RLIMIT_NPROC, (cfg["max_processes"],) * 2)
-    return ["rlimits(as,cpu,fsize,nproc)"]
+    return ["rlimits(as,cpu,fsize,nofile,nproc)"]
 
 
-def _inside(path: str) -> bool:
-    real = os.path.realpath(path)
-    return real == _state["workdir"] or real.startswith(_state["workdir"] + os.sep)
+# ------------------------------------------------------------- the sealed part
+# Defined in a namespace of their own: model code reaches these objects (sys.stdout, signal handlers),
+# and through a function's __globals__ it would reach its module; this module must stay out of reach.
+_SEALED_SRC = '''
+class CellTimeout(Exception):
+    pass
 
 
-def _guard(event: str, args: tuple) -> None:
-    if not _state["armed"]:
-        return
-    if event == "open":
-        path, mode = args[0], args[1]
-        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-            isinstance(mode, int) and mode & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND))
-        if writing and isinstance(path, (str, bytes)) and not _inside(os.fsdecode(path)):
-            raise PermissionError(f"sandbox: writing outside the work directory is not allowed: {path!r}")
-    elif event in WRITE_EVENTS:
-        for arg in args:
-            if isinstance(arg, (str, bytes)) and not _inside(os.fsdecode(arg)):
-                raise PermissionError(f"sandbox: {event} outside the work directory is not allowed")
-    elif event.startswith(BLOCKED_EVENTS) or event == "socket.__new__":
-        raise PermissionError(f"sandbox: {event} is not allowed")
-
-
-# ------------------------------------------------------------- cell runner
 class CappedWriter:
-    def __init__(self, limit: int) -> None:
-        self.parts: list[str] = []
+    def __init__(self, limit):
+        self.parts = []
         self.size = 0
         self.limit = limit
         self.truncated = 0
 
-    def write(self, text: str) -> int:
+    def write(self, text):
         text = str(text)
         room = self.limit - self.size
         if room > 0:
@@ -205,129 +255,467 @@ class CappedWriter:
         self.truncated += max(0, len(text) - max(room, 0))
         return len(text)
 
-    def flush(self) -> None:
+    def flush(self):
         pass
 
-    def isatty(self) -> bool:
+    def isatty(self):
         return False
 
-    def getvalue(self) -> str:
+    def getvalue(self):
         return "".join(self.parts)
 
 
-class CellTimeout(Exception):
-    pass
-
-
-def _on_alarm(signum, frame):
+def on_alarm(signum, frame):
     raise CellTimeout("the cell exceeded its wall-clock limit")
 
 
-def _on_xcpu(signum, frame):
+def on_xcpu(signum, frame):
     raise CellTimeout("the cell exceeded its CPU-time limit")
+'''
 
 
-def run_cell(code: str, cfg: dict) -> dict:
-    _state["cell"] += 1
-    name = f"<cell {_state['cell']}>"
-    out = CappedWriter(cfg["output_chars"])
-    ok = True
-    used = resource.getrusage(resource.RUSAGE_SELF)
-    cpu_now = int(used.ru_utime + used.ru_stime)
-    old = sys.stdout, sys.stderr
-    sys.stdout = sys.stderr = out
-    try:
-        resource.setrlimit(resource.RLIMIT_CPU, (min(cpu_now + cfg["cpu_s"], cfg["cpu_total_s"]), cfg["cpu_total_s"]))
-        signal.setitimer(signal.ITIMER_REAL, cfg["timeout_s"])
-        tree = ast.parse(code, filename=name)
-        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-        _state["armed"] = True
-        exec(compile(tree, name, "exec"), _state["ns"])
-        if last is not None:
-            value = eval(compile(ast.Expression(last.value), name, "eval"), _state["ns"])
-            if value is not None:
-                print(repr(value))
-    except BaseException as exc:  # noqa: BLE001 - user code may raise anything, SystemExit included
-        _state["armed"] = False
-        ok = False
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
-        text = "".join(traceback.format_list(frames)) if frames else ""
-        text = ("Traceback (most recent call last):\n" + text) if text else ""
-        out.write(text + "".join(traceback.format_exception_only(type(exc), exc)))
-    finally:
-        _state["armed"] = False
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        sys.stdout, sys.stderr = old
-    return {"ok": ok, "output": out.getvalue(), "truncated": out.truncated}
+def _sealed_objects() -> dict:
+    allowed = ("str", "len", "min", "max", "Exception", "__build_class__")
+    ns: dict = {"__name__": "sandbox_io", "__builtins__": {k: getattr(builtins, k) for k in allowed}}
+    exec(compile(_SEALED_SRC, "<sandbox io>", "exec"), ns)
+    return ns
 
 
-# ----------------------------------------------------------------- serving
-def serve(sock: socket.socket, cfg: dict) -> None:
-    while True:
-        try:
-            msg, fds = recv(sock)
-        except (EOFError, OSError):
-            os._exit(0)
-        op = msg.get("op")
-        if op == "exec":
-            send(sock, run_cell(msg["code"], cfg))
-        elif op == "fork":
-            try:
-                copy = fork_copy(sock, fds[0])
-            except OSError as exc:  # e.g. the process cap, while killed copies are still exiting
-                os.close(fds[0])
-                send(sock, {"error": f"fork failed: {exc}"})
-                continue
-            if isinstance(copy, int):
-                send(sock, {"pid": copy})
-            else:  # this process is the new copy: from now on it serves its own channel
-                sock = copy
-        elif op == "seed":
-            import random
+def make_guard(workdir: str):
+    """The audit hook and its two handles (a one-shot permit, the work dir setter), sharing a closure.
 
-            random.seed(msg["seed"])
-            if "numpy" in sys.modules:
-                sys.modules["numpy"].random.seed(msg["seed"] % 2**32)
-            send(sock, {"ok": True})
-        elif op == "ping":
-            send(sock, {"pid": os.getpid(), "cell": _state["cell"]})
-        else:
-            send(sock, {"error": f"unknown op {op!r}"})
-
-
-def fork_copy(sock: socket.socket, fd: int) -> socket.socket | int:
-    """Copy this whole interpreter (memory by fork, files by copying the work dir).
-
-    Returns the copy's pid in the parent, and the copy's own channel in the copy.
+    Everything the hook calls is captured here as a C-level object: rebinding ``os.path.realpath``,
+    ``builtins.isinstance`` or any module attribute from model code changes nothing in it.
     """
-    rng = sys.modules.get("random")
-    rng_state = rng.getstate() if rng is not None else None
-    pid = os.fork()
-    if pid:
-        os.close(fd)
-        return pid
-    try:
-        if rng is not None:  # random re-seeds itself in a forked child; a copy must keep the parent's state
-            rng.setstate(rng_state)
-        sock.close()
-        os.setsid()
-        src = _state["workdir"]
-        dst = os.path.join(_state["root"], str(os.getpid()))
-        shutil.copytree(src, dst, symlinks=True)
-        os.chdir(dst)
-        _state["workdir"] = dst
-        channel = socket.socket(fileno=fd)
-        send(channel, {"ready": os.getpid()})  # only now may the host treat the copy as independent
-        return channel
-    except BaseException:  # noqa: BLE001 - a copy that cannot start must never serve its parent's socket
-        traceback.print_exc()
-        os._exit(1)
+    get_ident, main = _thread.get_ident, _thread.get_ident()
+    getcwd, lstat, readlink, is_link = os.getcwd, os.lstat, os.readlink, stat.S_ISLNK
+    is_instance, str_, bytes_, int_, denied, shallow = isinstance, str, bytes, int, PermissionError, ValueError
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    write_events, blocked, frame_attrs = frozenset(WRITE_EVENTS), BLOCKED_EVENTS, frozenset(FRAME_ATTRS)
+    state = {"workdir": workdir, "permit": None}
+
+    def resolve(path):
+        """``path`` absolute with every symlink resolved (non-strict, like ``os.path.realpath``)."""
+        if is_instance(path, bytes_):
+            path = path.decode("utf-8", "surrogateescape")
+        if not path.startswith("/"):
+            path = getcwd() + "/" + path
+        pending = path.split("/")[::-1]
+        out: list = []
+        hops = 0
+        while pending:
+            part = pending.pop()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if out:
+                    out.pop()
+                continue
+            candidate = "/" + "/".join(out) + ("/" if out else "") + part
+            try:
+                mode = lstat(candidate).st_mode
+            except OSError:
+                out.append(part)
+                continue
+            if is_link(mode):
+                hops += 1
+                if hops > 40:
+                    raise denied("sandbox: too many symbolic links")
+                target = readlink(candidate)
+                if target.startswith("/"):
+                    out = []
+                pending.extend(target.split("/")[::-1])
+            else:
+                out.append(part)
+        return "/" + "/".join(out)
+
+    def inside(path) -> bool:
+        real, top = resolve(path), state["workdir"]
+        return real == top or real.startswith(top + "/")
+
+    def hook(event, args):
+        if event == "open":
+            path, mode, flags = args
+            writing = (is_instance(mode, str_) and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)) or (
+                is_instance(flags, int_) and flags & write_flags)
+            if writing and is_instance(path, (str_, bytes_)) and not inside(path):
+                raise denied(f"sandbox: writing outside the work directory is not allowed: {path!r}")
+        elif event in write_events:
+            for arg in args:
+                if is_instance(arg, (str_, bytes_)) and not inside(arg):
+                    raise denied(f"sandbox: {event} outside the work directory is not allowed")
+        elif event == state["permit"] and get_ident() == main:
+            state["permit"] = None  # the server's own call, consumed by its audit event
+        elif event.startswith(blocked):
+            raise denied(f"sandbox: {event} is not allowed")
+        elif event == "sys._getframe":
+            raise shallow("call stack is not deep enough")  # what callers such as namedtuple expect
+        elif event == "object.__getattr__" and args[1] in frame_attrs:
+            raise denied(f"sandbox: reading .{args[1]} is not allowed")
+        elif event == "object.__setattr__" and args[1] in ("__code__", "__globals__"):
+            raise denied(f"sandbox: replacing .{args[1]} is not allowed")
+
+    def permit(event):
+        state["permit"] = event
+
+    def set_workdir(path):
+        state["workdir"] = path
+
+    return hook, permit, set_workdir
+
+
+class Runtime:
+    """What the interpreter loop needs, captured before model code runs (see the module docstring)."""
+
+    def __init__(self, cfg: dict, workdir: str) -> None:
+        self.cfg = cfg
+        self.hook, self.permit, self.set_workdir = make_guard(workdir)
+        self.io = _sealed_objects()
+        self.workdir = workdir
+        self.root = cfg["root"]
+        self.cell = 0
+        self.ns = {"__name__": "__sandbox__", "__builtins__": builtins}
+        # C-level callables, captured: model code may rebind os.fork or json.dumps, never these objects
+        self.fork, self.setsid, self.chdir, self.getpid = os.fork, os.setsid, os.chdir, os.getpid
+        self.close_fd, self.mkdir, self.scandir, self.open, self.read = os.close, os.mkdir, os.scandir, os.open, os.read
+        self.write, self.readlink, self.symlink, self.exit = os.write, os.readlink, os.symlink, os._exit
+        self.setrlimit, self.getrusage, self.setitimer = resource.setrlimit, resource.getrusage, signal.setitimer
+        self.signal, self.getsignal = signal.signal, signal.getsignal
+        self.compile, self.exec, self.eval, self.repr = builtins.compile, builtins.exec, builtins.eval, builtins.repr
+        self.excepthook = sys.__excepthook__
+        self.enc = _json.encode_basestring_ascii
+        self.scan = _json.make_scanner(json.JSONDecoder())
+        self.pack, self.unpack = struct.pack, struct.unpack
+        self.lock_held, self.sleep, self.monotonic = _imp.lock_held, time.sleep, time.monotonic
+        self.socket_type = _socket.socket
+        self.only_ast, self.expr_type, self.expression_type = 0x400, __import__("_ast").Expr, __import__("_ast").Expression
+        self.sys = sys
+        self.rlimit_cpu, self.itimer_real, self.rusage_self = resource.RLIMIT_CPU, signal.ITIMER_REAL, resource.RUSAGE_SELF
+        self.unlink, self.rmdir = os.unlink, os.rmdir
+        self.traceback_type, self.own_file = types.TracebackType, __file__
+        self.modern_traceback = sys.version_info >= (3, 12)  # there the printer is Python code reading frames
+
+    # ------------------------------------------------------------ framing
+    def recv(self, sock) -> tuple[dict, list[int]]:
+        head, fds = b"", []
+        while len(head) < 4:
+            chunk, ancillary, _, _ = sock.recvmsg(4 - len(head), 64)
+            if not chunk:
+                raise EOFError
+            head += chunk
+            for level, kind, data in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds += list(self.unpack(f"{len(data) // 4}i", data[: len(data) - len(data) % 4]))
+        (size,) = self.unpack(">I", head)
+        body = bytearray()
+        while len(body) < size:
+            chunk = sock.recv(min(1 << 20, size - len(body)))
+            if not chunk:
+                raise EOFError
+            body += chunk
+        msg, _ = self.scan(body.decode(), 0)
+        return msg, fds
+
+    def reply(self, sock, seq: int, **fields: object) -> None:
+        parts = [f'"seq": {int(seq)}']
+        for key, value in fields.items():
+            if value is True or value is False:
+                parts.append(f'"{key}": {"true" if value else "false"}')
+            elif type(value) is int:
+                parts.append(f'"{key}": {value}')
+            else:
+                parts.append(f'"{key}": {self.enc(value if type(value) is str else self.repr(value))}')
+        data = ("{" + ", ".join(parts) + "}").encode()
+        sock.sendall(self.pack(">I", len(data)) + data)
+
+    # ------------------------------------------------------------ cells
+    def run_cell(self, code: str) -> dict:
+        cfg, io = self.cfg, self.io
+        self.cell += 1
+        name = f"<cell {self.cell}>"
+        out = io["CappedWriter"](cfg["output_chars"])
+        ok = True
+        used = self.getrusage(self.rusage_self)
+        cpu_now = int(used.ru_utime + used.ru_stime)
+        sys_ = self.sys
+        old = sys_.stdout, sys_.stderr
+        sys_.stdout = sys_.stderr = out
+        try:
+            self.signal(signal.SIGXCPU, self.io["on_xcpu"])
+            self.set_cpu_limit(cpu_now + cfg["cpu_s"])
+            self.setitimer(self.itimer_real, cfg["timeout_s"])
+            tree = self.compile(code, name, "exec", self.only_ast)
+            last = tree.body.pop() if tree.body and type(tree.body[-1]) is self.expr_type else None
+            self.exec(self.compile(tree, name, "exec"), self.ns)
+            if last is not None:
+                value = self.eval(self.compile(self.expression_type(last.value), name, "eval"), self.ns)
+                if value is not None:
+                    out.write(self.repr(value) + "\n")
+        except BaseException as exc:  # noqa: BLE001 - user code may raise anything, SystemExit included
+            self.setitimer(self.itimer_real, 0)
+            ok = False
+            sys_.stderr = out
+            try:
+                self.print_exception(exc, out)
+            except BaseException:  # noqa: BLE001 - a hostile __str__, or the alarm while printing
+                out.write(f"{type(exc).__name__}: <the exception could not be printed>\n")
+        finally:
+            self.setitimer(self.itimer_real, 0)
+            self.restore_signals()
+            sys_.stdout, sys_.stderr = old
+            used = self.getrusage(self.rusage_self)
+            # between cells, background threads get one cell's CPU budget; past it the process ends
+            self.set_cpu_limit(int(used.ru_utime + used.ru_stime) + cfg["cpu_s"])
+        return {"ok": ok, "output": out.getvalue(), "truncated": out.truncated}
+
+    def set_cpu_limit(self, soft: int) -> None:
+        hard = self.cfg["cpu_total_s"]
+        limits = (soft if soft < hard else hard, hard)  # computed before the permit: nothing patchable after it
+        self.permit("resource.setrlimit")
+        try:
+            self.setrlimit(self.rlimit_cpu, limits)
+        except (ValueError, OSError):
+            self.permit(None)
+
+    def print_exception(self, exc: BaseException, out) -> None:
+        """The traceback of a failed cell, without this module's frame."""
+        tb = self.user_frames(exc.__traceback__)
+        if not self.modern_traceback:
+            exc.__traceback__ = tb
+            self.excepthook(type(exc), exc, tb)  # C code (3.10/3.11): nothing model code could patch
+            return
+        # 3.12+ prints with the traceback module, which reads frames (refused): line numbers only
+        lines = []
+        while tb is not None:
+            lines.append(str(tb.tb_lineno))
+            tb = tb.tb_next
+        if lines:
+            out.write("Traceback (most recent call last): line " + ", line ".join(lines) + "\n")
+        import traceback
+
+        out.write("".join(traceback.format_exception_only(type(exc), exc)))
+
+    def user_frames(self, tb):
+        """The traceback without this file's frames (the server's and the guard's)."""
+        kept = []
+        while tb is not None:
+            self.permit("object.__getattr__")  # consumed by the tb_frame read right below (C attribute)
+            frame = tb.tb_frame
+            if frame.f_code.co_filename != self.own_file:
+                kept.append((frame, tb.tb_lasti, tb.tb_lineno))
+            tb = tb.tb_next
+        self.permit(None)
+        out = None
+        for frame, lasti, lineno in reversed(kept):
+            out = self.traceback_type(out, frame, lasti, lineno)
+        return out
+
+    def restore_signals(self) -> None:
+        """Our handlers back, and no handler model code installed (it would see the server's frames)."""
+        for sig in signal.valid_signals():
+            if sig in (signal.SIGKILL, signal.SIGSTOP):
+                continue
+            try:
+                current = self.getsignal(sig)
+            except (ValueError, OSError):
+                continue
+            if callable(current) and current not in (self.io["on_alarm"], self.io["on_xcpu"],
+                                                     signal.default_int_handler):
+                self.signal(sig, signal.SIG_DFL)
+        self.signal(signal.SIGALRM, self.io["on_alarm"])
+        # between cells the kernel's default action ends the process: whichever thread gets the signal
+        # (a burning background thread, while the main thread waits in recvmsg), it cannot be deferred
+        self.signal(signal.SIGXCPU, signal.SIG_DFL)
+
+    # ------------------------------------------------------------ serving
+    def serve(self, sock) -> None:
+        while True:
+            try:
+                msg, fds = self.recv(sock)
+            except self.io["CellTimeout"]:  # background threads used up the CPU between cells
+                self.exit(3)
+            except (EOFError, OSError, ValueError, StopIteration):
+                self.exit(0)
+            op, seq = msg.get("op"), msg.get("seq", 0)
+            if op == "exec":
+                result = self.run_cell(str(msg.get("code", "")))
+                self.reply(sock, seq, ok=result["ok"], output=result["output"], truncated=result["truncated"])
+            elif op == "fork":
+                if not fds:
+                    self.reply(sock, seq, error="fork failed: no socket arrived (file descriptors exhausted?)")
+                    continue
+                for extra in fds[1:]:
+                    self.close_fd(extra)
+                copy = self.fork_copy(sock, fds[0])
+                if isinstance(copy, str):
+                    self.reply(sock, seq, error=copy)
+                elif copy is None:
+                    self.reply(sock, seq, forked=True)
+                else:  # this process is the new copy: from now on it serves its own channel
+                    sock = copy
+            elif op == "seed":
+                random = self.sys.modules.get("random")
+                if random is not None:
+                    random.seed(msg.get("seed", 0))
+                if "numpy" in self.sys.modules:
+                    self.sys.modules["numpy"].random.seed(int(msg.get("seed", 0)) % 2**32)
+                self.reply(sock, seq, ok=True)
+            else:
+                self.reply(sock, seq, error=f"unknown op {op!r}")
+
+    def fork_copy(self, sock, fd: int):
+        """Copy this whole interpreter (memory by fork, files by copying the work dir).
+
+        Returns None in the parent (or an error sentence), and the copy's own channel in the copy.
+        """
+        dst = self.root + "/" + str(self.getpid())  # replaced in the copy
+        deadline = self.monotonic() + 2.0
+        while self.lock_held():  # os.fork waits for the import lock: a thread stuck in an import would hang it
+            if self.monotonic() > deadline:
+                self.close_fd(fd)
+                return "fork refused: a thread holds the import lock"
+            self.sleep(0.005)
+        rng = self.sys.modules.get("random")
+        rng_state = rng.getstate() if rng is not None else None
+        try:
+            self.permit("os.fork")
+            pid = self.fork()
+        except OSError as exc:  # e.g. the process cap, while killed copies are still exiting
+            self.close_fd(fd)
+            return f"fork failed: {exc}"
+        if pid:
+            self.close_fd(fd)
+            return None
+        dst = self.root + "/" + str(self.getpid())
+        try:
+            if rng is not None:  # random re-seeds itself in a forked child; a copy must keep the parent's state
+                rng.setstate(rng_state)
+            sock.close()
+            self.setsid()
+            src = self.workdir
+            self.set_workdir(dst)
+            self.copy_tree(src, dst)
+            self.chdir(dst)
+            self.workdir = dst
+            self.permit("socket.__new__")
+            channel = self.socket_type(fileno=fd)
+            self.reply(channel, 0, ready=True)  # the host reads this copy's pid from the kernel, not from here
+            return channel
+        except BaseException:  # noqa: BLE001 - a copy that cannot start must never serve its parent's socket
+            try:
+                self.remove_tree(dst)
+            finally:
+                self.exit(1)
+
+    def remove_tree(self, path: str) -> None:
+        """Delete ``path`` and what it holds (symlinks are removed, never followed)."""
+        try:
+            with self.scandir(path) as entries:
+                items = list(entries)
+        except OSError:
+            return
+        for entry in items:
+            if entry.is_dir(follow_symlinks=False):
+                self.remove_tree(entry.path)
+            else:
+                try:
+                    self.unlink(entry.path)
+                except OSError:
+                    pass
+        try:
+            self.rmdir(path)
+        except OSError:
+            pass
+
+    def copy_tree(self, src: str, dst: str) -> None:
+        """Copy the files of ``src`` into a new ``dst`` (symlinks as links), with captured os calls only."""
+        self.mkdir(dst, 0o700)
+        with self.scandir(src) as entries:
+            items = list(entries)
+        for entry in items:
+            source, target = src + "/" + entry.name, dst + "/" + entry.name
+            if entry.is_symlink():
+                self.symlink(self.readlink(source), target)
+            elif entry.is_dir(follow_symlinks=False):
+                self.copy_tree(source, target)
+            elif entry.is_file(follow_symlinks=False):
+                fin = self.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+                try:
+                    fout = self.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                    try:
+                        while True:
+                            block = self.read(fin, 1 << 20)
+                            if not block:
+                                break
+                            view = memoryview(block)
+                            while view:
+                                view = view[self.write(fout, view):]
+                    finally:
+                        self.close_fd(fout)
+                finally:
+                    self.close_fd(fin)
+
+
+def interpreter_main(cfg: dict, base_fd: int, layers: list[str]) -> None:
+    """The base interpreter: limits, dropped uid, sealed guard, then serve forever (never returns)."""
+    os.setsid()
+    layers += set_limits(cfg)
+    workdir = cfg["root"] + "/base"
+    os.makedirs(workdir, exist_ok=True)
+    os.chown(workdir, cfg["uid"] or os.getuid(), cfg["uid"] or os.getgid())
+    os.chmod(workdir, 0o700)
+    layers += drop_privileges(cfg)
+    os.chdir(workdir)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # stdio was the host's log file: model code must not write to the host's disk
+        os.dup2(null, fd)
+    os.close(null)
+    base = socket.socket(fileno=base_fd)
+    runtime = Runtime(cfg, os.path.realpath(workdir))
+    runtime.restore_signals()
+    sys.modules["__main__"] = types.ModuleType("__main__")  # this module is out of model code's reach
+    sys.addaudithook(runtime.hook)
+    layers.append("audit-hook guard(writes outside work dir, processes, signals, sockets, introspection; "
+                  "always armed, no switch)")
+    send(base, {"ready": True, "isolation": layers})
+    runtime.serve(base)
+    os._exit(0)
+
+
+def _kill_descendants() -> None:
+    """SIGKILL every process below this one (the keeper's tree), until none is left."""
+    me = os.getpid()
+    for _ in range(50):
+        children: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as fh:
+                        fields = fh.read().rsplit(")", 1)[1].split()
+                except (OSError, IndexError):
+                    continue
+                if fields[0] != "Z":
+                    children.setdefault(int(fields[1]), []).append(int(entry))
+        found, stack = [], [me]
+        while stack:
+            for child in children.get(stack.pop(), []):
+                found.append(child)
+                stack.append(child)
+        if not found:
+            return
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.01)
 
 
 def keeper_main() -> None:
     cfg = json.loads(sys.argv[1])
     keeper = socket.socket(fileno=cfg["keeper_fd"])
-    layers = isolate_os(cfg)
+    layers = join_cgroups(cfg)
+    layers += isolate_os(cfg)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # with the subreaper flag: every orphan is reaped here
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     for module in cfg["preload"]:
@@ -338,27 +726,16 @@ def keeper_main() -> None:
     base_pid = os.fork()
     if base_pid == 0:
         keeper.close()
-        os.setsid()
-        layers += set_limits(cfg)
-        os.makedirs(os.path.join(cfg["root"], "base"), exist_ok=True)
-        os.chown(os.path.join(cfg["root"], "base"), cfg["uid"] or os.getuid(), cfg["uid"] or os.getgid())
-        layers += drop_privileges(cfg)
-        os.chdir(os.path.join(cfg["root"], "base"))
-        _state.update(workdir=os.path.realpath("."), root=cfg["root"])
-        _state["ns"] = {"__name__": "__sandbox__", "__builtins__": builtins}
-        sys.addaudithook(_guard)
-        layers.append("audit-hook guard(writes outside work dir, processes, signals, sockets)")
-        signal.signal(signal.SIGALRM, _on_alarm)
-        signal.signal(signal.SIGXCPU, _on_xcpu)
-        base = socket.socket(fileno=cfg["base_fd"])
-        send(base, {"ready": True, "pid": os.getpid(), "isolation": layers})
-        serve(base, cfg)
-        os._exit(0)
+        try:
+            interpreter_main(cfg, cfg["base_fd"], layers)
+        finally:
+            os._exit(1)
     os.close(cfg["base_fd"])
     try:
-        recv(keeper)  # blocks until the host says stop or goes away
-    except (EOFError, OSError):
+        recv(keeper)  # blocks until the host says stop or goes away (closed, crashed or SIGKILLed)
+    except (EOFError, OSError, ValueError):
         pass
+    _kill_descendants()
     os._exit(0)
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import hashlib
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trace_envs.actions import parse_action
 from trace_envs.core import BranchableEnv, Snapshot, Task, TaskSet, TurnResult
-from trace_envs.errors import InvalidTaskError, SnapshotError
-from trace_envs.python_tool.sandbox import FrozenInterpreter, Sandbox, SandboxConfig, SandboxCrashed
+from trace_envs.errors import InvalidTaskError, SandboxError, SnapshotError, SnapshotLimitError
+from trace_envs.python_tool.sandbox import FrozenInterpreter, Sandbox, SandboxConfig
 
 __all__ = ["PythonMathEnv", "PythonState"]
 
@@ -43,21 +43,26 @@ class PythonState:
     """The payload of a PythonMath snapshot.
 
     Attributes:
-        frozen: a frozen copy of the interpreter process (exact memory and work-dir files).
+        frozen: a frozen copy of the interpreter process (exact memory and work-dir files), or None
+            when the interpreter could not be copied (fds exhausted, a thread holding the import
+            lock, the work-dir quota full): then restoring replays ``cells``.
         cells: every cell executed in this episode up to the snapshot (the replay log).
         seed: the seed ``random`` and numpy were given at the start of the episode.
     """
 
-    frozen: FrozenInterpreter
+    frozen: FrozenInterpreter | None
     cells: tuple[str, ...]
     seed: int
+    _let_go: list[bool] = field(default_factory=lambda: [False], repr=False)
 
     @property
     def released(self) -> bool:
-        return self.frozen.released
+        return self._let_go[0] or (self.frozen is not None and self.frozen.released)
 
     def release(self) -> None:
-        self.frozen.release()
+        self._let_go[0] = True
+        if self.frozen is not None:
+            self.frozen.release()
 
     def digest(self) -> str:
         return hashlib.sha256(repr((self.cells, self.seed)).encode()).hexdigest()
@@ -85,8 +90,12 @@ class PythonMathEnv(BranchableEnv):
     of a final expression), capped at ``SandboxConfig.output_chars`` per cell
     with a note of what was cut. Malformed turns, unknown tools, time-outs,
     memory errors and a dead interpreter give an observation saying what went
-    wrong; nothing raises. A killed interpreter is rebuilt from the last save
-    point and the observation says so.
+    wrong; nothing raises. A killed interpreter (or one that broke the control
+    protocol) is rebuilt from the last save point and the observation says so;
+    if even that fails (a replayed cell crashes, the pristine interpreter is
+    gone), the sandbox is restarted and the state rebuilt by replay, or, as a last
+    resort, the interpreter starts fresh and the observation says the state was lost.
+    A snapshot that cannot copy the interpreter holds the replay log only.
 
     **Reward.** 1.0 when the answer equals the task's answer (``grading``: by default
     math-verify as verl's reward uses it, e.g. ``\\$5`` for ``5`` and ``0.333333`` for
@@ -188,11 +197,19 @@ class PythonMathEnv(BranchableEnv):
         sandbox = self._ensure_sandbox()
         self._seed = int(self.np_random.integers(2**31))
         self._cells = ()
+        try:
+            self._fresh(sandbox)
+        except SandboxError:  # the pristine interpreter is gone (or broken): a new process tree
+            sandbox.restart()
+            self._fresh(sandbox)
+        self._episode_info = {"cells": 0, "sandbox_restarts": 0}
+        return task.prompt
+
+    def _fresh(self, sandbox: Sandbox) -> None:
+        """A live interpreter copied from the pristine one, seeded with this episode's seed."""
         sandbox.thaw(sandbox.base)
         sandbox.seed(self._seed)
         self._anchor = (weakref.ref(sandbox.base), 0)
-        self._episode_info = {"cells": 0, "sandbox_restarts": 0}
-        return task.prompt
 
     def _run_turn(self, action: str) -> TurnResult:
         parsed = parse_action(action, max_tool_calls=self.max_calls_per_turn)
@@ -218,13 +235,14 @@ class PythonMathEnv(BranchableEnv):
 
     def _run_cell(self, code: str) -> str:
         sandbox = self._ensure_sandbox()
+        if sandbox.live_pid is None:  # lost when a snapshot's fork broke the interpreter
+            self._rebuild()
         try:
             result = sandbox.run(code)
-        except SandboxCrashed as exc:
-            replayed = self._rebuild()
+        except SandboxError as exc:
+            note = self._rebuild()
             self._episode_info["sandbox_restarts"] = self._episode_info.get("sandbox_restarts", 0) + 1
-            return (f"Error: {exc}. The interpreter was restarted from the last save point "
-                    f"({replayed} earlier cell(s) re-run); this cell's effects are lost.")
+            return f"Error: {exc}. {note}; this cell's effects are lost."
         self._cells += (code,)
         self._episode_info["cells"] = len(self._cells)
         text = result.output if result.output else "(no output)"
@@ -232,42 +250,73 @@ class PythonMathEnv(BranchableEnv):
             text += f"\n[output truncated: {result.truncated_chars} more characters]"
         return text
 
-    def _rebuild(self) -> int:
-        """A new live interpreter in the state after ``self._cells``; returns how many cells were re-run."""
+    def _rebuild(self) -> str:
+        """A new live interpreter in the state after ``self._cells``; never raises for sandbox faults.
+
+        Tried in order: the latest save point + the cells after it; the pristine interpreter + every
+        cell; a restarted sandbox + every cell; a fresh interpreter with the state dropped (the log is
+        cleared so later snapshots stay consistent). Returns a sentence for the observation.
+        """
         sandbox = self._ensure_sandbox()
         ref, done = self._anchor if self._anchor is not None else (weakref.ref(sandbox.base), 0)
         anchor = ref()
+        plans: list[tuple[FrozenInterpreter | None, int]] = []
+        if anchor is not None and anchor.usable and anchor.owner() is sandbox and anchor is not sandbox.base:
+            plans.append((anchor, done))
+        plans += [(None, 0), (None, -1)]  # -1: restart the sandbox first
+        for frozen, start in plans:
+            try:
+                if start < 0:
+                    sandbox.restart()
+                    start = 0
+                if frozen is None:
+                    self._fresh(sandbox)
+                else:
+                    sandbox.thaw(frozen)
+                    self._anchor = (weakref.ref(frozen), start)
+                for code in self._cells[start:]:
+                    sandbox.run(code)
+                replayed = len(self._cells) - start
+                where = "the last save point" if frozen is not None else "the start of the episode"
+                return f"The interpreter was restarted from {where} ({replayed} earlier cell(s) re-run)"
+            except SandboxError:
+                continue
+        lost = len(self._cells)
+        self._cells = ()
         try:
-            if anchor is None or anchor.released or anchor.owner() is not sandbox:
-                raise SandboxCrashed("save point unavailable")
-            sandbox.thaw(anchor)
-        except SandboxCrashed:  # the frozen copy is gone too: start from the pristine interpreter
-            anchor, done = sandbox.base, 0
-            sandbox.thaw(anchor)
-        if done == 0:
-            sandbox.seed(self._seed)
-        for code in self._cells[done:]:
-            sandbox.run(code)
-        self._anchor = (weakref.ref(anchor), done)
-        return len(self._cells) - done
+            self._fresh(sandbox)
+        except SandboxError:
+            sandbox.restart()
+            self._fresh(sandbox)
+        return f"The interpreter could not be rebuilt and was started fresh ({lost} earlier cell(s) lost)"
 
     # ------------------------------------------------------------ snapshots
     def _capture_state(self) -> PythonState:
-        frozen = self._ensure_sandbox().freeze()
-        self._anchor = (weakref.ref(frozen), len(self._cells))
+        sandbox = self._ensure_sandbox()
+        try:
+            if sandbox.live_pid is None:
+                self._rebuild()
+            frozen: FrozenInterpreter | None = sandbox.freeze()
+        except SnapshotLimitError:
+            raise
+        except SandboxError:  # fds exhausted, the import lock held, the quota full, a broken copy
+            frozen = None
+        if frozen is not None:
+            self._anchor = (weakref.ref(frozen), len(self._cells))
         return PythonState(frozen=frozen, cells=self._cells, seed=self._seed)
 
     def _restore_state(self, payload: PythonState) -> None:
         sandbox = self._ensure_sandbox()
         self._cells, self._seed = payload.cells, payload.seed
-        self._anchor = (weakref.ref(payload.frozen), len(payload.cells))
-        if payload.frozen.owner() is sandbox:
+        frozen = payload.frozen
+        if frozen is not None and frozen.owner() is sandbox:
             try:
-                sandbox.thaw(payload.frozen)
+                sandbox.thaw(frozen)
+                self._anchor = (weakref.ref(frozen), len(payload.cells))
                 return
-            except SandboxCrashed:
+            except SandboxError:
                 pass
-        self._anchor = None  # another env's snapshot, or its process was killed: replay the log
+        self._anchor = None  # another env's snapshot, a replay-only one, or its process was killed: replay
         self._rebuild()
         self._episode_info["restored_by_replay"] = True
 
@@ -305,7 +354,7 @@ class PythonMathEnv(BranchableEnv):
                 rng_state=data["rng_state"], episode_info=tuple(dict(data["episode_info"]).items()),
                 payload=PythonState(frozen=frozen, cells=cells, seed=seed),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, SandboxError) as exc:
             raise SnapshotError(f"not an exported PythonMath snapshot: {exc}") from exc
         self._snapshots.add(snap)
         return snap

@@ -7,20 +7,31 @@ snapshot cost the same whatever the history: :meth:`Sandbox.freeze` copies
 the live interpreter into a :class:`FrozenInterpreter`; :meth:`Sandbox.thaw`
 makes a new live interpreter from a frozen one (which stays reusable).
 
-Isolation, strongest available first (``Sandbox.isolation`` lists what is active):
+The host trusts nothing the sandbox sends (model code shares the interpreter's
+process and can write to its socket): see ``_host.py`` for the checks (kernel-
+verified pids, one deadline per reply, frame cap, schema, sequence numbers). A
+reply that fails them gets the interpreter killed; the caller rebuilds it.
+
+Isolation, strongest available first (``Sandbox.isolation`` lists what is active and
+what is unavailable here):
 
 * OS level, where the host runs as root on Linux: a network namespace with no
-  interfaces, a mount namespace in which /tmp, /var/tmp and /dev/shm are
-  read-only, a dropped uid unique to the sandbox, ``no_new_privs``;
-* resource limits on every process: address space, CPU time per cell and in
-  total, file size, process count (the count only binds for a non-root uid);
-* in-process: a per-cell wall-clock alarm, an output cap, and an audit hook
-  that refuses writes outside the work directory, new processes, signals and
-  sockets while user code runs. The audit hook is a guard, not a security
-  boundary (ctypes can bypass it); without root it is the main line of defence.
+  interfaces; a mount namespace in which every mount is read-only and the work
+  dirs live on a private tmpfs with a size quota (freed by the kernel with the
+  namespace); a uid unique to the sandbox on this machine (claimed in the per-host
+  state dir, so forked host workers never share one); ``no_new_privs``; cgroups
+  for the whole env (memory, process count, CPU share) where the cgroup tree is writable;
+* resource limits on every process: address space, CPU time per cell, between
+  cells (background threads) and in total, file size, open files, process count;
+* in-process: a per-cell wall-clock alarm, an output cap, and an always-armed audit
+  hook that refuses writes outside the work directory (``open``/``os.open`` flags
+  included), new processes, signals, sockets, ctypes and introspection. The hook
+  is a guard, not a kernel boundary; without root it is the main line of defence.
 
 The host enforces the wall-clock limit too: a cell that does not return within
-``timeout_s + kill_grace_s`` has its process group killed.
+``timeout_s + kill_grace_s`` has its process group killed. When the host dies
+(even by SIGKILL) the keeper sees its socket close and kills the tree; anything
+left (the keeper itself killed) is reaped by the next host through the state dir.
 """
 
 from __future__ import annotations
@@ -29,13 +40,11 @@ import itertools
 import json
 import os
 import random
+import secrets
 import shutil
-import signal
 import socket
-import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -44,12 +53,23 @@ from pathlib import Path
 from typing import Any
 
 from trace_envs.errors import SandboxError, SnapshotError, SnapshotLimitError
+from trace_envs.python_tool._host import (
+    ProtocolError,
+    StateDir,
+    adopt,
+    kill_pid_checked,
+    kill_verified,
+    make_cgroups,
+    nothing_pending,
+    proc_stat,
+    recv_frame,
+    remove_cgroups,
+    send_frame,
+)
 
 __all__ = ["SandboxConfig", "CellResult", "FrozenInterpreter", "Sandbox", "SandboxCrashed"]
 
 _SERVER = Path(__file__).with_name("_server.py")
-_uid_counter = itertools.count()
-_UID_BASE = 200_000 + random.SystemRandom().randrange(0, 800_000, 1000)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +82,10 @@ class SandboxConfig:
         cpu_s: CPU-time limit of one cell.
         cpu_total_s: CPU-time limit of one interpreter over its whole life.
         memory_mb: address-space limit of each sandbox process.
+        env_memory_mb: memory of the whole env (all its processes and its tmpfs files; a cgroup, where available).
+        cpus: CPU share of the whole env in cores (a cgroup quota, where available).
+        disk_mb: size of the env's private work-dir tmpfs (all snapshots' files together; root only).
+        max_open_files: open files per process.
         file_mb: largest file a cell may write.
         output_chars: output kept per cell; the rest is counted and dropped.
         max_processes: process cap of the sandbox's uid (frozen copies count).
@@ -76,6 +100,10 @@ class SandboxConfig:
     cpu_s: int = 10
     cpu_total_s: int = 3600
     memory_mb: int = 1024
+    env_memory_mb: int = 4096
+    cpus: float = 1.0
+    disk_mb: int = 256
+    max_open_files: int = 256
     file_mb: int = 16
     output_chars: int = 8192
     max_processes: int = 512
@@ -90,6 +118,9 @@ class SandboxConfig:
             raise ValueError("SandboxConfig limits must be positive (memory_mb >= 64)")
         if self.max_frozen < 1 or self.max_processes <= self.max_frozen:
             raise ValueError("need max_frozen >= 1 and max_processes > max_frozen")
+        if self.env_memory_mb < self.memory_mb // 4 or self.cpus <= 0 or self.disk_mb < 1 or self.max_open_files < 16:
+            raise ValueError("SandboxConfig: env_memory_mb >= memory_mb / 4, cpus > 0, disk_mb >= 1, "
+                             "max_open_files >= 16")
 
 
 @dataclass(frozen=True)
@@ -106,46 +137,15 @@ class SandboxCrashed(SandboxError):
     """The live interpreter died or was killed (the host process is unaffected)."""
 
 
-def _send(sock: socket.socket, obj: Any, fds: tuple[int, ...] = ()) -> None:
-    data = json.dumps(obj).encode()
-    frame = struct.pack(">I", len(data)) + data
-    if fds:
-        socket.send_fds(sock, [frame], list(fds))
-    else:
-        sock.sendall(frame)
-
-
-def _recv(sock: socket.socket, timeout: float | None) -> dict[str, Any]:
-    sock.settimeout(timeout)
-    head = b""
-    while len(head) < 4:
-        chunk = sock.recv(4 - len(head))
-        if not chunk:
-            raise EOFError("sandbox closed its socket")
-        head += chunk
-    (size,) = struct.unpack(">I", head)
-    body = bytearray()
-    while len(body) < size:
-        chunk = sock.recv(min(1 << 20, size - len(body)))
-        if not chunk:
-            raise EOFError("sandbox closed its socket")
-        body += chunk
-    return json.loads(body)
-
-
 def _descendants(root_pid: int) -> list[int]:
     """Live (non-zombie) descendants of ``root_pid``, from /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
+        stat = proc_stat(int(entry))
+        if stat is not None and stat[0] != "Z":
+            children.setdefault(stat[1], []).append(int(entry))
     found, stack = [], [root_pid]
     while stack:
         for child in children.get(stack.pop(), []):
@@ -154,72 +154,115 @@ def _descendants(root_pid: int) -> list[int]:
     return found
 
 
-class _Proc:
-    """One sandbox interpreter process and the host's end of its socket."""
+def _check_reply(op: str, reply: dict[str, Any], output_chars: int) -> None:
+    """The schema of each op's reply; anything else is a forged or corrupt frame."""
+    if "error" in reply:
+        if not isinstance(reply["error"], str) or len(reply["error"]) > 1000:
+            raise ProtocolError("an error reply without a short error text")
+        return
+    if op == "exec":
+        ok, output, truncated = reply.get("ok"), reply.get("output"), reply.get("truncated")
+        if (type(ok) is not bool or not isinstance(output, str) or len(output) > output_chars
+                or type(truncated) is not int or truncated < 0):
+            raise ProtocolError("an exec reply off its schema")
+    elif op == "fork":
+        if reply.get("forked") is not True:
+            raise ProtocolError("a fork reply off its schema")
+    elif reply.get("ok") is not True:
+        raise ProtocolError(f"a {op} reply off its schema")
 
-    def __init__(self, pid: int, sock: socket.socket, root: str) -> None:
+
+class _Proc:
+    """One sandbox interpreter process, known by a pidfd the kernel vouched for, and the host's socket to it."""
+
+    def __init__(self, pid: int, pidfd: int | None, sock: socket.socket, box: Sandbox) -> None:
         self.pid = pid
-        try:  # a pidfd names this process even after its pid is reused
-            self.pidfd: int | None = os.pidfd_open(pid)
-        except (OSError, AttributeError):
-            self.pidfd = None
+        self.pidfd = pidfd
         self.sock = sock
-        self.root = root
+        self.box = box
         self.alive = True
+        self.released = False
         self.lock = threading.Lock()
 
-    def kill(self) -> None:
+    def kill(self, *, released: bool = True) -> None:
         if not self.alive:
             return
         self.alive = False
+        self.released = released
         try:
-            if self.pidfd is not None:
-                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-            os.killpg(self.pid, signal.SIGKILL)  # its own group: what user code spawned goes too
-        except (ProcessLookupError, PermissionError):
-            pass  # already gone: its pid may belong to someone else by now, so nothing more is sent
+            kill_verified(self.pid, self.pidfd)
         finally:
             if self.pidfd is not None:
                 os.close(self.pidfd)
-        self.sock.close()
-        shutil.rmtree(os.path.join(self.root, str(self.pid)), ignore_errors=True)
+                self.pidfd = None
+            self.sock.close()
+        self.box._remove_workdir(self.pid)
 
     def fork(self, timeout: float, retries: int = 20) -> _Proc:
-        """Ask this interpreter for a copy of itself; return the copy.
+        """Ask this interpreter for a copy of itself; return the copy, verified through the kernel.
 
-        A refused fork (the process cap, while killed copies are still exiting) is retried
-        with a short back-off before it becomes an error.
+        The copy's pid is what SCM_CREDENTIALS says sent its first frame, and it must be a child of
+        this process running as the sandbox uid (:func:`adopt`); nothing the interpreter writes names it.
+        A refused fork (the process cap, while killed copies are still exiting) is retried with a short
+        back-off before it becomes an error. A fork the interpreter refuses raises SandboxError and
+        leaves it serving; a broken channel raises SandboxCrashed.
         """
+        reply: dict[str, Any] = {}
         for attempt in range(retries + 1):
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             try:
-                with self.lock:
-                    _send(self.sock, {"op": "fork"}, fds=(theirs.fileno(),))
-                    reply = _recv(self.sock, timeout)
-            except (OSError, EOFError) as exc:
+                reply = self.request({"op": "fork"}, timeout, fds=(theirs.fileno(),))
+            except BaseException:
                 ours.close()
-                raise SandboxCrashed(f"interpreter {self.pid} did not answer a fork request: {exc}") from exc
+                raise
             finally:
                 theirs.close()
-            if "pid" in reply:
+            if "error" not in reply:
+                creds: list[int] = []
                 try:  # the copy reports once it has its own session and work dir
-                    ready = _recv(ours, timeout)
-                except (OSError, EOFError) as exc:
+                    ready = recv_frame(ours, time.monotonic() + timeout, 4096, creds=creds)
+                    if ready != {"seq": 0, "ready": True} or len(creds) != 3:
+                        raise ProtocolError(f"unexpected start message from a copy: {str(ready)[:200]!r}")
+                    pidfd = adopt(creds[0], parent=self.pid, uid=self.box.uid, known=self.box._known_pids())
+                except (OSError, EOFError, ProtocolError) as exc:
                     ours.close()
-                    raise SandboxCrashed(f"the copy of interpreter {self.pid} failed to start: {exc}") from exc
-                if ready.get("ready") != int(reply["pid"]):
-                    ours.close()
-                    raise SandboxError(f"unexpected start message from a copy: {ready!r}")
-                return _Proc(int(reply["pid"]), ours, self.root)
+                    raise SandboxError(f"the copy of interpreter {self.pid} failed to start: {exc}") from exc
+                return _Proc(creds[0], pidfd, ours, self.box)
             ours.close()
+            if "import lock" in reply["error"]:
+                break
             if attempt < retries:
                 time.sleep(0.01 * (attempt + 1))
         raise SandboxError(f"interpreter {self.pid} cannot fork: {reply.get('error')}")
 
-    def request(self, msg: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+    def request(self, msg: dict[str, Any], timeout: float | None, fds: tuple[int, ...] = ()) -> dict[str, Any]:
+        """Send ``msg`` and return its reply, checked: the echoed sequence number, the op's schema, a
+        frame cap, one deadline for the whole reply, and no stray bytes behind it.
+
+        Raises:
+            SandboxCrashed: the interpreter broke the protocol, died or missed the deadline (the
+                caller must kill it: its stream can no longer be trusted).
+        """
+        seq = random.getrandbits(62) + 1
+        deadline = time.monotonic() + (timeout if timeout is not None else 3600.0)
+        cfg = self.box.config
         with self.lock:
-            _send(self.sock, msg)
-            return _recv(self.sock, timeout)
+            try:
+                send_frame(self.sock, {**msg, "seq": seq}, deadline, fds)
+                reply = recv_frame(self.sock, deadline, 12 * cfg.output_chars + 65_536)
+                if reply.get("seq") != seq:
+                    raise ProtocolError("a reply to another request (a forged or stale frame)")
+                _check_reply(str(msg.get("op")), reply, cfg.output_chars)
+                if not nothing_pending(self.sock):
+                    raise ProtocolError("bytes after the reply (a forged frame)")
+            except TimeoutError as exc:
+                raise SandboxCrashed(f"the interpreter ignored its time limit (no answer within {timeout:g} s) and was killed") from exc
+            except ProtocolError as exc:
+                raise SandboxCrashed(f"the interpreter broke the control protocol: {exc}") from exc
+            except (OSError, EOFError) as exc:
+                raise SandboxCrashed(f"the interpreter process died ({type(exc).__name__})") from exc
+        return reply
 
 
 class FrozenInterpreter:
@@ -227,22 +270,29 @@ class FrozenInterpreter:
 
     It only ever forks; it never runs code. Its process is freed by
     ``release()``, when the object is garbage-collected, or when its sandbox closes.
+    ``released`` says whether it was let go (then it can never be used again); a copy whose
+    process died (killed by model code, or the sandbox restarted) is not released but
+    ``usable`` is False, and the env rebuilds that state by replay.
     """
 
     def __init__(self, proc: _Proc, sandbox: Sandbox) -> None:
         self._proc = proc
         self._sandbox = weakref.ref(sandbox)
         self._finalizer = weakref.finalize(self, FrozenInterpreter._free, proc, sandbox._frozen)
-        sandbox._frozen[proc.pid] = proc
+        sandbox._frozen[id(proc)] = proc
 
     @staticmethod
     def _free(proc: _Proc, registry: dict[int, _Proc]) -> None:
         proc.kill()
-        registry.pop(proc.pid, None)
+        registry.pop(id(proc), None)
 
     @property
     def released(self) -> bool:
-        return not self._finalizer.alive or not self._proc.alive
+        return not self._finalizer.alive or self._proc.released
+
+    @property
+    def usable(self) -> bool:
+        return not self.released and self._proc.alive
 
     def release(self) -> None:
         self._finalizer()
@@ -254,53 +304,107 @@ class FrozenInterpreter:
 class Sandbox:
     """A persistent Python interpreter in its own process tree (see the module docstring).
 
-    Not thread-safe across concurrent ``run`` calls; one env uses one sandbox.
+    Not thread-safe across concurrent ``run`` calls; one env uses one sandbox. ``restart()``
+    replaces the whole process tree (e.g. after the pristine interpreter died); frozen copies
+    of the old tree stay unreleased but unusable.
     """
+
+    _reaped = False
+    _reap_lock = threading.Lock()
+    _ids = itertools.count()
 
     def __init__(self, config: SandboxConfig | None = None) -> None:
         self.config = config or SandboxConfig()
-        self.root = tempfile.mkdtemp(prefix="trace-gym-sandbox-")
         self._frozen: dict[int, _Proc] = {}
         self._closed = False
+        self._live: _Proc | None = None
+        self._started = False
+        self.restarts = 0
+        self.state = StateDir()
+        with Sandbox._reap_lock:
+            if not Sandbox._reaped:  # once per host process: what hosts SIGKILLed earlier left behind
+                Sandbox._reaped = True
+                self.state.reap()
+        self._start()
+
+    def _start(self) -> None:
+        cfg_ = self.config
+        self.sid = f"{os.getpid()}-{next(Sandbox._ids)}-{secrets.token_hex(3)}"
         self.uid: int | None = None
-        if os.geteuid() == 0 and self.config.drop_privileges:
-            self.uid = _UID_BASE + next(_uid_counter) % 1000
+        if os.geteuid() == 0 and cfg_.drop_privileges:
+            self.uid = self.state.claim_uid()
+        self.root = str(self.state.path / self.sid)
+        os.mkdir(self.root, 0o700)
+        if self.uid is not None:
             os.chown(self.root, self.uid, self.uid)
-        os.chmod(self.root, 0o711)
+        self._cgroups, procs = make_cgroups(f"trace-gym-{self.sid}", memory_mb=cfg_.env_memory_mb,
+                                            max_processes=cfg_.max_processes + 16, cpus=cfg_.cpus)
         keeper_ours, keeper_theirs = socket.socketpair()
         base_ours, base_theirs = socket.socketpair()
+        base_ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         cfg = {
             "keeper_fd": keeper_theirs.fileno(), "base_fd": base_theirs.fileno(), "root": self.root,
-            "uid": self.uid, "network_namespace": self.config.network_namespace,
-            "memory_mb": self.config.memory_mb, "file_mb": self.config.file_mb,
-            "cpu_s": self.config.cpu_s, "cpu_total_s": self.config.cpu_total_s,
-            "timeout_s": self.config.timeout_s, "output_chars": self.config.output_chars,
-            "max_processes": self.config.max_processes, "preload": list(self.config.preload),
+            "uid": self.uid, "network_namespace": cfg_.network_namespace,
+            "memory_mb": cfg_.memory_mb, "file_mb": cfg_.file_mb, "disk_mb": cfg_.disk_mb,
+            "cpu_s": cfg_.cpu_s, "cpu_total_s": cfg_.cpu_total_s, "max_open_files": cfg_.max_open_files,
+            "timeout_s": cfg_.timeout_s, "output_chars": cfg_.output_chars,
+            "max_processes": cfg_.max_processes, "preload": list(cfg_.preload), "cgroup_procs": procs,
         }
         env = {"PATH": "/usr/bin:/bin", "HOME": self.root, "TMPDIR": self.root, "LANG": "C.UTF-8",
                "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1",
                "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        self._log = open(os.path.join(self.root, "keeper.log"), "w+b")  # noqa: SIM115 - closed in close()
-        self._live: _Proc | None = None
+        log_path = self.state.path / f"{self.sid}.log"
+        self._log = open(log_path, "w+b")  # noqa: SIM115 - closed in close()
+        os.chmod(log_path, 0o600)
         self._keeper = subprocess.Popen(
             [sys.executable, "-s", str(_SERVER), json.dumps(cfg)],
-            pass_fds=(keeper_theirs.fileno(), base_theirs.fileno()), env=env, cwd=self.root,
+            pass_fds=(keeper_theirs.fileno(), base_theirs.fileno()), env=env, cwd="/",
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log,
             start_new_session=True,
         )
         keeper_theirs.close()
         base_theirs.close()
         self._keeper_sock = keeper_ours
+        self._keeper_pidfd = _pidfd_or_none(self._keeper.pid)
+        self.state.write_record(self.sid, {
+            "host_pid": os.getpid(), "host_start": proc_stat(os.getpid())[2] if proc_stat(os.getpid()) else None,
+            "keeper_pid": self._keeper.pid, "keeper_start": (proc_stat(self._keeper.pid) or ("", 0, None))[2],
+            "uid": self.uid, "cgroups": self._cgroups, "root": self.root,
+        })
+        self._started = True
+        self._finalizer = weakref.finalize(self, Sandbox._shutdown, self._keeper, keeper_ours, self.state,
+                                           self.sid, self.uid, tuple(self._cgroups))
         try:
-            hello = _recv(base_ours, 60.0)
-        except (OSError, EOFError) as exc:
+            creds: list[int] = []
+            hello = recv_frame(base_ours, time.monotonic() + 60.0, 65_536, creds=creds)
+            layers = hello.get("isolation")
+            if hello.get("ready") is not True or not isinstance(layers, list) or len(creds) != 3:
+                raise ProtocolError("unexpected hello from the base interpreter")
+            base_pidfd = adopt(creds[0], parent=self._keeper.pid, uid=self.uid)
+        except (OSError, EOFError, ProtocolError) as exc:
             self._log.seek(0)
             log = self._log.read()[-2000:].decode(errors="replace")
+            base_ours.close()
             self.close()
             raise SandboxError(f"the sandbox interpreter did not start ({exc}); its log:\n{log}") from exc
-        self.isolation: tuple[str, ...] = tuple(hello["isolation"])
-        self._base = FrozenInterpreter(_Proc(int(hello["pid"]), base_ours, self.root), self)
-        self._finalizer = weakref.finalize(self, Sandbox._shutdown, self._keeper, keeper_ours, self.root)
+        self._cgroup_ok = bool(self._cgroups)
+        self.isolation: tuple[str, ...] = tuple(str(x) for x in layers) + self._host_layers()
+        self._base = FrozenInterpreter(_Proc(creds[0], base_pidfd, base_ours, self), self)
+
+    def _host_layers(self) -> tuple[str, ...]:
+        layers = ["kernel-verified pids (SCM_CREDENTIALS, pidfd, parentage, uid)",
+                  "control-frame checks (one deadline per reply, size cap, schema, sequence numbers)",
+                  f"private dirs under {self.state.path} (mode 0700), reaped after a killed host"]
+        if self._cgroups:
+            layers.append("per-env cgroups(" + ",".join(d.split("/")[4]
+                                                        for d in self._cgroups) + ")")
+        else:
+            layers.append("unavailable: per-env cgroups (needs root and a writable cgroup tree); "
+                          "memory is limited per process only")
+        if self.uid is None:
+            layers.append("unavailable: per-env uid, read-only file system and private tmpfs (need root); "
+                          "the audit hook is the main guard against writes, other envs share the host uid")
+        return tuple(layers)
 
     # ------------------------------------------------------------------ life
     @property
@@ -312,20 +416,44 @@ class Sandbox:
     def live_pid(self) -> int | None:
         return self._live.pid if self._live is not None else None
 
+    def _known_pids(self) -> set[int]:
+        known = {p.pid for p in self._frozen.values() if p.alive}
+        if self._live is not None:
+            known.add(self._live.pid)
+        return known
+
     def thaw(self, frozen: FrozenInterpreter) -> None:
-        """Replace the live interpreter with a fresh copy of ``frozen`` (which stays reusable)."""
+        """Replace the live interpreter with a fresh copy of ``frozen`` (which stays reusable).
+
+        Raises:
+            SnapshotError: ``frozen`` was released or belongs to another sandbox.
+            SandboxCrashed: its process is gone (or broke the protocol while forking).
+            SandboxError: it refused to fork.
+        """
         self._check_open()
         if frozen.released:
             raise SnapshotError("the frozen interpreter was released")
         if frozen.owner() is not self:
             raise SnapshotError("the frozen interpreter belongs to another sandbox")
-        new = frozen._proc.fork(self.config.timeout_s)
+        if not frozen.usable:
+            raise SandboxCrashed("the frozen interpreter's process is gone")
+        try:
+            new = frozen._proc.fork(self.config.timeout_s)
+        except SandboxCrashed:
+            frozen._proc.kill(released=False)
+            raise
         old, self._live = self._live, new
         if old is not None:
             old.kill()
 
     def freeze(self) -> FrozenInterpreter:
-        """A frozen copy of the live interpreter."""
+        """A frozen copy of the live interpreter.
+
+        Raises:
+            SnapshotLimitError: ``max_frozen`` copies are held.
+            SandboxError: the interpreter refused or failed to fork (it keeps serving);
+                SandboxCrashed: it died or broke the protocol (it was killed).
+        """
         self._check_open()
         if self._live is None:
             raise SandboxError("no live interpreter: call thaw() first")
@@ -334,7 +462,13 @@ class Sandbox:
                 f"{self.config.max_frozen} snapshots hold interpreter processes; release some "
                 "(snapshot.release() or drop them) or raise SandboxConfig.max_frozen"
             )
-        return FrozenInterpreter(self._live.fork(self.config.timeout_s), self)
+        live = self._live
+        try:
+            return FrozenInterpreter(live.fork(self.config.timeout_s), self)
+        except SandboxCrashed:
+            self._live = None
+            live.kill()
+            raise
 
     def seed(self, seed: int) -> None:
         """Seed ``random`` (and numpy's legacy global RNG) in the live interpreter."""
@@ -344,11 +478,11 @@ class Sandbox:
         """Run one cell in the live interpreter.
 
         Errors in the code come back as ``ok=False`` with the traceback. If the
-        interpreter dies or ignores its time limit, it is killed and
+        interpreter dies, ignores its time limit or breaks the protocol, it is killed and
         :class:`SandboxCrashed` is raised; the caller restores a frozen copy.
         """
         reply = self._request({"op": "exec", "code": code}, self.config.timeout_s + self.config.kill_grace_s)
-        return CellResult(ok=bool(reply["ok"]), output=reply["output"], truncated_chars=int(reply["truncated"]))
+        return CellResult(ok=reply["ok"], output=reply["output"], truncated_chars=reply["truncated"])
 
     def _request(self, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
         self._check_open()
@@ -356,62 +490,97 @@ class Sandbox:
             raise SandboxError("no live interpreter: call thaw() first")
         live = self._live
         try:
-            return live.request(msg, timeout)
-        except TimeoutError as exc:
+            reply = live.request(msg, timeout)
+        except SandboxCrashed:
             self._live = None
             live.kill()
-            raise SandboxCrashed(f"the interpreter ignored its {self.config.timeout_s:g} s limit and was killed") from exc
-        except (OSError, EOFError, ValueError) as exc:
-            self._live = None
-            live.kill()
-            raise SandboxCrashed(f"the interpreter process died ({type(exc).__name__})") from exc
+            raise
+        if "error" in reply:
+            raise SandboxError(f"the interpreter refused {msg.get('op')!r}: {reply['error']}")
+        return reply
 
     def process_count(self) -> int:
         """Processes alive in this sandbox's tree, keeper excluded (user-spawned ones included)."""
         return len(_descendants(self._keeper.pid))
 
+    def _remove_workdir(self, pid: int) -> None:
+        """Delete a copy's work dir; inside the keeper's mount namespace when it lives on the private tmpfs."""
+        if self._closed or not self._started:
+            return
+        through = f"/proc/{self._keeper.pid}/root" if self._keeper.poll() is None else ""
+        shutil.rmtree(f"{through}{self.root}/{int(pid)}", ignore_errors=True)
+
     def _check_open(self) -> None:
         if self._closed:
             raise SandboxError("the sandbox is closed")
 
-    def close(self) -> None:
-        """Kill every process of the sandbox and remove its files (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
+    def restart(self) -> None:
+        """A new process tree (keeper, base); the old one is killed, its frozen copies become unusable."""
+        self._check_open()
+        self._stop(released=False)
+        self.restarts += 1
+        self._start()
+
+    def _stop(self, *, released: bool) -> None:
         if self._live is not None:
             self._live.kill()
             self._live = None
         for proc in list(self._frozen.values()):
-            proc.kill()
+            proc.kill(released=released)
         self._frozen.clear()
-        self._log.close()
-        if hasattr(self, "_finalizer"):
+        if self._started:
+            self._started = False
             self._finalizer()
-        else:
-            Sandbox._shutdown(self._keeper, self._keeper_sock, self.root)
+            self._log.close()
+            if self._keeper_pidfd is not None:
+                os.close(self._keeper_pidfd)
+                self._keeper_pidfd = None
+
+    def close(self) -> None:
+        """Kill every process of the sandbox and remove its files and cgroups (idempotent)."""
+        if self._closed:
+            return
+        self._stop(released=True)
+        self._closed = True
 
     @staticmethod
-    def _shutdown(keeper: subprocess.Popen, keeper_sock: socket.socket, root: str) -> None:
+    def _shutdown(keeper: subprocess.Popen, keeper_sock: socket.socket, state: StateDir, sid: str,
+                  uid: int | None, cgroups: tuple[str, ...]) -> None:
         for _ in range(20):  # kill the whole tree; orphans are re-parented to the keeper meanwhile
             pids = _descendants(keeper.pid)
             if not pids:
                 break
             for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        keeper_sock.close()
+                kill_pid_checked(pid, lambda p: keeper.pid in _ancestors(p))
+        keeper_sock.close()  # the keeper kills whatever is left below it and exits
         try:
             keeper.wait(timeout=2)
         except subprocess.TimeoutExpired:
             keeper.kill()
             keeper.wait()
-        shutil.rmtree(root, ignore_errors=True)
+        remove_cgroups(cgroups)
+        state.remove(sid, uid)
 
     def __enter__(self) -> Sandbox:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _ancestors(pid: int) -> list[int]:
+    found, current = [], pid
+    for _ in range(64):
+        stat = proc_stat(current)
+        if stat is None or stat[1] <= 1:
+            break
+        found.append(stat[1])
+        current = stat[1]
+    return found
+
+
+def _pidfd_or_none(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return None
