@@ -181,9 +181,10 @@ class _MicroBatcher:
             self.batches += 1
             if len(results) != len(queries):
                 raise RuntimeError(f"the retriever returned {len(results)} result lists for {len(queries)} queries")
-        except Exception:  # noqa: BLE001 - retried request by request: a bad query fails only its own request
+        except Exception as exc:  # noqa: BLE001 - retried request by request: a bad query fails only its own request
             if len(jobs) == 1:
-                self._answer_alone(jobs[0])
+                self.isolated_failures += 1
+                jobs[0][2].set_exception(exc)
             else:
                 for job in jobs:
                     self._answer_alone(job)

@@ -27,15 +27,21 @@ file written by :func:`trace_agent.tree.save_jsonl` / :func:`~trace_agent.tree.s
     after it, exactly as sampled and fed), ``response_mask`` (1 on generated
     tokens, 0 on observation tokens), ``response_logprobs`` (behaviour log-probs; 0
     on observation tokens; None when a turn did not record them), ``advantages``
-    (per response token: the turn's advantage under ``objective`` from
-    :func:`trace_agent.objectives.node_advantages`, 0 where the mask is 0),
+    (per response token, 0 where the mask is 0: under ``grpo``/``tree-grpo`` the
+    trajectory's own leaf advantage, :func:`trace_agent.objectives.grpo_leaf_advantages` /
+    :func:`~trace_agent.objectives.tree_grpo_leaf_advantages`; under ``treerpo`` each
+    turn's node advantage, :func:`~trace_agent.objectives.node_advantages`; the
+    objectives module's own defaults apply unless an option is given),
     ``reward_score``, ``num_turns`` (user, assistant and tool messages), ``uid``
     (the prompt id: verl's group key), ``data_source`` (the env id),
     ``reward_model = {"style": "rule", "ground_truth": ...}`` and ``extra_info``.
-    With ``shared_turns="once"`` (default) a turn shared by several leaves (a
-    prefix that was continued from) is trained once, as trace_agent's objectives
-    train it: in every trajectory after the first that passes through it, its
-    tokens get mask 0 and advantage 0. ``"every"`` keeps them in every trajectory.
+    A turn shared by several leaves (a prefix that was continued from) follows the
+    objective's rule by default: under ``treerpo`` it is trained once (its own
+    sample, in the first trajectory through it; later ones carry it with mask 0
+    and advantage 0); under ``grpo``/``tree-grpo`` every trajectory is a full-path
+    sample with its leaf's advantage (``"per-leaf"``, as verl and the official
+    Tree-GRPO code train it). ``shared_turns="once"`` or ``"per-leaf"`` forces
+    either (``once`` under GRPO uses the mean leaf advantage of the turn).
 
 The env's verdict. A leaf's last message is the env's reaction to the final
 answer ("Correct.", "Answer received: ..."); it would leak the reward into
@@ -90,8 +96,8 @@ class ExportConfig:
         format: one of :data:`EXPORT_FORMATS`.
         objective: verl advantages: "treerpo", "grpo" or "tree-grpo" (see :mod:`trace_agent.objectives`).
         normalize_std: TreeRPO only: divide by the sibling std.
-        lone_child: TreeRPO only: "zero" or "inherit".
-        shared_turns: verl only: "once" (a shared turn is trained in its first trajectory) or "every".
+        lone_child: TreeRPO only: "zero" or "inherit" (None: the objectives module's default).
+        shared_turns: verl only: "once", "per-leaf", or None (the objective's rule; see the module docstring).
         min_reward: TRL conversational / prompt-completion: keep leaves with reward >= this (None: all).
         pairs_per_branch: TRL preference: pairs per branch point (>= 1).
     """
@@ -99,8 +105,8 @@ class ExportConfig:
     format: str
     objective: str = "treerpo"
     normalize_std: bool = False
-    lone_child: str = "zero"
-    shared_turns: str = "once"
+    lone_child: str | None = None
+    shared_turns: str | None = None
     min_reward: float | None = None
     pairs_per_branch: int = 1
 
@@ -109,12 +115,17 @@ class ExportConfig:
             raise ExportError(f"format must be one of {EXPORT_FORMATS}, got {self.format!r}")
         if self.objective not in _OBJECTIVES:
             raise ExportError(f"objective must be one of {_OBJECTIVES}, got {self.objective!r}")
-        if self.lone_child not in ("zero", "inherit"):
+        if self.lone_child not in (None, "zero", "inherit"):
             raise ExportError(f"lone_child must be 'zero' or 'inherit', got {self.lone_child!r}")
-        if self.shared_turns not in ("once", "every"):
-            raise ExportError(f"shared_turns must be 'once' or 'every', got {self.shared_turns!r}")
+        if self.shared_turns not in (None, "once", "per-leaf"):
+            raise ExportError(f"shared_turns must be 'once' or 'per-leaf', got {self.shared_turns!r}")
         if self.pairs_per_branch < 1:
             raise ExportError(f"pairs_per_branch must be >= 1, got {self.pairs_per_branch}")
+
+    @property
+    def shared_rule(self) -> str:
+        """The rule for turns shared by several leaves: the option, else the objective's own."""
+        return self.shared_turns or ("once" if self.objective == "treerpo" else "per-leaf")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -200,15 +211,27 @@ def _preference(tree: RolloutTree, config: ExportConfig) -> list[dict[str, Any]]
     return rows
 
 
-def _verl(tree: RolloutTree, config: ExportConfig) -> list[dict[str, Any]]:
-    from trace_agent.objectives import node_advantages
+def _advantages(tree: RolloutTree, config: ExportConfig) -> tuple[dict[int, float] | None, dict[int, float]]:
+    """(leaf id -> advantage for per-leaf GRPO samples, else None; node id -> advantage)."""
+    from trace_agent import objectives
 
+    if config.objective != "treerpo" and config.shared_rule == "per-leaf":
+        leaf_fn = objectives.grpo_leaf_advantages if config.objective == "grpo" else objectives.tree_grpo_leaf_advantages
+        return leaf_fn(tree), {}
+    options: dict[str, Any] = {}
+    if config.objective == "treerpo":
+        options["normalize_std"] = config.normalize_std
+        if config.lone_child is not None:
+            options["lone_child"] = config.lone_child
+    return None, objectives.node_advantages(tree, config.objective, **options)  # type: ignore[arg-type]
+
+
+def _verl(tree: RolloutTree, config: ExportConfig) -> list[dict[str, Any]]:
     leaves = tree.leaves()
     if leaves and not tree.root.observation_ids:
         raise ExportError(f"tree {tree.prompt_id!r} holds no prompt token ids (root observation_ids): verl rows "
                           "need the trees the collector records (trace-gym train / bench)")
-    advantages = node_advantages(tree, config.objective, normalize_std=config.normalize_std,  # type: ignore[arg-type]
-                                 lone_child=config.lone_child)  # type: ignore[arg-type]
+    per_leaf, advantages = _advantages(tree, config)
     emitted: set[int] = set()
     rows = []
     for leaf in leaves:
@@ -218,9 +241,10 @@ def _verl(tree: RolloutTree, config: ExportConfig) -> list[dict[str, Any]]:
         adv: list[float] = []
         path = leaf.path()[1:]
         for node in path:
-            train = config.shared_turns == "every" or node.node_id not in emitted
+            train = config.shared_rule == "per-leaf" or node.node_id not in emitted
             emitted.add(node.node_id)
-            a = advantages.get(node.node_id, 0.0) if train else 0.0
+            own = per_leaf[leaf.node_id] if per_leaf is not None else advantages.get(node.node_id, 0.0)
+            a = own if train else 0.0
             ids += node.generated_ids
             mask += [1 if train else 0] * len(node.generated_ids)
             adv += [a] * len(node.generated_ids)
@@ -365,9 +389,11 @@ def add_export_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output file, .jsonl or .parquet")
     p.add_argument("--objective", default="treerpo", choices=_OBJECTIVES, help="verl: advantages of this objective")
     p.add_argument("--normalize-std", action="store_true", help="verl, treerpo: divide by the sibling std")
-    p.add_argument("--lone-child", default="zero", choices=["zero", "inherit"], help="verl, treerpo")
-    p.add_argument("--shared-turns", default="once", choices=["once", "every"],
-                   help="verl: train a turn shared by several leaves once (default) or in every trajectory")
+    p.add_argument("--lone-child", default=None, choices=["zero", "inherit"],
+                   help="verl, treerpo (default: the objectives module's)")
+    p.add_argument("--shared-turns", default=None, choices=["once", "per-leaf"],
+                   help="verl: a turn shared by several leaves trained once or in every trajectory through it "
+                        "(default: the objective's rule, treerpo once, grpo/tree-grpo per-leaf)")
     p.add_argument("--min-reward", type=float, default=None,
                    help="trl-conversational / trl-prompt-completion: keep leaves with at least this reward")
     p.add_argument("--pairs-per-branch", type=int, default=1, help="trl-preference: pairs per branch point")

@@ -17,7 +17,6 @@ import pytest
 
 from trace_agent.cli import main as trace_gym
 from trace_agent.export import ExportConfig, ExportError, export_rows, fill_from_env, read_trees, write_rows
-from trace_agent.objectives import node_advantages, tree_segments
 from trace_agent.tree import RolloutTree, save_jsonl, save_parquet
 
 TOOLS = [{"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}]
@@ -89,7 +88,7 @@ def test_trl_preference_pairs_diverge_where_the_tree_branches() -> None:
 
 def test_verl_rows_by_hand() -> None:
     tree = hand_tree()
-    a2, b2, c = export_rows([tree], ExportConfig(format="verl", objective="treerpo"))
+    a2, b2, c = export_rows([tree], ExportConfig(format="verl", objective="treerpo", lone_child="zero"))
     assert a2["prompt_ids"] == [1, 2, 3] and a2["uid"] == "p" and a2["reward_model"]["ground_truth"] == "42"
     assert a2["response_ids"] == [10, 11, 20, 12], "the leaf's appended glue [99] is not part of the response"
     assert a2["response_mask"] == [1, 1, 0, 1]
@@ -99,36 +98,57 @@ def test_verl_rows_by_hand() -> None:
     assert b2["advantages"] == pytest.approx([-0.25, 0.0, 0.0, 0.0, 0.0]) and b2["response_mask"] == [1, 0, 0, 1, 1]
     assert c["response_ids"] == [10, 11, 20, 13] and c["response_mask"] == [0, 0, 0, 1], "A1 was trained in A2's row"
     assert c["advantages"] == pytest.approx([0.0, 0.0, 0.0, -0.5]) and c["reward_score"] == 0.0
-    every = export_rows([tree], ExportConfig(format="verl", shared_turns="every"))[2]
+    every = export_rows([tree], ExportConfig(format="verl", shared_turns="per-leaf", lone_child="zero"))[2]
     assert every["response_mask"] == [1, 1, 0, 1] and every["advantages"] == pytest.approx([0.25, 0.25, 0, -0.5])
     assert a2["num_turns"] == 4 and a2["data_source"] == "trace_envs/PythonMath-v0"
 
 
-@pytest.mark.parametrize("objective", ["treerpo", "grpo", "tree-grpo"])
-def test_verl_rows_train_every_segment_of_the_objective_once(objective: str, make_tree) -> None:
-    """Brute force against trace_agent.objectives: the masked tokens of all rows are exactly its segments."""
+def _trained(rows: list[dict]) -> dict[tuple[int, ...], list[tuple[int, float]]]:
+    """Context -> [(token, advantage)] over every mask-1 token of every row."""
+    out: dict[tuple[int, ...], list[tuple[int, float]]] = {}
+    for row in rows:
+        for i, m in enumerate(row["response_mask"]):
+            if m:
+                context = tuple(row["prompt_ids"] + row["response_ids"][:i])
+                out.setdefault(context, []).append((row["response_ids"][i], row["advantages"][i]))
+    return out
+
+
+@pytest.mark.parametrize(("objective", "shared"), [("treerpo", None), ("treerpo", "per-leaf"), ("grpo", None),
+                                                   ("grpo", "once"), ("tree-grpo", None), ("tree-grpo", "once")])
+def test_verl_rows_carry_the_objectives_advantages(objective: str, shared, make_tree) -> None:
+    """Brute force against trace_agent.objectives on random trees: which tokens are trained, with what advantage."""
+    from trace_agent import objectives
+
     for seed in range(5):
         tree = make_tree(seed=seed, roots=4, depth=3, continuations=4)
         tree.root.observation_ids = [7, 7, 7]
-        rows = export_rows([tree], ExportConfig(format="verl", objective=objective))
-        trained: dict[tuple[int, ...], list[tuple[int, float]]] = {}
-        for row in rows:
-            for i, m in enumerate(row["response_mask"]):
-                if m:
-                    context = tuple(row["prompt_ids"] + row["response_ids"][:i])
-                    trained.setdefault(context, []).append((row["response_ids"][i], row["advantages"][i]))
-        expected: dict[tuple[int, ...], list[tuple[int, float]]] = {}
-        for seg in tree_segments(tree, objective):  # type: ignore[arg-type]
-            for j, token in enumerate(seg.generated_ids):
-                expected.setdefault(seg.context_ids + seg.generated_ids[:j], []).append((token, seg.advantage))
-        assert trained.keys() == expected.keys()
-        for key, got in trained.items():
-            assert [t for t, _ in got] == [t for t, _ in expected[key]]
-            assert [a for _, a in got] == pytest.approx([a for _, a in expected[key]])
+        rows = export_rows([tree], ExportConfig(format="verl", objective=objective, shared_turns=shared))
         assert len(rows) == len(tree.leaves())
-        adv = node_advantages(tree, objective)  # type: ignore[arg-type]
         assert all(len(r["advantages"]) == len(r["response_ids"]) == len(r["response_mask"]) for r in rows)
-        assert adv
+        rule = shared or ("once" if objective == "treerpo" else "per-leaf")
+        by_leaf = None
+        if objective != "treerpo" and rule == "per-leaf":
+            leaf_fn = objectives.grpo_leaf_advantages if objective == "grpo" else objectives.tree_grpo_leaf_advantages
+            by_leaf = leaf_fn(tree)
+        else:
+            node_adv = objectives.node_advantages(tree, objective)  # type: ignore[arg-type]
+        expected: dict[tuple[int, ...], list[tuple[int, float]]] = {}
+        seen: set[int] = set()
+        for leaf in tree.leaves():
+            for node in leaf.path()[1:]:
+                if rule == "once" and node.node_id in seen:
+                    continue
+                seen.add(node.node_id)
+                a = by_leaf[leaf.node_id] if by_leaf is not None else node_adv.get(node.node_id, 0.0)
+                context = objectives.node_context_ids(node)
+                for j, token in enumerate(node.generated_ids):
+                    expected.setdefault(context + tuple(node.generated_ids[:j]), []).append((token, a))
+        got = _trained(rows)
+        assert got.keys() == expected.keys()
+        for key, pairs in got.items():
+            assert [t for t, _ in pairs] == [t for t, _ in expected[key]]
+            assert [a for _, a in pairs] == pytest.approx([a for _, a in expected[key]])
 
 
 def test_files_round_trip_and_the_cli(tmp_path: Path) -> None:
@@ -213,7 +233,7 @@ def test_collected_trees_re_render_to_their_exact_ids(tmp_path: Path) -> None:
     assert all(isinstance(t.ground_truth, str) and t.ground_truth for t in trees)
     for tree in trees:
         assert list(policy.render(tree.root.messages, tree.tools).token_ids) == tree.root.observation_ids
-        for row in export_rows([tree], ExportConfig(format="verl", shared_turns="every")):
+        for row in export_rows([tree], ExportConfig(format="verl", shared_turns="per-leaf")):
             leaf = tree.nodes[row["extra_info"]["leaf_node_id"]]
             path_ids = [t for n in leaf.path()[1:-1] for t in n.generated_ids + n.observation_ids]
             assert row["response_ids"] == path_ids + leaf.generated_ids
