@@ -166,7 +166,7 @@ class BenchResult:
         ]
         for name, s in self.summary.items():
             er = s["effective_ratio"]
-            hist, cont = (" ".join(f"{d}:{c:g}" for d, c in sorted(s.get(h, {}).items(), key=lambda kv: int(kv[0])))
+            hist, cont = (" ".join(f"{d}:{c:.3g}" for d, c in sorted(s.get(h, {}).items(), key=lambda kv: int(kv[0])))
                           or "-" for h in ("branch_depths", "continuation_depths"))
             lines.append(
                 f"| {name} | {er['mean']:.3f} ± {er['std']:.3f} [{er['min']:.2f}, {er['max']:.2f}] "

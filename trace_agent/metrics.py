@@ -158,6 +158,7 @@ def plot_learning_curves(records: Sequence[Mapping[str, Any]] | str | Path, path
                          panels: Sequence[tuple[str, Sequence[str]]] = CURVE_PANELS) -> Path:
     """Learning curves (one panel per entry of ``panels``, empty ones skipped) as a PNG; returns the path."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     recs = read_metrics(records) if isinstance(records, str | Path) else list(records)
     used = [(t, [k for k in keys if any(_finite(r.get(k)) is not None for r in recs)]) for t, keys in panels]
@@ -178,6 +179,7 @@ def plot_learning_curves(records: Sequence[Mapping[str, Any]] | str | Path, path
                 ax.plot(xs, ys, marker="o", ms=3, label=k.split("/", 1)[-1])
         ax.set_title(panel)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         if len(keys) > 1 or any(_finite(r.get(f"{keys[0]}_se")) is not None for r in recs):
             ax.legend(fontsize=7)

@@ -5,14 +5,21 @@
     trace-gym train --env trace_envs/PythonMath-v0 --policy demo --strategy trace --objective treerpo \\
         --steps 10 --out runs/trace
     trace-gym train --config docs/configs/demo.yaml --set optim.lr=1e-4 --set rollout.strategy=grpo
-    trace-gym train --out runs/trace --resume          # continue a killed run from its last checkpoint
+    trace-gym train --config docs/configs/wiki.yaml --strategy mypkg.branching:EntropyBranching --out runs/wiki
+    trace-gym train --resume runs/trace            # continue a stopped run with its own config.yaml
+    trace-gym train --resume runs/trace --steps 20 # ... and train it longer
+    trace-gym train --config docs/configs/qwen3_gpu.yaml --preflight   # check prerequisites, then exit
     trace-gym eval --policy hf --policy-path runs/trace/policy --tasks 50 --samples 4
     trace-gym eval --policy hf --policy-path runs/trace/policy --transcripts runs/trace/eval.jsonl
 
 A run directory holds ``config.yaml``, ``metrics.jsonl`` (one line per step, step 0 =
-before training), TensorBoard events (``tb/``), ``checkpoints/step_<k>/``, the final
+before training), TensorBoard events (``tb/``: scalars, tree pictures, transcripts),
+``checkpoints/step_<k>/`` (safetensors + JSON + a sha256 manifest), ``trees/``, the final
 policy (``policy/``, loadable with ``HFPolicy.from_pretrained``), ``learning_curves.png``
-and ``summary.json``.
+and ``summary.json``. ``--resume DIR`` refuses a conflicting config and names the
+differences; a fresh run refuses a directory that holds a run (``--overwrite`` replaces it).
+Splits: every env's ``train`` split trains and its ``test`` split is held out
+(:func:`trace_agent.wiring.split_kwargs`).
 """
 
 from __future__ import annotations
@@ -182,6 +189,17 @@ def _resume(trainer: Any, out: Path, log: Callable[[str], None]) -> tuple[int, P
     return 0, None
 
 
+def _logged_eval(records: Sequence[dict[str, Any]], step: int, config: TrainConfig) -> EvalResult | None:
+    """The held-out result logged at ``step`` of a resumed run (per-task rates are not kept in the metrics)."""
+    r = next((r for r in records if r.get("step") == step and r.get("eval/success") is not None), None)
+    if r is None:
+        return None
+    return EvalResult(success=float(r["eval/success"]), success_se=float(r.get("eval/success_se") or 0.0),
+                      tasks=int(r.get("eval/tasks") or 0), samples=config.eval.samples,
+                      episodes=int(r.get("eval/episodes") or 0), solved_tasks=int(r.get("eval/solved_tasks") or 0),
+                      seconds=float(r.get("eval/seconds") or 0.0), per_task={})
+
+
 def _log_samples(logger: Any, trees: Sequence[Any], step: int) -> None:
     """A transcript (best and worst leaf) and a picture of one tree of the step, to TensorBoard / W&B."""
     if not trees:
@@ -233,7 +251,7 @@ def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool | 
     logger = MetricsLogger(out, tensorboard=config.log.tensorboard, wandb=config.log.wandb,
                            config=config_to_dict(config), resume_step=start if ckpt is not None else None)
     earlier = read_metrics(logger.path)
-    before: EvalResult | None = None
+    before: EvalResult | None = _logged_eval(earlier, 0, config) if start else None
     after: EvalResult | None = None
     progress = config.log.progress
     last_checkpoint = start if ckpt is not None else None
