@@ -423,7 +423,7 @@ def test_work_dir_quota_is_not_the_hosts_tmp():
 
 @pytest.mark.skipif(not ROOT, reason="cgroups need root")
 def test_memory_is_limited_per_env_not_per_process():
-    config = SandboxConfig(timeout_s=5, kill_grace_s=1, memory_mb=1024, env_memory_mb=300, preload=())
+    config = SandboxConfig(timeout_s=5, kill_grace_s=1, memory_mb=1024, env_memory_mb=300, cpus=0.5, preload=())
     with PythonMathEnv(tasks=TASKS, sandbox=config) as e:
         e.reset(seed=0, options={"task_id": "t"})
         box = e._sandbox
@@ -431,6 +431,9 @@ def test_memory_is_limited_per_env_not_per_process():
             pytest.skip("no writable cgroup tree here")
         memory = [d for d in box._cgroups if "/memory/" in d]
         assert memory and Path(memory[0], "memory.limit_in_bytes").read_text().strip() == str(300 * 2**20)
+        for d in box._cgroups:
+            if "/cpu/" in d or "/cpu," in d:
+                assert Path(d, "cpu.cfs_quota_us").read_text().strip() == "50000"  # half a core, opt-in
         e.step(call("a = bytearray(150 * 2**20)\nfor i in range(0, len(a), 4096): a[i] = 1"))
         held = e.snapshot()  # the frozen copy shares those pages; the next writes need new ones
         obs = e.step(call("b = bytearray(200 * 2**20)\nfor i in range(0, len(b), 4096): b[i] = 1"))[0]
