@@ -292,7 +292,42 @@ def make_guard(workdir: str):
     is_instance, str_, bytes_, int_, denied, shallow = isinstance, str, bytes, int, PermissionError, ValueError
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     write_events, blocked, frame_attrs = frozenset(WRITE_EVENTS), BLOCKED_EVENTS, frozenset(FRAME_ATTRS)
+    metadata_events = frozenset(("os.truncate", "os.chmod", "os.chown", "os.utime", "os.setxattr", "os.removexattr"))
+    os_open, os_read, os_write, os_close, rename, is_reg = os.open, os.read, os.write, os.close, os.rename, stat.S_ISREG
+    read_only, create = os.O_RDONLY | os.O_NOFOLLOW, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
     state = {"workdir": workdir, "permit": None}
+
+    def copy_up(path) -> None:
+        """Give ``path`` an inode of its own when it shares one with a snapshot's files (copy-on-write).
+
+        Snapshots hard-link the work dir's files instead of copying them (``Runtime.copy_tree``);
+        the first write, truncation or metadata change of a shared file copies it here, before the
+        call proceeds, so no branch ever sees another's writes.
+        """
+        if is_instance(path, bytes_):
+            path = path.decode("utf-8", "surrogateescape")
+        try:
+            info = lstat(path)
+        except OSError:
+            return
+        if not is_reg(info.st_mode) or info.st_nlink < 2:
+            return
+        tmp = path + ".cow~"
+        fin = os_open(path, read_only)
+        try:
+            fout = os_open(tmp, create, info.st_mode & 0o7777)
+            try:
+                while True:
+                    block = os_read(fin, 1 << 20)
+                    if not block:
+                        break
+                    while block:
+                        block = block[os_write(fout, block):]
+            finally:
+                os_close(fout)
+        finally:
+            os_close(fin)
+        rename(tmp, path)
 
     def resolve(path):
         """``path`` absolute with every symlink resolved (non-strict, like ``os.path.realpath``)."""
@@ -334,18 +369,22 @@ def make_guard(workdir: str):
         return real == top or real.startswith(top + "/")
 
     def hook(event, args):
-        if event == "open":
+        if event == state["permit"] and get_ident() == main:
+            state["permit"] = None  # the server's own call, consumed by its audit event
+        elif event == "open":
             path, mode, flags = args
             writing = (is_instance(mode, str_) and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)) or (
                 is_instance(flags, int_) and flags & write_flags)
-            if writing and is_instance(path, (str_, bytes_)) and not inside(path):
-                raise denied(f"sandbox: writing outside the work directory is not allowed: {path!r}")
+            if writing and is_instance(path, (str_, bytes_)):
+                if not inside(path):
+                    raise denied(f"sandbox: writing outside the work directory is not allowed: {path!r}")
+                copy_up(path)
         elif event in write_events:
             for arg in args:
                 if is_instance(arg, (str_, bytes_)) and not inside(arg):
                     raise denied(f"sandbox: {event} outside the work directory is not allowed")
-        elif event == state["permit"] and get_ident() == main:
-            state["permit"] = None  # the server's own call, consumed by its audit event
+            if event in metadata_events and args and is_instance(args[0], (str_, bytes_)):
+                copy_up(args[0])
         elif event.startswith(blocked):
             raise denied(f"sandbox: {event} is not allowed")
         elif event == "sys._getframe":
@@ -392,6 +431,7 @@ class Runtime:
         self.sys = sys
         self.rlimit_cpu, self.itimer_real, self.rusage_self = resource.RLIMIT_CPU, signal.ITIMER_REAL, resource.RUSAGE_SELF
         self.unlink, self.rmdir = os.unlink, os.rmdir
+        self.listdir, self.fstat, self.lstat, self.link = os.listdir, os.fstat, os.lstat, os.link
         self.traceback_type, self.own_file = types.TracebackType, __file__
         self.modern_traceback = sys.version_info >= (3, 12)  # there the printer is Python code reading frames
 
@@ -627,8 +667,31 @@ class Runtime:
         except OSError:
             pass
 
-    def copy_tree(self, src: str, dst: str) -> None:
-        """Copy the files of ``src`` into a new ``dst`` (symlinks as links), with captured os calls only."""
+    def open_for_writing(self) -> set:
+        """(device, inode) of every file this process holds open for writing (from /proc/self/fdinfo)."""
+        found = set()
+        for name in self.listdir("/proc/self/fd"):
+            try:
+                fd = self.open("/proc/self/fdinfo/" + name, os.O_RDONLY)
+                try:
+                    text = self.read(fd, 4096).decode()
+                finally:
+                    self.close_fd(fd)
+                flags = int(text.split("flags:", 1)[1].split()[0], 8)
+                if flags & (os.O_WRONLY | os.O_RDWR):
+                    info = self.fstat(int(name))
+                    found.add((info.st_dev, info.st_ino))
+            except (OSError, ValueError, IndexError):
+                continue
+        return found
+
+    def copy_tree(self, src: str, dst: str, writing: set | None = None) -> None:
+        """Make ``dst`` a copy of ``src`` (captured os calls only): directories and symlinks anew, files as
+        hard links (the guard's copy-up gives a file its own inode at its first write), except files
+        this process holds open for writing, which are copied (a write through such a descriptor
+        would pass no guard)."""
+        if writing is None:
+            writing = self.open_for_writing()
         self.mkdir(dst, 0o700)
         with self.scandir(src) as entries:
             items = list(entries)
@@ -637,8 +700,13 @@ class Runtime:
             if entry.is_symlink():
                 self.symlink(self.readlink(source), target)
             elif entry.is_dir(follow_symlinks=False):
-                self.copy_tree(source, target)
+                self.copy_tree(source, target, writing)
             elif entry.is_file(follow_symlinks=False):
+                info = self.lstat(source)
+                if (info.st_dev, info.st_ino) not in writing:
+                    self.permit("os.link")
+                    self.link(source, target)
+                    continue
                 fin = self.open(source, os.O_RDONLY | os.O_NOFOLLOW)
                 try:
                     fout = self.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
