@@ -69,7 +69,11 @@ def assert_usable(env: PythonMathEnv) -> None:
     assert env.step(call("probe_value"))[0].strip() == "41"
     snap.release()
     box = env._sandbox
-    assert box is not None and box.process_count() <= 2 + len(box._frozen)
+    assert box is not None
+    deadline = time.monotonic() + 5  # killed processes may still be exiting (e.g. after an OOM kill)
+    while box.process_count() > 2 + len(box._frozen) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert box.process_count() <= 2 + len(box._frozen)
 
 
 @pytest.fixture
@@ -273,7 +277,8 @@ HOSTILE_ACTIONS = [
 def test_hostile_actions_are_bounded_error_observations(fresh, action):
     start = time.monotonic()
     obs, reward, *_ = fresh.step(action)
-    assert time.monotonic() - start < 2.0 and isinstance(obs, str)
+    limit = 2.0 if "</answer>" not in action else 6.0  # an answer is graded within grade_answer's 3 s deadline
+    assert time.monotonic() - start < limit and isinstance(obs, str)
     obs.encode("utf-8")  # no lone surrogate reaches an observation
     json.dumps(fresh.messages, ensure_ascii=False).encode("utf-8")
     assert reward == 0.0
