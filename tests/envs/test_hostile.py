@@ -285,13 +285,17 @@ def test_hostile_actions_are_bounded_error_observations(fresh, action):
 
 
 def test_parsers_are_linear_in_unclosed_openers():
-    def timed(text):
-        start = time.perf_counter()
-        parse_action(text)
-        parse_call_list(text)
-        return time.perf_counter() - start
+    def timed(text):  # the best of three: the machine is shared
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            parse_action(text)
+            parse_call_list(text)
+            best = min(best, time.perf_counter() - start)
+        return best
     small, large = timed("<tool_call>" * 2_000), timed("<tool_call>" * 8_000)
-    assert large < 0.2 and large < 20 * small + 0.01  # quadratic would be 16x slower per 4x input
+    # linear: about 4x for 4x the input; the lazy regexes were quadratic (16x; 30 s at 18,000 openers)
+    assert large < 1.0 and large < 10 * small + 0.02, (small, large)
 
 
 def test_lone_surrogates_in_interpreter_output_reach_no_one(fresh):
