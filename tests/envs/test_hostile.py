@@ -69,7 +69,11 @@ def assert_usable(env: PythonMathEnv) -> None:
     assert env.step(call("probe_value"))[0].strip() == "41"
     snap.release()
     box = env._sandbox
-    assert box is not None and box.process_count() <= 2 + len(box._frozen)
+    assert box is not None
+    deadline = time.monotonic() + 5  # killed processes may still be exiting (e.g. after an OOM kill)
+    while box.process_count() > 2 + len(box._frozen) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert box.process_count() <= 2 + len(box._frozen)
 
 
 @pytest.fixture
@@ -132,11 +136,13 @@ def test_stolen_fork_request_with_forged_reply_is_refused(fresh, victim):
                     pass
         threading.Thread(target=thief, daemon=True).start()
     """)
+    before = fresh.snapshot()
     fresh.step(call(code))
-    snap = fresh.snapshot()  # never raises: the thief answered the fork request
+    for _ in range(3):  # the thief (replayed with its cell) keeps answering: each turn is an observation
+        fresh.snapshot()
+        assert isinstance(fresh.step(call("kept = 8"))[0], str)
     assert victim.poll() is None
-    fresh.step(call("kept = 8"))
-    fresh.restore(snap)
+    fresh.restore(before)
     assert fresh.step(call("kept"))[0].strip() == "7"
     assert_usable(fresh)
 
@@ -271,20 +277,25 @@ HOSTILE_ACTIONS = [
 def test_hostile_actions_are_bounded_error_observations(fresh, action):
     start = time.monotonic()
     obs, reward, *_ = fresh.step(action)
-    assert time.monotonic() - start < 2.0 and isinstance(obs, str)
+    limit = 2.0 if "</answer>" not in action else 6.0  # an answer is graded within grade_answer's 3 s deadline
+    assert time.monotonic() - start < limit and isinstance(obs, str)
     obs.encode("utf-8")  # no lone surrogate reaches an observation
     json.dumps(fresh.messages, ensure_ascii=False).encode("utf-8")
     assert reward == 0.0
 
 
 def test_parsers_are_linear_in_unclosed_openers():
-    def timed(text):
-        start = time.perf_counter()
-        parse_action(text)
-        parse_call_list(text)
-        return time.perf_counter() - start
+    def timed(text):  # the best of three: the machine is shared
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            parse_action(text)
+            parse_call_list(text)
+            best = min(best, time.perf_counter() - start)
+        return best
     small, large = timed("<tool_call>" * 2_000), timed("<tool_call>" * 8_000)
-    assert large < 0.2 and large < 20 * small + 0.01  # quadratic would be 16x slower per 4x input
+    # linear: about 4x for 4x the input; the lazy regexes were quadratic (16x; 30 s at 18,000 openers)
+    assert large < 1.0 and large < 10 * small + 0.02, (small, large)
 
 
 def test_lone_surrogates_in_interpreter_output_reach_no_one(fresh):
@@ -412,7 +423,8 @@ def test_work_dir_quota_is_not_the_hosts_tmp():
                           "        open(f'big{i}', 'wb').write(b'0' * 10_000_000); out.append('ok')\n"
                           "    except OSError as exc:\n        out.append(exc.errno)\nout"))[0]
         assert obs.strip() == "['ok', 'ok', 28]"  # ENOSPC: the quota, not the host's disk
-        snap = e.snapshot()  # copying 20 MB into a full quota fails: replay-only, no exception
+        snap = e.snapshot()  # the files are hard-linked, not copied: the full quota does not matter
+        assert snap.payload.frozen is not None
         e.restore(snap)
         assert e.step(call("len(out)"))[0].strip() == "3"
         assert_usable(e)
@@ -421,7 +433,7 @@ def test_work_dir_quota_is_not_the_hosts_tmp():
 
 @pytest.mark.skipif(not ROOT, reason="cgroups need root")
 def test_memory_is_limited_per_env_not_per_process():
-    config = SandboxConfig(timeout_s=5, kill_grace_s=1, memory_mb=1024, env_memory_mb=300, preload=())
+    config = SandboxConfig(timeout_s=5, kill_grace_s=1, memory_mb=1024, env_memory_mb=300, cpus=0.5, preload=())
     with PythonMathEnv(tasks=TASKS, sandbox=config) as e:
         e.reset(seed=0, options={"task_id": "t"})
         box = e._sandbox
@@ -429,6 +441,9 @@ def test_memory_is_limited_per_env_not_per_process():
             pytest.skip("no writable cgroup tree here")
         memory = [d for d in box._cgroups if "/memory/" in d]
         assert memory and Path(memory[0], "memory.limit_in_bytes").read_text().strip() == str(300 * 2**20)
+        for d in box._cgroups:
+            if "/cpu/" in d or "/cpu," in d:
+                assert Path(d, "cpu.cfs_quota_us").read_text().strip() == "50000"  # half a core, opt-in
         e.step(call("a = bytearray(150 * 2**20)\nfor i in range(0, len(a), 4096): a[i] = 1"))
         held = e.snapshot()  # the frozen copy shares those pages; the next writes need new ones
         obs = e.step(call("b = bytearray(200 * 2**20)\nfor i in range(0, len(b), 4096): b[i] = 1"))[0]

@@ -144,3 +144,21 @@ def test_close_frees_every_process():
     box.close()
     assert not os.path.exists(f"/proc/{keeper}")
     assert all(f.released for f in frozen)
+
+
+def test_snapshots_share_files_until_written(fresh):
+    """A frozen copy hard-links the work dir (no full copy per snapshot); every kind of write copies first."""
+    fresh.run("import os\nopen('big.bin', 'wb').write(b'a' * 1_000_000)\nopen('t.txt', 'w').write('orig')\n"
+              "held = open('held.txt', 'a')\nheld.write('x'); held.flush()")
+    frozen = fresh.freeze()
+    assert fresh.run("os.stat('big.bin').st_nlink, os.stat('held.txt').st_nlink").output.strip() == "(2, 1)"
+    changes = ["open('t.txt', 'a').write('+a')", "os.truncate('big.bin', 10)", "os.chmod('t.txt', 0o600)",
+               "held.write('y'); held.flush()", "fd = os.open('t.txt', os.O_RDWR); os.write(fd, b'ZZ'); os.close(fd)"]
+    for change in changes:
+        fresh.thaw(frozen)
+        assert fresh.run(change).ok
+        fresh.thaw(frozen)
+        out = fresh.run("(os.path.getsize('big.bin'), open('t.txt').read(), oct(os.stat('t.txt').st_mode & 0o777),"
+                        " open('held.txt').read())").output.strip()
+        assert out == "(1000000, 'orig', '0o644', 'x')", (change, out)
+    frozen.release()

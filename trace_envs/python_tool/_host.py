@@ -238,16 +238,20 @@ def _write(path: Path, value: str) -> bool:
         return False
 
 
-def make_cgroups(name: str, *, memory_mb: int, max_processes: int, cpus: float) -> tuple[list[str], list[str]]:
+def make_cgroups(name: str, *, memory_mb: int, max_processes: int,
+                 cpus: float | None) -> tuple[list[str], list[str]]:
     """Create the env's cgroups; returns (their directories, the ``cgroup.procs`` files to join).
 
-    Only as root; a controller that cannot be created or limited is left out (the caller reports it).
+    Only as root; a controller that cannot be created or limited is left out (the caller reports
+    it); no CPU cgroup when ``cpus`` is None.
     """
     if os.geteuid() != 0:
         return [], []
     dirs: list[str] = []
     limited: list[str] = []
     for ctl in _own_cgroups():
+        if ctl.name == "cpu" and cpus is None:
+            continue
         target = ctl.path / name
         try:
             target.mkdir()
@@ -259,11 +263,11 @@ def make_cgroups(name: str, *, memory_mb: int, max_processes: int, cpus: float) 
             ok = _write(target / "pids.max", str(max_processes))
         elif ctl.name == "cpu":
             ok = _write(target / "cpu.cfs_period_us", "100000") and _write(
-                target / "cpu.cfs_quota_us", str(max(1000, int(cpus * 100000))))
+                target / "cpu.cfs_quota_us", str(max(1000, int((cpus or 1.0) * 100000))))
         else:  # v2: whatever the parent delegates
             ok = any([_write(target / "memory.max", str(memory_mb * 1024 * 1024)),
-                      _write(target / "pids.max", str(max_processes)),
-                      _write(target / "cpu.max", f"{max(1000, int(cpus * 100000))} 100000")])
+                      _write(target / "pids.max", str(max_processes))]
+                     + ([_write(target / "cpu.max", f"{max(1000, int(cpus * 100000))} 100000")] if cpus else []))
         if ok:
             dirs.append(str(target))
             limited.append(ctl.name)

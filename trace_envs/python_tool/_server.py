@@ -39,11 +39,10 @@ from __future__ import annotations
 
 import _imp
 import _json
+import _signal
 import _socket
 import _thread
 import builtins
-import ctypes
-import ctypes.util
 import json
 import os
 import resource
@@ -55,10 +54,9 @@ import sys
 import time
 import types
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWNET = 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 36, 38
+import _isolation  # the sibling file (this script's directory is sys.path[0])
+from _isolation import PR_SET_CHILD_SUBREAPER, _libc, drop_privileges, isolate_os, join_cgroups, set_limits
+
 WRITE_EVENTS = ("os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.chmod", "os.chown", "os.link",
                 "os.symlink", "os.truncate", "os.utime", "os.chflags", "os.setxattr", "os.removexattr",
                 "shutil.rmtree", "shutil.move", "shutil.copyfile", "shutil.copytree", "shutil.chown",
@@ -70,9 +68,6 @@ BLOCKED_EVENTS = ("os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spa
                   "sys._current_frames", "sys.settrace", "sys.setprofile", "sys.addaudithook",
                   "sys._current_exceptions", "cpython.PyInterpreterState_")
 FRAME_ATTRS = ("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back", "f_globals", "f_locals")
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-
 
 # ------------------------------------------------------------------ framing (keeper and start-up only)
 def send(sock: socket.socket, obj: object) -> None:
@@ -95,140 +90,6 @@ def recv(sock: socket.socket) -> dict:
             raise EOFError
         body += chunk
     return json.loads(body)
-
-
-# ------------------------------------------------------------- isolation (keeper, as root)
-def _mount(src: str | None, dst: str, flags: int, fstype: str | None = None, data: str | None = None) -> bool:
-    return _libc.mount(src.encode() if src else None, dst.encode(), fstype.encode() if fstype else None, flags,
-                       data.encode() if data else None) == 0
-
-
-def _closed_ancestor(path: str) -> tuple[str, str] | None:
-    """The outermost ancestor of ``path`` that other users cannot traverse, and its child on the way."""
-    parts = os.path.realpath(path).split(os.sep)[1:]
-    current = "/"
-    for i, part in enumerate(parts[:-1]):
-        current = os.path.join(current, part)
-        if not os.stat(current).st_mode & 0o001:
-            return current, parts[i + 1]
-    return None
-
-
-def expose_python(cfg: dict) -> bool:
-    """Make the interpreter's own files reachable for a dropped uid, hiding the rest of closed dirs.
-
-    A closed directory on the way (e.g. /root, mode 0700, holding ~/.pyenv)
-    gets an empty tmpfs on top inside this mount namespace, and only the
-    needed entries are bind-mounted back. Returns whether everything is reachable.
-    """
-    needed = [sys.base_prefix, sys.prefix, os.path.dirname(os.path.abspath(__file__))]
-    needed += [p for p in sys.path if p and os.path.isdir(p)]
-    closed: dict[str, set[str]] = {}
-    for path in needed:
-        hit = _closed_ancestor(path)
-        if hit:
-            closed.setdefault(hit[0], set()).add(hit[1])
-    for top, children in closed.items():
-        stage = os.path.join(cfg["root"], ".stage")
-        os.makedirs(stage, exist_ok=True)
-        if not _mount(top, stage, MS_BIND):
-            return False
-        if not _mount("tmpfs", top, 0, "tmpfs", "mode=0755,size=1m"):
-            return False
-        for child in children:
-            target = os.path.join(top, child)
-            os.mkdir(target) if os.path.isdir(os.path.join(stage, child)) else open(target, "w").close()
-            if not _mount(os.path.join(stage, child), target, MS_BIND):
-                return False
-        _libc.umount2(stage.encode(), 2)  # MNT_DETACH
-        os.rmdir(stage)
-        _mount(None, top, MS_REMOUNT | MS_BIND | MS_RDONLY)
-    return all(_closed_ancestor(p) is None for p in needed)
-
-
-def _mount_points() -> list[str]:
-    """Mount points of this mount namespace, from /proc/self/mountinfo (octal escapes decoded)."""
-    points = []
-    with open("/proc/self/mountinfo") as fh:
-        for line in fh:
-            fields = line.split()
-            if len(fields) > 4:
-                points.append(fields[4].encode().decode("unicode_escape"))
-    return points
-
-
-def _read_only(point: str) -> bool:
-    """Remount ``point`` read-only in this mount namespace (bind it onto itself first if needed)."""
-    if _mount(None, point, MS_REMOUNT | MS_BIND | MS_RDONLY):
-        return True
-    return _mount(point, point, MS_BIND) and _mount(None, point, MS_REMOUNT | MS_BIND | MS_RDONLY)
-
-
-def isolate_os(cfg: dict) -> list[str]:
-    """Namespaces, a read-only file system and a private tmpfs work dir (keeper, as root). Returns the layers."""
-    layers: list[str] = []
-    if os.geteuid() != 0:
-        return layers
-    if cfg["network_namespace"] and _libc.unshare(CLONE_NEWNET) == 0:
-        layers.append("network-namespace")
-    if _libc.unshare(CLONE_NEWNS) == 0 and _mount(None, "/", MS_REC | MS_PRIVATE):
-        # every mount read-only (a per-mount flag: the host's view is untouched): the kernel, not the
-        # audit hook, keeps model code from writing anywhere but its work dir
-        failed = [p for p in _mount_points() if not _read_only(p)]
-        if not [p for p in failed if p in ("/", "/tmp", "/var/tmp", "/dev/shm")]:
-            layers.append("read-only-filesystem(mount namespace)")
-        size = f"size={cfg['disk_mb']}m,nr_inodes=65536,mode=0700,uid={cfg['uid'] or 0},gid={cfg['uid'] or 0}"
-        if _mount("tmpfs", cfg["root"], MS_NOSUID | MS_NODEV, "tmpfs", size):
-            layers.append(f"private-tmpfs-workdir({cfg['disk_mb']} MB quota, freed with the sandbox)")
-            cfg["tmpfs"] = True
-        if cfg["uid"] is not None and not expose_python(cfg):
-            cfg["uid"] = None  # the interpreter could not import its own stdlib under another uid
-    elif cfg["uid"] is not None and not all(
-        _closed_ancestor(p) is None for p in (sys.base_prefix, sys.prefix, os.path.abspath(__file__))
-    ):
-        cfg["uid"] = None
-    return layers
-
-
-def join_cgroups(cfg: dict) -> list[str]:
-    """Move the keeper (and so every later process) into the env's cgroups made by the host."""
-    joined = []
-    for path in cfg.get("cgroup_procs", []):
-        try:
-            with open(path, "w") as fh:
-                fh.write(str(os.getpid()))
-            joined.append(path)
-        except OSError:
-            pass
-    try:  # the keeper holds the tree together: the OOM killer takes an interpreter instead
-        with open("/proc/self/oom_score_adj", "w") as fh:
-            fh.write("-1000")
-    except OSError:
-        pass
-    return [f"cgroups-joined({len(joined)})"] if joined else []
-
-
-def drop_privileges(cfg: dict) -> list[str]:
-    layers = []
-    if os.geteuid() == 0 and cfg["uid"] is not None:
-        os.setgroups([])
-        os.setgid(cfg["uid"])
-        os.setuid(cfg["uid"])
-        layers.append(f"uid-drop({cfg['uid']}, unique to this sandbox)")
-    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    return layers
-
-
-def set_limits(cfg: dict) -> list[str]:
-    mem = cfg["memory_mb"] * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (cfg["file_mb"] * 1024 * 1024,) * 2)
-    resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_total_s"], cfg["cpu_total_s"]))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (cfg["max_open_files"],) * 2)
-    if os.geteuid() == 0 and cfg["uid"] is not None:
-        resource.setrlimit(resource.RLIMIT_NPROC, (cfg["max_processes"],) * 2)
-    return ["rlimits(as,cpu,fsize,nofile,nproc)"]
 
 
 # ------------------------------------------------------------- the sealed part
@@ -292,7 +153,42 @@ def make_guard(workdir: str):
     is_instance, str_, bytes_, int_, denied, shallow = isinstance, str, bytes, int, PermissionError, ValueError
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     write_events, blocked, frame_attrs = frozenset(WRITE_EVENTS), BLOCKED_EVENTS, frozenset(FRAME_ATTRS)
+    metadata_events = frozenset(("os.truncate", "os.chmod", "os.chown", "os.utime", "os.setxattr", "os.removexattr"))
+    os_open, os_read, os_write, os_close, rename, is_reg = os.open, os.read, os.write, os.close, os.rename, stat.S_ISREG
+    read_only, create = os.O_RDONLY | os.O_NOFOLLOW, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
     state = {"workdir": workdir, "permit": None}
+
+    def copy_up(path) -> None:
+        """Give ``path`` an inode of its own when it shares one with a snapshot's files (copy-on-write).
+
+        Snapshots hard-link the work dir's files instead of copying them (``Runtime.copy_tree``);
+        the first write, truncation or metadata change of a shared file copies it here, before the
+        call proceeds, so no branch ever sees another's writes.
+        """
+        if is_instance(path, bytes_):
+            path = path.decode("utf-8", "surrogateescape")
+        try:
+            info = lstat(path)
+        except OSError:
+            return
+        if not is_reg(info.st_mode) or info.st_nlink < 2:
+            return
+        tmp = path + ".cow~"
+        fin = os_open(path, read_only)
+        try:
+            fout = os_open(tmp, create, info.st_mode & 0o7777)
+            try:
+                while True:
+                    block = os_read(fin, 1 << 20)
+                    if not block:
+                        break
+                    while block:
+                        block = block[os_write(fout, block):]
+            finally:
+                os_close(fout)
+        finally:
+            os_close(fin)
+        rename(tmp, path)
 
     def resolve(path):
         """``path`` absolute with every symlink resolved (non-strict, like ``os.path.realpath``)."""
@@ -334,18 +230,22 @@ def make_guard(workdir: str):
         return real == top or real.startswith(top + "/")
 
     def hook(event, args):
-        if event == "open":
+        if event == state["permit"] and get_ident() == main:
+            state["permit"] = None  # the server's own call, consumed by its audit event
+        elif event == "open":
             path, mode, flags = args
             writing = (is_instance(mode, str_) and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)) or (
                 is_instance(flags, int_) and flags & write_flags)
-            if writing and is_instance(path, (str_, bytes_)) and not inside(path):
-                raise denied(f"sandbox: writing outside the work directory is not allowed: {path!r}")
+            if writing and is_instance(path, (str_, bytes_)):
+                if not inside(path):
+                    raise denied(f"sandbox: writing outside the work directory is not allowed: {path!r}")
+                copy_up(path)
         elif event in write_events:
             for arg in args:
                 if is_instance(arg, (str_, bytes_)) and not inside(arg):
                     raise denied(f"sandbox: {event} outside the work directory is not allowed")
-        elif event == state["permit"] and get_ident() == main:
-            state["permit"] = None  # the server's own call, consumed by its audit event
+            if event in metadata_events and args and is_instance(args[0], (str_, bytes_)):
+                copy_up(args[0])
         elif event.startswith(blocked):
             raise denied(f"sandbox: {event} is not allowed")
         elif event == "sys._getframe":
@@ -380,7 +280,10 @@ class Runtime:
         self.close_fd, self.mkdir, self.scandir, self.open, self.read = os.close, os.mkdir, os.scandir, os.open, os.read
         self.write, self.readlink, self.symlink, self.exit = os.write, os.readlink, os.symlink, os._exit
         self.setrlimit, self.getrusage, self.setitimer = resource.setrlimit, resource.getrusage, signal.setitimer
-        self.signal, self.getsignal = signal.signal, signal.getsignal
+        # the C functions (no enum wrapping: 20 us for all signals instead of 1 ms per cell)
+        self.signal, self.getsignal = _signal.signal, _signal.getsignal
+        self.catchable = tuple(int(s) for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP))
+        self.ours = (self.io["on_alarm"], self.io["on_xcpu"], signal.default_int_handler)
         self.compile, self.exec, self.eval, self.repr = builtins.compile, builtins.exec, builtins.eval, builtins.repr
         self.excepthook = sys.__excepthook__
         self.enc = _json.encode_basestring_ascii
@@ -392,6 +295,7 @@ class Runtime:
         self.sys = sys
         self.rlimit_cpu, self.itimer_real, self.rusage_self = resource.RLIMIT_CPU, signal.ITIMER_REAL, resource.RUSAGE_SELF
         self.unlink, self.rmdir = os.unlink, os.rmdir
+        self.listdir, self.fstat, self.lstat, self.link = os.listdir, os.fstat, os.lstat, os.link
         self.traceback_type, self.own_file = types.TracebackType, __file__
         self.modern_traceback = sys.version_info >= (3, 12)  # there the printer is Python code reading frames
 
@@ -512,20 +416,17 @@ class Runtime:
 
     def restore_signals(self) -> None:
         """Our handlers back, and no handler model code installed (it would see the server's frames)."""
-        for sig in signal.valid_signals():
-            if sig in (signal.SIGKILL, signal.SIGSTOP):
-                continue
+        for sig in self.catchable:
             try:
                 current = self.getsignal(sig)
             except (ValueError, OSError):
                 continue
-            if callable(current) and current not in (self.io["on_alarm"], self.io["on_xcpu"],
-                                                     signal.default_int_handler):
-                self.signal(sig, signal.SIG_DFL)
+            if current is not None and type(current) is not int and current not in self.ours:
+                self.signal(sig, _signal.SIG_DFL)
         self.signal(signal.SIGALRM, self.io["on_alarm"])
         # between cells the kernel's default action ends the process: whichever thread gets the signal
         # (a burning background thread, while the main thread waits in recvmsg), it cannot be deferred
-        self.signal(signal.SIGXCPU, signal.SIG_DFL)
+        self.signal(signal.SIGXCPU, _signal.SIG_DFL)
 
     # ------------------------------------------------------------ serving
     def serve(self, sock) -> None:
@@ -627,8 +528,31 @@ class Runtime:
         except OSError:
             pass
 
-    def copy_tree(self, src: str, dst: str) -> None:
-        """Copy the files of ``src`` into a new ``dst`` (symlinks as links), with captured os calls only."""
+    def open_for_writing(self) -> set:
+        """(device, inode) of every file this process holds open for writing (from /proc/self/fdinfo)."""
+        found = set()
+        for name in self.listdir("/proc/self/fd"):
+            try:
+                fd = self.open("/proc/self/fdinfo/" + name, os.O_RDONLY)
+                try:
+                    text = self.read(fd, 4096).decode()
+                finally:
+                    self.close_fd(fd)
+                flags = int(text.split("flags:", 1)[1].split()[0], 8)
+                if flags & (os.O_WRONLY | os.O_RDWR):
+                    info = self.fstat(int(name))
+                    found.add((info.st_dev, info.st_ino))
+            except (OSError, ValueError, IndexError):
+                continue
+        return found
+
+    def copy_tree(self, src: str, dst: str, writing: set | None = None) -> None:
+        """Make ``dst`` a copy of ``src`` (captured os calls only): directories and symlinks anew, files as
+        hard links (the guard's copy-up gives a file its own inode at its first write), except files
+        this process holds open for writing, which are copied (a write through such a descriptor
+        would pass no guard)."""
+        if writing is None:
+            writing = self.open_for_writing()
         self.mkdir(dst, 0o700)
         with self.scandir(src) as entries:
             items = list(entries)
@@ -637,8 +561,13 @@ class Runtime:
             if entry.is_symlink():
                 self.symlink(self.readlink(source), target)
             elif entry.is_dir(follow_symlinks=False):
-                self.copy_tree(source, target)
+                self.copy_tree(source, target, writing)
             elif entry.is_file(follow_symlinks=False):
+                info = self.lstat(source)
+                if (info.st_dev, info.st_ino) not in writing:
+                    self.permit("os.link")
+                    self.link(source, target)
+                    continue
                 fin = self.open(source, os.O_RDONLY | os.O_NOFOLLOW)
                 try:
                     fout = self.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -666,49 +595,21 @@ def interpreter_main(cfg: dict, base_fd: int, layers: list[str]) -> None:
     os.chmod(workdir, 0o700)
     layers += drop_privileges(cfg)
     os.chdir(workdir)
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):  # stdio was the host's log file: model code must not write to the host's disk
-        os.dup2(null, fd)
-    os.close(null)
     base = socket.socket(fileno=base_fd)
     runtime = Runtime(cfg, os.path.realpath(workdir))
     runtime.restore_signals()
     sys.modules["__main__"] = types.ModuleType("__main__")  # this module is out of model code's reach
+    sys.modules.pop("_isolation", None)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # stdio was the host's log file: model code must not write to the host's disk
+        os.dup2(null, fd)
+    os.close(null)
     sys.addaudithook(runtime.hook)
     layers.append("audit-hook guard(writes outside work dir, processes, signals, sockets, introspection; "
                   "always armed, no switch)")
     send(base, {"ready": True, "isolation": layers})
     runtime.serve(base)
     os._exit(0)
-
-
-def _kill_descendants() -> None:
-    """SIGKILL every process below this one (the keeper's tree), until none is left."""
-    me = os.getpid()
-    for _ in range(50):
-        children: dict[int, list[int]] = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    with open(f"/proc/{entry}/stat") as fh:
-                        fields = fh.read().rsplit(")", 1)[1].split()
-                except (OSError, IndexError):
-                    continue
-                if fields[0] != "Z":
-                    children.setdefault(int(fields[1]), []).append(int(entry))
-        found, stack = [], [me]
-        while stack:
-            for child in children.get(stack.pop(), []):
-                found.append(child)
-                stack.append(child)
-        if not found:
-            return
-        for pid in found:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.01)
 
 
 def keeper_main() -> None:
@@ -728,6 +629,11 @@ def keeper_main() -> None:
         keeper.close()
         try:
             interpreter_main(cfg, cfg["base_fd"], layers)
+        except BaseException:  # noqa: BLE001 - the host shows this log when the sandbox does not start
+            import traceback
+
+            traceback.print_exc()
+            sys.stderr.flush()
         finally:
             os._exit(1)
     os.close(cfg["base_fd"])
@@ -735,7 +641,7 @@ def keeper_main() -> None:
         recv(keeper)  # blocks until the host says stop or goes away (closed, crashed or SIGKILLed)
     except (EOFError, OSError, ValueError):
         pass
-    _kill_descendants()
+    _isolation.kill_descendants()
     os._exit(0)
 
 

@@ -83,7 +83,9 @@ class SandboxConfig:
         cpu_total_s: CPU-time limit of one interpreter over its whole life.
         memory_mb: address-space limit of each sandbox process.
         env_memory_mb: memory of the whole env (all its processes and its tmpfs files; a cgroup, where available).
-        cpus: CPU share of the whole env in cores (a cgroup quota, where available).
+        cpus: CPU cap of the whole env in cores (a cgroup quota, where available); None: no CPU cgroup.
+            Off by default: under contention the env then competes as one task, which doubled
+            restore latency on a loaded 2-core machine; rlimits bound CPU per cell and between cells anyway.
         disk_mb: size of the env's private work-dir tmpfs (all snapshots' files together; root only).
         max_open_files: open files per process.
         file_mb: largest file a cell may write.
@@ -101,7 +103,7 @@ class SandboxConfig:
     cpu_total_s: int = 3600
     memory_mb: int = 1024
     env_memory_mb: int = 4096
-    cpus: float = 1.0
+    cpus: float | None = None
     disk_mb: int = 256
     max_open_files: int = 256
     file_mb: int = 16
@@ -118,8 +120,9 @@ class SandboxConfig:
             raise ValueError("SandboxConfig limits must be positive (memory_mb >= 64)")
         if self.max_frozen < 1 or self.max_processes <= self.max_frozen:
             raise ValueError("need max_frozen >= 1 and max_processes > max_frozen")
-        if self.env_memory_mb < self.memory_mb // 4 or self.cpus <= 0 or self.disk_mb < 1 or self.max_open_files < 16:
-            raise ValueError("SandboxConfig: env_memory_mb >= memory_mb / 4, cpus > 0, disk_mb >= 1, "
+        if (self.env_memory_mb < self.memory_mb // 4 or (self.cpus is not None and self.cpus <= 0)
+                or self.disk_mb < 1 or self.max_open_files < 16):
+            raise ValueError("SandboxConfig: env_memory_mb >= memory_mb / 4, cpus > 0 or None, disk_mb >= 1, "
                              "max_open_files >= 16")
 
 
