@@ -263,6 +263,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     for name, key in (("strategy", "rollout.strategy"), ("objective", "objective.name"), ("steps", "steps"),
                       ("out", "out_dir"), ("lr", "optim.lr")):
         put(key, getattr(args, name, None))
+    for name, key in (("backend", "rollout.backend"), ("ray_workers", "rollout.ray_workers"),
+                      ("ray_address", "rollout.ray_address"), ("batching", "rollout.batching")):
+        put(key, getattr(args, name, None))
     return load_config(args.config, [*flags, *args.overrides])
 
 
@@ -314,6 +317,10 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="training steps (config: steps)")
     p.add_argument("--lr", type=float, help="learning rate (config: optim.lr)")
     p.add_argument("--out", help="run directory (config: out_dir)")
+    p.add_argument("--backend", choices=("local", "ray"), help="where envs run (config: rollout.backend)")
+    p.add_argument("--ray-workers", type=int, help="Ray env actors (config: rollout.ray_workers)")
+    p.add_argument("--ray-address", help="existing Ray cluster; default: a local one (config: rollout.ray_address)")
+    p.add_argument("--batching", choices=("deterministic", "dynamic"), help="engine batching (config: rollout.batching)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the run directory")
     p.add_argument("--no-eval", action="store_true", help="skip held-out evaluation before and after")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

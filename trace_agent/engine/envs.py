@@ -44,12 +44,13 @@ EnvFactory = Callable[[], Any]
 
 @dataclass(frozen=True, kw_only=True)
 class EpisodeStart:
-    """A prompt's env right after ``reset``: the root state handle, the chat messages and tool schemas."""
+    """A prompt's env right after ``reset``: the root state handle, chat messages, tool schemas, the task's data."""
 
     snapshot: Any
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     env_id: str
+    task_data: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,11 +119,15 @@ def _env_id(env: Any) -> str:
     return str(getattr(env.unwrapped, "env_id", type(env.unwrapped).__name__))
 
 
-def start_episode(env: Any, prompt: PromptSpec) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]], str]:
-    """Reset ``env`` to the prompt's task; (root snapshot, messages, tools, env id)."""
+def start_episode(env: Any, prompt: PromptSpec) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]], str,
+                                                        dict[str, Any] | None]:
+    """Reset ``env`` to the prompt's task; (root snapshot, messages, tools, env id, task data or None)."""
     env.reset(seed=prompt.reset_seed, options={"task_id": prompt.task_id})
     base = env.unwrapped
-    return _core(env).snapshot(), list(base.messages), list(base.tools), _env_id(env)
+    task = getattr(base, "task", None)
+    data = getattr(task, "data", None)
+    return (_core(env).snapshot(), list(base.messages), list(base.tools), _env_id(env),
+            dict(data) if isinstance(data, dict) else None)
 
 
 def step_episodes(env: Any, items: Sequence[tuple[Any, str, int, bool]]) -> list[
@@ -167,8 +172,8 @@ class _LocalSession:
 
     async def start(self, prompt: PromptSpec) -> EpisodeStart:
         self.prompt_id = prompt.prompt_id
-        snap, messages, tools, env_id = await self._call(start_episode, self.env, prompt)
-        return EpisodeStart(snapshot=snap, messages=messages, tools=tools, env_id=env_id)
+        snap, messages, tools, env_id, data = await self._call(start_episode, self.env, prompt)
+        return EpisodeStart(snapshot=snap, messages=messages, tools=tools, env_id=env_id, task_data=data)
 
     async def step(self, items: Sequence[StepItem]) -> list[StepOutcome]:
         raw = await self._call(step_episodes, self.env, [(i.snapshot, i.action, i.n_messages, i.release)

@@ -136,10 +136,10 @@ class EnvWorker:
         self.envs[slot] = self.free.pop() if self.free else self.make_env()
         return slot
 
-    def start(self, slot: int, task_id: str, prompt_id: str, reset_seed: int) -> tuple[int, list, list, str]:
-        snap, messages, tools, env_id = start_episode(
+    def start(self, slot: int, task_id: str, prompt_id: str, reset_seed: int) -> tuple[int, list, list, str, Any]:
+        snap, messages, tools, env_id, data = start_episode(
             self.envs[slot], PromptSpec(task_id=task_id, prompt_id=prompt_id, reset_seed=reset_seed))
-        return self._keep(snap), messages, tools, env_id
+        return self._keep(snap), messages, tools, env_id, data
 
     def step(self, slot: int, items: list[tuple[int, str, int, bool]]) -> list[tuple[list, int, float, bool, bool, int]]:
         resolved = [(self.snapshots[s], a, n, False) for s, a, n, _ in items]
@@ -167,7 +167,7 @@ class EnvWorker:
     def describe(self, task_id: str, reset_seed: int) -> list:
         env = self.free.pop() if self.free else self.make_env()
         try:
-            snap, messages, _, _ = start_episode(env, PromptSpec(task_id=task_id, reset_seed=reset_seed))
+            snap, messages, _, _, _ = start_episode(env, PromptSpec(task_id=task_id, reset_seed=reset_seed))
             snap.release()
             return messages
         finally:
@@ -225,9 +225,10 @@ class _RaySession:
 
     async def start(self, prompt: PromptSpec) -> EpisodeStart:
         self.prompt_id = prompt.prompt_id
-        key, messages, tools, env_id = await self.host._call(
+        key, messages, tools, env_id, data = await self.host._call(
             self, "start", self.slot, prompt.task_id, prompt.prompt_id, prompt.reset_seed)
-        return EpisodeStart(snapshot=self._handle(key), messages=messages, tools=tools, env_id=env_id)
+        return EpisodeStart(snapshot=self._handle(key), messages=messages, tools=tools, env_id=env_id,
+                            task_data=data)
 
     async def step(self, items: Sequence[StepItem]) -> list[StepOutcome]:
         raw = await self.host._call(self, "step", self.slot,
