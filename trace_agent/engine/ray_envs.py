@@ -95,7 +95,7 @@ def ensure_ray(config: RayConfig) -> bool:
                               "ignore_reinit_error": True}
     if config.address is None:
         if not any(v in os.environ for v in _AUTH_VARS):
-            os.environ["RAY_AUTH_MODE"] = "token"
+            # Ray turns token auth on for a new local cluster; give it a token so it writes none to ~/.ray
             os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
         root = str(Path(__file__).resolve().parents[2])  # so actors import this checkout's trace_agent
         paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
