@@ -187,7 +187,7 @@ class _LocalSession:
                 snap.release()
 
     async def close(self, *, broken: bool = False) -> None:
-        self.host._give_back(self.env, broken=broken)
+        self.host.give_back(self.env, broken=broken)
 
 
 class LocalEnvHost:
@@ -215,7 +215,7 @@ class LocalEnvHost:
             return self._executor
 
     def lease(self) -> Any:
-        """An env for exclusive use (a free one, or a new one from ``make_env``); hand it back with ``_give_back``."""
+        """An env for exclusive use (a free one, or a new one from ``make_env``); hand it back with :meth:`give_back`."""
         with self._lock:
             if self._free:
                 return self._free.pop()
@@ -224,7 +224,8 @@ class LocalEnvHost:
             self._all.append(env)
         return env
 
-    def _give_back(self, env: Any, *, broken: bool = False) -> None:
+    def give_back(self, env: Any, *, broken: bool = False) -> None:
+        """Return a leased env (``broken``: close and drop it instead)."""
         if broken:
             with self._lock:
                 if env in self._all:

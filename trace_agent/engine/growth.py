@@ -292,9 +292,15 @@ async def run_prompts(engine: GenerationEngine, host: EnvHost, count_: int,
     would have been. Any other error cancels the rest and propagates.
     """
     results: list[Any] = [None] * count_
+    if count_ == 0:
+        return []
+    loop = asyncio.get_running_loop()
     order = iter(range(count_))
+    tasks: set[asyncio.Task[None]] = set()
+    errors: list[BaseException] = []
+    finished = asyncio.Event()
 
-    async def one(group: asyncio.TaskGroup, i: int, agent: Agent) -> None:
+    async def one(i: int, agent: Agent) -> None:
         ok = False
         try:
             for attempt in range(retries + 1):
@@ -313,32 +319,37 @@ async def run_prompts(engine: GenerationEngine, host: EnvHost, count_: int,
                 ok = True
                 break
         finally:
-            nxt = next(order, None) if ok else None
+            nxt = next(order, None) if ok and not errors else None
             if nxt is not None:
-                launch(group, nxt)
+                launch(nxt)  # the successor is registered before this agent leaves: atomic hand-off
             agent.close()
 
-    def launch(group: asyncio.TaskGroup, i: int) -> None:
+    def settled(task: asyncio.Task[None]) -> None:
+        tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and not errors:
+            errors.append(task.exception())  # type: ignore[arg-type]
+            for other in list(tasks):
+                other.cancel()
+        if not tasks:
+            finished.set()
+
+    def launch(i: int) -> None:
         agent = engine.register()
-        group.create_task(one(group, i, agent))
+        task = loop.create_task(one(i, agent))
+        tasks.add(task)
+        task.add_done_callback(settled)
 
+    for _ in range(min(limit, count_)):
+        launch(next(order))
     try:
-        async with asyncio.TaskGroup() as group:
-            for _ in range(min(limit, count_)):
-                launch(group, next(order))
-    except BaseExceptionGroup as failed:
-        raise _first_error(failed) from None
+        await finished.wait()
+    except asyncio.CancelledError:
+        for task in list(tasks):
+            task.cancel()
+        raise
+    if errors:
+        raise errors[0]
     return results
-
-
-def _first_error(group: BaseExceptionGroup) -> BaseException:
-    """The first exception of a task group's failure that is not a cancellation (what the caller should see)."""
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            return _first_error(exc)
-        if not isinstance(exc, asyncio.CancelledError):
-            return exc
-    return group.exceptions[0]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -36,7 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from trace_agent.engine.base import EnvWorkerError, PromptSpec
-from trace_agent.engine.envs import EnvFactory, EpisodeStart, StepItem, StepOutcome, start_episode, step_episodes
+from trace_agent.engine.envs import (
+    EnvFactory,
+    EpisodeStart,
+    StepItem,
+    StepOutcome,
+    start_episode,
+    step_episodes,
+)
 
 __all__ = ["RayConfig", "RayEnvHost", "RemoteSnapshot", "EnvWorker", "ensure_ray"]
 
@@ -288,7 +295,7 @@ class RayEnvHost:
             self._replace(session.worker, session.generation)
             raise EnvWorkerError(f"env worker {session.worker} (prompt {session.prompt_id!r}) died: "
                                  f"{type(exc).__name__}") from exc
-        except TimeoutError as exc:
+        except asyncio.TimeoutError as exc:
             self._replace(session.worker, session.generation, kill=True)
             raise EnvWorkerError(f"env worker {session.worker} did not answer {method!r} for prompt "
                                  f"{session.prompt_id!r} within {self.config.call_timeout_s:g} s") from exc
