@@ -15,8 +15,11 @@ repeat, in one run and in turn:
 * ``flat``: the very contexts the ``engine`` collection generated from, generated again as one
   flat batched call (chunks of 48, same seeds, same sampling): the yardstick.
 
-It prints mean sequences per engine call and tokens/s (generated tokens / wall seconds of the
-whole collection, env steps, predictor and bookkeeping included) and the ratios to ``flat``.
+It prints mean sequences per engine call, tokens/s (generated tokens / wall seconds of the
+whole collection, env steps, predictor and bookkeeping included) and tokens per CPU-second of
+this process (all its threads; sandboxes run in their own processes and are not counted), and
+the ratios to ``flat``. On a machine shared with other jobs the wall ratios swing with the
+load; the CPU ratios and the sequences per call much less.
 
 (b) ``ray``: env-bound work: a scripted policy that costs nothing to run, whose programs keep
 the sandbox busy (``--busy-ms`` of arithmetic per step), on PythonMath-v0 through the Ray
@@ -97,28 +100,30 @@ def _collector(policy: Any, *, concurrent: int, max_new_tokens: int, max_turns: 
 
 def _collect_once(c: TreeCollector, strategy_name: str, *, prompts: list[PromptSpec], budget: Budget,
                   seed: int) -> dict[str, float]:
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     batch = c.collect(prompts, make_strategy(strategy_name), budget, seed=seed)
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, time.process_time() - cpu
     e = batch.engine
-    return {"wall_s": wall, "calls": e.calls, "sequences": e.sequences, "mean_batch": e.mean_batch,
+    return {"wall_s": wall, "cpu_s": cpu, "calls": e.calls, "sequences": e.sequences, "mean_batch": e.mean_batch,
             "tokens": e.generated_tokens, "tokens_per_s": e.generated_tokens / wall,
-            "generate_s": e.generate_seconds, "effective_ratio": batch.stats().effective_ratio}
+            "tokens_per_cpu_s": e.generated_tokens / cpu, "generate_s": e.generate_seconds,
+            "effective_ratio": batch.stats().effective_ratio}
 
 
 def _flat(policy: Any, requests: Sequence[tuple[TokenContext, int]], *, max_new_tokens: int,
           batch: int) -> dict[str, float]:
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     tokens = 0
     for i in range(0, len(requests), batch):
         chunk = requests[i:i + batch]
         gens = policy.generate([c for c, _ in chunk], seeds=[s for _, s in chunk], max_new_tokens=max_new_tokens,
                                temperature=1.0)
         tokens += sum(len(g.token_ids) for g in gens)
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, time.process_time() - cpu
     calls = math.ceil(len(requests) / batch)
-    return {"wall_s": wall, "calls": calls, "sequences": len(requests), "mean_batch": len(requests) / calls,
-            "tokens": tokens, "tokens_per_s": tokens / wall}
+    return {"wall_s": wall, "cpu_s": cpu, "calls": calls, "sequences": len(requests),
+            "mean_batch": len(requests) / calls, "tokens": tokens, "tokens_per_s": tokens / wall,
+            "tokens_per_cpu_s": tokens / cpu}
 
 
 def throughput(args: argparse.Namespace) -> dict[str, Any]:
@@ -144,18 +149,23 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
             per = _collect_once(per_c, name, **kw)
             row = {"strategy": name, "repeat": rep, "engine": eng, "per_prompt": per, "flat": flat,
                    "engine_vs_flat": eng["tokens_per_s"] / flat["tokens_per_s"],
-                   "per_prompt_vs_flat": per["tokens_per_s"] / flat["tokens_per_s"], "load": _load()}
+                   "per_prompt_vs_flat": per["tokens_per_s"] / flat["tokens_per_s"],
+                   "engine_vs_flat_cpu": eng["tokens_per_cpu_s"] / flat["tokens_per_cpu_s"],
+                   "per_prompt_vs_flat_cpu": per["tokens_per_cpu_s"] / flat["tokens_per_cpu_s"], "load": _load()}
             rows.append(row)
-            print(f"[{name} r{rep}] engine {eng['mean_batch']:.1f} seq/call {eng['tokens_per_s']:.0f} tok/s | "
-                  f"per-prompt {per['mean_batch']:.1f} seq/call {per['tokens_per_s']:.0f} tok/s | flat "
-                  f"{flat['mean_batch']:.1f} seq/call {flat['tokens_per_s']:.0f} tok/s | engine/flat "
-                  f"{row['engine_vs_flat']:.2f} per-prompt/flat {row['per_prompt_vs_flat']:.2f} (load {row['load']})",
-                  flush=True)
+            print(f"[{name} r{rep}] engine {eng['mean_batch']:.1f} seq/call {eng['tokens_per_s']:.0f} tok/s "
+                  f"{eng['tokens_per_cpu_s']:.0f} tok/cpu-s | per-prompt {per['mean_batch']:.1f} seq/call "
+                  f"{per['tokens_per_s']:.0f} tok/s {per['tokens_per_cpu_s']:.0f} tok/cpu-s | flat "
+                  f"{flat['mean_batch']:.1f} seq/call {flat['tokens_per_s']:.0f} tok/s {flat['tokens_per_cpu_s']:.0f} "
+                  f"tok/cpu-s | engine/flat {row['engine_vs_flat']:.2f} (cpu {row['engine_vs_flat_cpu']:.2f}) "
+                  f"per-prompt/flat {row['per_prompt_vs_flat']:.2f} (cpu {row['per_prompt_vs_flat_cpu']:.2f}) "
+                  f"(load {row['load']})", flush=True)
     engine_c.close()
     per_c.close()
-    print("\n| strategy | engine seq/call | engine tok/s | per-prompt seq/call | per-prompt tok/s | flat tok/s | "
-          "engine / flat (median, min-max) | per-prompt / flat |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| strategy | engine seq/call | per-prompt seq/call | flat seq/call | engine tok/s | flat tok/s | "
+          "engine / flat, wall (median, min-max) | engine / flat, CPU | per-prompt / flat, wall | "
+          "per-prompt / flat, CPU |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.strategies.split(","):
         rs = [r for r in rows if r["strategy"] == name]
 
@@ -168,11 +178,14 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
                 vals.append(float(v))
             return statistics.median(vals)
 
-        ratios = [r["engine_vs_flat"] for r in rs]
-        print(f"| {name} | {med(('engine', 'mean_batch')):.1f} | {med(('engine', 'tokens_per_s')):.0f} | "
-              f"{med(('per_prompt', 'mean_batch')):.1f} | {med(('per_prompt', 'tokens_per_s')):.0f} | "
-              f"{med(('flat', 'tokens_per_s')):.0f} | {statistics.median(ratios):.2f} ({min(ratios):.2f}-"
-              f"{max(ratios):.2f}) | {med(('per_prompt_vs_flat',)):.2f} |")
+        def spread(key: str, rs=rs) -> str:
+            vals = [float(r[key]) for r in rs]
+            return f"{statistics.median(vals):.2f} ({min(vals):.2f}-{max(vals):.2f})"
+
+        print(f"| {name} | {med(('engine', 'mean_batch')):.1f} | {med(('per_prompt', 'mean_batch')):.1f} | "
+              f"{med(('flat', 'mean_batch')):.1f} | {med(('engine', 'tokens_per_s')):.0f} | "
+              f"{med(('flat', 'tokens_per_s')):.0f} | {spread('engine_vs_flat')} | {spread('engine_vs_flat_cpu')} | "
+              f"{spread('per_prompt_vs_flat')} | {spread('per_prompt_vs_flat_cpu')} |")
     return {"rows": rows}
 
 

@@ -13,7 +13,8 @@ takes longer than ``call_timeout_s`` raises :class:`~trace_agent.engine.base.Env
 the host replaces the actor and the collector regrows the affected prompts from scratch on
 a healthy one (``RolloutConfig.env_retries``), so a step never hangs and no tree is lost.
 
-Ray's defaults on a fresh machine (docs/engine.md, "Ray"): Ray 2.5x/2.6x turns token
+Ray's defaults on a fresh machine (docs/engine.md, "Ray"). A local cluster whose raylet does
+not register within Ray's fixed 30 s (a heavily loaded machine) is started again, up to 3 times. Ray 2.5x/2.6x turns token
 authentication on for a new local cluster and writes a token to ``~/.ray/auth_token``. When
 this module starts the cluster itself and the caller set none of ``RAY_AUTH_MODE``,
 ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, it keeps authentication on with a random
@@ -115,7 +116,14 @@ def ensure_ray(config: RayConfig) -> bool:
             kwargs["_temp_dir"] = config.temp_dir
     else:
         kwargs["address"] = config.address
-    ray.init(**kwargs)
+    for attempt in range(3):
+        try:
+            ray.init(**kwargs)
+            return True
+        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception when its node is slow to start
+            if attempt == 2 or config.address is not None or "timed out during startup" not in str(exc):
+                raise
+            ray.shutdown()  # a loaded machine: Ray waits only 30 s for its raylet; try again
     return True
 
 
