@@ -1,127 +1,112 @@
 """Steps 1-3 of a training step: the trainer's view of the rollout collector.
 
-:class:`StrategyCollector` wraps a :class:`~trace_agent.rollout.TreeCollector` with the
-run's strategy and (M, N) budget and reports how the collection's wall time split between
-generation, the predictor and the envs (:class:`CollectedBatch`).
+The seam between the trainer and collection is one typed Protocol, :class:`CollectorProtocol`:
+``collect(prompt_ids, *, step, seed) -> CollectedBatch``, the ``strategy`` it samples with,
+and ``close()``. :class:`StrategyCollector` is the default implementation: a
+:class:`~trace_agent.rollout.TreeCollector` on the shared asynchronous engine with the run's
+strategy, (M, N) budget and rollout backend (local threads or Ray actors), reporting how
+the collection's wall time split between generation, the predictor and the envs.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from trace_agent.wiring import make_env_factory
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trace_agent.trainer import Trainer
+    from trace_agent.config import TrainConfig
+    from trace_agent.rollout import Collection, RolloutConfig
+    from trace_agent.strategies import Strategy
     from trace_agent.tree import RolloutTree
 
-__all__ = ["CollectedBatch", "StrategyCollector", "default_collector"]
+__all__ = ["CollectedBatch", "CollectorProtocol", "StrategyCollector", "default_collector", "rollout_config"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class CollectedBatch:
     """What the trainer needs from one collection: the trees, who was skipped, the time split.
 
-    ``timings``: ``generation`` (seconds inside ``policy.generate``, summed over worker threads),
-    ``predictor`` (inside ``predictor.predict``), ``env`` (the rest of the collection's wall
-    time: env steps, snapshots, restores, bookkeeping), ``wall``.
+    ``timings``: ``generation`` (seconds inside the backend's ``generate``, on the engine
+    thread), ``predictor`` (inside ``predictor.predict``), ``env`` (the rest of the
+    collection's wall time: env calls not hidden behind generation, bookkeeping), ``wall``.
+    ``engine``: the engine's counters (calls, sequences, mean batch, tokens).
     """
 
     trees: tuple[RolloutTree, ...]
     skipped: tuple[str, ...]
     timings: dict[str, float]
-    collection: Any = None
+    engine: dict[str, float] = field(default_factory=dict)
+    collection: Collection | None = None
 
 
-class _Timer:
-    def __init__(self) -> None:
-        import threading
+@runtime_checkable
+class CollectorProtocol(Protocol):
+    """What the trainer needs from a rollout collector (steps 1-3 of a step)."""
 
-        self.seconds = 0.0
-        self._lock = threading.Lock()
+    strategy: Strategy
 
-    def add(self, dt: float) -> None:
-        with self._lock:
-            self.seconds += dt
+    def collect(self, prompt_ids: Sequence[str], *, step: int, seed: int) -> CollectedBatch: ...
 
-
-class _TimedPolicy:
-    """Delegates to a policy, adding the time spent in ``generate`` to a timer."""
-
-    def __init__(self, policy: Any, timer: _Timer) -> None:
-        self._policy = policy
-        self._timer = timer
-
-    def generate(self, *args: Any, **kwargs: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return self._policy.generate(*args, **kwargs)
-        finally:
-            self._timer.add(time.perf_counter() - t)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._policy, name)
+    def close(self) -> None: ...
 
 
-class _TimedPredictor:
-    """Delegates to a predictor, adding the time spent in ``predict`` to a timer."""
+def rollout_config(config: TrainConfig) -> RolloutConfig:
+    """The :class:`~trace_agent.rollout.RolloutConfig` of a run (sampling + the rollout section)."""
+    from trace_agent.engine.ray_envs import RayConfig
+    from trace_agent.rollout import RolloutConfig
 
-    def __init__(self, predictor: Any, timer: _Timer) -> None:
-        self._predictor = predictor
-        self._timer = timer
-
-    def predict(self, contexts: Sequence[str]) -> Any:
-        t = time.perf_counter()
-        try:
-            return self._predictor.predict(contexts)
-        finally:
-            self._timer.add(time.perf_counter() - t)
-
-    def update(self, *args: Any, **kwargs: Any) -> Any:
-        return self._predictor.update(*args, **kwargs)
+    r, s = config.rollout, config.sampling
+    ray = RayConfig(workers=r.ray_workers, num_cpus_per_worker=r.ray_cpus_per_worker,
+                    memory_per_worker_mb=r.ray_memory_mb, address=r.ray_address,
+                    object_store_mb=r.ray_object_store_mb, temp_dir=r.ray_temp_dir)
+    return RolloutConfig(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+                         seed=config.seed, workers=r.workers, concurrent_prompts=r.concurrent_prompts,
+                         max_batch_size=r.max_batch_size, max_wait_s=r.max_wait_s, batching=r.batching,
+                         backend=r.backend, ray=ray)
 
 
 class StrategyCollector:
-    """Steps 1-3: a :class:`~trace_agent.rollout.TreeCollector` with the run's strategy and (M, N) budget."""
+    """Steps 1-3: a :class:`~trace_agent.rollout.TreeCollector` with the run's strategy and (M, N) budget.
 
-    def __init__(self, trainer: Trainer) -> None:
-        from trace_agent.rollout import RolloutConfig, TreeCollector
+    Args:
+        config: the run.
+        engine: the generation policy.
+        predictor: the success predictor.
+    """
+
+    def __init__(self, config: TrainConfig, *, engine: Any, predictor: Any) -> None:
+        from trace_agent.rollout import TreeCollector
         from trace_agent.strategies import Budget
         from trace_agent.wiring import resolve_strategy
 
-        cfg = trainer.config
-        r, s = cfg.rollout, cfg.sampling
-        self.strategy = resolve_strategy(r.strategy)
+        r, s = config.rollout, config.sampling
+        self.strategy: Strategy = resolve_strategy(r.strategy)
         self.budget = Budget(roots=r.roots, continuations_per_root=r.continuations_per_root, group_size=r.group_size,
                              continuation_cost=r.continuation_cost, root_cap=r.root_cap, prefix_cap=r.prefix_cap)
-        self._gen = _Timer()
-        self._pred = _Timer()
         self.collector = TreeCollector(
-            make_env=make_env_factory(cfg.env_id, cfg.train_split, max_turns=s.max_turns, env_kwargs=cfg.env_kwargs),
-            policy=_TimedPolicy(trainer.engine, self._gen),
-            predictor=_TimedPredictor(trainer.predictor, self._pred),
-            config=RolloutConfig(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
-                                 seed=cfg.seed, workers=r.workers),
+            make_env=make_env_factory(config.env_id, config.train_split, max_turns=s.max_turns,
+                                      env_kwargs=config.env_kwargs),
+            policy=engine, predictor=predictor, config=rollout_config(config),
         )
 
     def collect(self, prompt_ids: Sequence[str], *, step: int, seed: int) -> CollectedBatch:
         from trace_agent.rollout import PromptSpec
 
-        g0, p0 = self._gen.seconds, self._pred.seconds
         prompts = [PromptSpec(task_id=t, reset_seed=seed % 2**31) for t in prompt_ids]
         batch = self.collector.collect(prompts, self.strategy, self.budget, seed=seed)
-        gen, pred = self._gen.seconds - g0, self._pred.seconds - p0
+        gen, pred = batch.engine.generate_seconds, batch.predictor_seconds
         timings = {"generation": gen, "predictor": pred, "env": max(batch.wall_seconds - gen - pred, 0.0),
                    "wall": batch.wall_seconds}
-        return CollectedBatch(trees=batch.trees, skipped=batch.skipped, timings=timings, collection=batch)
+        return CollectedBatch(trees=batch.trees, skipped=batch.skipped, timings=timings,
+                              engine=batch.engine.as_dict(), collection=batch)
 
     def close(self) -> None:
         self.collector.close()
 
 
-def default_collector(trainer: Trainer) -> StrategyCollector:
-    """The collector a :class:`Trainer` uses unless told otherwise."""
-    return StrategyCollector(trainer)
+def default_collector(config: TrainConfig, *, engine: Any, predictor: Any) -> StrategyCollector:
+    """The collector a :class:`~trace_agent.trainer.Trainer` uses unless told otherwise."""
+    return StrategyCollector(config, engine=engine, predictor=predictor)

@@ -137,7 +137,20 @@ class RolloutSettings:
         continuation_cost: paper units per continuation (the paper's 1/2).
         root_cap: most root rollouts on one prompt (None: 4 * group_size).
         prefix_cap: most continuations from one prefix (None: no cap).
-        workers: prompts expanded at once (threads, one env each).
+        workers: local backend: threads that run env calls (steps, snapshots, restores) at once.
+        concurrent_prompts: env slots: prompts whose trees grow at once (one env each; the
+            rest start in pool order as slots free up).
+        max_batch_size: most sequences per engine call (None: ``policy.max_batch_size``).
+        batching: ``deterministic`` (barrier rounds: bit-identical trees, the default) or
+            ``dynamic`` (continuous batching; statistically equivalent). See docs/engine.md.
+        max_wait_s: dynamic batching: the longest a turn request waits for a fuller batch.
+        backend: ``local`` (envs in this process) or ``ray`` (env workers as Ray actors).
+        ray_workers: Ray backend: env actors.
+        ray_cpus_per_worker: CPUs each actor reserves.
+        ray_memory_mb: memory each actor reserves in Ray's scheduler (None: none).
+        ray_address: an existing Ray cluster (None: ``ray.init`` starts a local one).
+        ray_object_store_mb: object store of a local cluster (MiB).
+        ray_temp_dir: Ray's session directory for a local cluster (None: /tmp/ray).
     """
 
     strategy: str = "trace"
@@ -148,12 +161,36 @@ class RolloutSettings:
     continuation_cost: float = 0.5
     root_cap: int | None = None
     prefix_cap: int | None = None
-    workers: int = 1
+    workers: int = 2
+    concurrent_prompts: int = 64
+    max_batch_size: int | None = None
+    batching: Literal["deterministic", "dynamic"] = "deterministic"
+    max_wait_s: float = 0.05
+    backend: Literal["local", "ray"] = "local"
+    ray_workers: int = 2
+    ray_cpus_per_worker: float = 1.0
+    ray_memory_mb: int | None = None
+    ray_address: str | None = None
+    ray_object_store_mb: int = 256
+    ray_temp_dir: str | None = None
 
     def __post_init__(self) -> None:
         module, colon, attr = self.strategy.partition(":")
         if self.strategy not in STRATEGIES and not (colon and module and attr):
             raise ConfigError(f"rollout.strategy must be one of {STRATEGIES} or module:attribute, got {self.strategy!r}")
+        if self.backend not in ("local", "ray"):
+            raise ConfigError(f"rollout.backend must be 'local' or 'ray', got {self.backend!r}")
+        if self.batching not in ("deterministic", "dynamic"):
+            raise ConfigError(f"rollout.batching must be 'deterministic' or 'dynamic', got {self.batching!r}")
+        if self.concurrent_prompts < 1 or self.ray_workers < 1 or not self.ray_cpus_per_worker >= 0:
+            raise ConfigError("rollout.concurrent_prompts and rollout.ray_workers must be >= 1, "
+                              "rollout.ray_cpus_per_worker >= 0")
+        if self.max_batch_size is not None and self.max_batch_size < 1:
+            raise ConfigError("rollout.max_batch_size must be >= 1 or null")
+        if not (math.isfinite(self.max_wait_s) and self.max_wait_s >= 0):
+            raise ConfigError("rollout.max_wait_s must be a finite number >= 0")
+        if self.ray_object_store_mb < 64 or (self.ray_memory_mb is not None and self.ray_memory_mb < 1):
+            raise ConfigError("rollout.ray_object_store_mb must be >= 64 and rollout.ray_memory_mb >= 1 or null")
         if self.roots < 2 or self.group_size < 2 or self.roots % self.group_size:
             raise ConfigError("rollout.roots must be a multiple of rollout.group_size (both >= 2)")
         if self.prompts_per_step < self.roots // self.group_size:

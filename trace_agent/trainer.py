@@ -59,7 +59,7 @@ from trace_agent.checkpoint import (
     verify_checkpoint,
     write_checkpoint,
 )
-from trace_agent.collector import default_collector
+from trace_agent.collector import CollectorProtocol, default_collector
 from trace_agent.config import TrainConfig, config_to_dict, save_config
 from trace_agent.objectives import Segment, batch_segments
 from trace_agent.pool import PromptPool
@@ -87,8 +87,8 @@ class StepResult:
     metrics: dict[str, float]
 
 
-#: Builds the collector for a trainer: (trainer) -> object with ``collect(prompt_ids, step=, seed=)``.
-CollectorFactory = Callable[["Trainer"], Any]
+#: Builds a run's collector: ``factory(config, engine=..., predictor=...) -> CollectorProtocol``.
+CollectorFactory = Callable[..., CollectorProtocol]
 
 
 class Trainer:
@@ -133,10 +133,10 @@ class Trainer:
         self.rng = np.random.default_rng([config.seed, 7])
         self.step_count = 0
         self.totals: dict[str, float] = {}
-        self.collector = (collector_factory or default_collector)(self)
-        strategy = getattr(self.collector, "strategy", None)
+        self.collector: CollectorProtocol = (collector_factory or default_collector)(
+            config, engine=self.engine, predictor=self.predictor)
         self.refreshes_predictor = (config.predictor.refresh == "always"
-                                    or bool(getattr(strategy, "uses_predictor", True)))
+                                    or bool(getattr(self.collector.strategy, "uses_predictor", True)))
 
     # ---------------------------------------------------------------- one step
     def step(self) -> StepResult:
@@ -165,7 +165,7 @@ class Trainer:
             tree.release_snapshots()
 
         stats = batch_stats(trees, continuation_cost=cfg.rollout.continuation_cost)
-        timings = dict(getattr(collected, "timings", {}) or {})
+        timings = dict(collected.timings)
         gen_s = float(timings.get("generation", t_collect - t0))
         env_s = float(timings.get("env", 0.0))
         scoring_s = float(timings.get("predictor", 0.0))
@@ -177,7 +177,8 @@ class Trainer:
             "rollout/effective_ratio": stats.effective_ratio,
             "rollout/prompts_candidates": float(len(prompts)),
             "rollout/prompts_active": float(stats.active_prompts),
-            "rollout/prompts_skipped": float(len(getattr(collected, "skipped", ()))),
+            "rollout/prompts_skipped": float(len(collected.skipped)),
+            **{f"rollout/{k}": v for k, v in collected.engine.items()},
             **{f"rollout/{k}": v for k, v in stats.as_dict().items()
                if k not in ("effective_ratio",)},
             "budget/paper_units": stats.paper_units,

@@ -52,6 +52,7 @@ class ScriptedPolicy:
         self.by_prompt = {t.prompt: t for t in tasks.values()}
         self.flaw = dict(flaw)
         self.answer_slip = answer_slip
+        self.slow: set[str] = set()
         self.calls: list[list[tuple[int, ...]]] = []
         self._lock = threading.Lock()
 
@@ -73,16 +74,18 @@ class ScriptedPolicy:
         return [json.loads(line) for line in self.decode(context.token_ids).splitlines() if line]
 
     def generate(self, contexts: Sequence[TokenContext], *, max_new_tokens: int = 256, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int | None = None) -> list[Generation]:
-        rng = np.random.default_rng(seed)
+                 top_p: float = 1.0, seed: int | None = None, seeds: Sequence[int] | None = None,
+                 sessions: Sequence[str] | None = None) -> list[Generation]:
         with self._lock:
             self.calls.append([c.token_ids for c in contexts])
+        shared = np.random.default_rng(seed)
         out = []
-        for ctx in contexts:
+        for i, ctx in enumerate(contexts):
+            rng = shared if seeds is None else np.random.default_rng(seeds[i])
             messages = self._messages(ctx)
             task = self.by_prompt[next(m["content"] for m in messages if m["role"] == "user")]
             flawed = bool(rng.random() < self.flaw.get(task.task_id, 0.0))
-            text = self._act(task, messages, flawed)
+            text = self._act(task, messages, flawed, slow=task.task_id in self.slow)
             if text.startswith("<answer>") and rng.random() < self.answer_slip:
                 text = "<answer>\\boxed{-1}</answer>"
             ids = self._line({"role": "assistant", "content": text})[:-1] + [EOT]
@@ -91,9 +94,15 @@ class ScriptedPolicy:
         return out
 
     @staticmethod
-    def _act(task: Task, messages: Sequence[Mapping[str, Any]], flawed: bool) -> str:
-        """Run the task's program (a wrong one when flawed), then box the last line it printed."""
+    def _act(task: Task, messages: Sequence[Mapping[str, Any]], flawed: bool, *, slow: bool = False) -> str:
+        """Run the task's program (a wrong one when flawed), then box the last line it printed.
+
+        ``slow``: first print a warm-up line (one turn more)."""
         outputs = [m["content"] for m in messages if m["role"] == "tool"]
+        if slow and not outputs:
+            return '<tool_call>' + json.dumps({"name": "python", "arguments": {"code": "print(0)"}}) + '</tool_call>'
+        if slow:
+            outputs = outputs[1:]
         if not outputs:
             answer = str(task.data["answer"])
             code = f"print({answer!r} + '7')" if flawed else str(task.data.get("solution_code") or f"print({answer!r})")
@@ -216,9 +225,9 @@ def test_restored_branches_start_from_exactly_the_recorded_state() -> None:
     budget = Budget(roots=4, continuations_per_root=3, group_size=2)
     with TreeCollector(make_env=factory, policy=policy, config=RolloutConfig(workers=1, seed=0)) as collector:
         batch = collector.collect(prompts[1:3], TreePO(), budget, seed=0)
-    (env,) = envs
+    assert 1 <= len(envs) <= len(batch.trees)  # one env per prompt alive at once
     contexts_seen = {ids for call in policy.calls for ids in call}
-    transcripts = [(json.dumps(m, sort_keys=True), a) for m, a in env.before_step]
+    transcripts = [(json.dumps(m, sort_keys=True), a) for env in envs for m, a in env.before_step]
     checked = 0
     for tree in batch.trees:
         for r in tree.rollouts():
@@ -293,18 +302,27 @@ def test_overspending_strategy_is_refused() -> None:
 
 
 def test_prompts_expand_independently() -> None:
-    """A prompt's continuations are sampled as soon as its roots return: with one worker the
-    generate calls go roots(p0)..., conts(p0)..., roots(p1)..., never all roots first."""
-    policy, prompts = scripted_setup(3)
+    """A prompt's continuations are sampled as soon as its own roots end, batched with the roots of a
+    prompt that is still running (one engine call holds both), never after all roots of the batch."""
+    policy, prompts = scripted_setup(3, answer_slip=0.0)
+    fast, slow = prompts[1], prompts[2]
+    policy.slow = {slow.task_id}  # its episodes take one turn more
     with TreeCollector(make_env=make_math_env, policy=policy, config=RolloutConfig(workers=1)) as collector:
-        batch = collector.collect(prompts[1:3], TreePO(), Budget(roots=4, continuations_per_root=2, group_size=2))
-    order = []
+        batch = collector.collect([fast, slow], TreePO(), Budget(roots=4, continuations_per_root=2, group_size=2))
+    fast_tree = next(t for t in batch.trees if t.prompt_id == fast.prompt_id)
+    assert max(leaf.depth for t in batch.trees if t.prompt_id == slow.prompt_id for leaf in t.leaves()) == 3
+    assert all(leaf.depth == 2 for r in fast_tree.rollouts() if r.start_depth == 0
+               for leaf in fast_tree.leaves() if leaf.rollout_id == r.rollout_id)
+    fast_prompt = json.dumps(fast_tree.root.messages[-1]["content"])
+    mixed = 0
     for call in policy.calls:
-        text = policy.decode(call[0])
-        pid = next(t.prompt_id for t in batch.trees if json.dumps(t.root.messages[-1]["content"]) in text)
-        order.append(pid)
-    first, second = batch.trees[0].prompt_id, batch.trees[1].prompt_id
-    assert order.index(second) > max(i for i, p in enumerate(order) if p == first)
+        texts = [policy.decode(ids) for ids in call]
+        slow_third_turn = any(fast_prompt not in t and t.count('"role": "tool"') == 2 for t in texts)
+        if slow_third_turn and any(fast_prompt in t for t in texts):
+            mixed += 1  # the fast prompt's roots all ended at turn 2: these are its continuations
+    assert mixed >= 1
+    assert batch.engine.calls == len(policy.calls)
+    assert batch.engine.mean_batch > 4
 
 
 @pytest.mark.parametrize("env_id", trace_envs.registered_ids())

@@ -5,9 +5,15 @@ sampling loop over ``model(input_ids, cache)``: contexts are left-padded into
 one batch, prefilled once, then decoded one token per step; a row stops when it
 samples an end-of-turn token and leaves the batch (its KV cache rows are
 dropped). Each sampled id's log-prob is read from the very distribution it was
-drawn from (``log_softmax(logits / temperature)``). A ``torch.Generator``
-seeded from ``seed`` makes a call reproducible (same contexts, same batch
-composition, same device).
+drawn from (``log_softmax(logits / temperature)``).
+
+Seeds. With ``seeds=`` (one per context) every request samples from its own
+``torch.Generator``, so the tokens a request draws depend on its seed and its
+logits only, not on which requests share its batch; the logits themselves can
+differ in the last bits with the batch's padding and size (bit-identical results
+need the same batch composition: the engine's deterministic mode, docs/engine.md).
+With only ``seed`` one generator serves the whole call (reproducible for the same
+contexts, batch composition and device).
 
 For training, :meth:`HFPolicy.score` returns differentiable per-token log-probs
 of the last tokens of each sequence (teacher forcing), and :meth:`HFPolicy.logprobs`
@@ -102,16 +108,22 @@ class HFPolicy(ChatTemplated):
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | None = None,
+        seeds: Sequence[int] | None = None,
+        sessions: Sequence[str] | None = None,
     ) -> list[Generation]:
-        """One assistant turn per context, in order (see the module docstring)."""
+        """One assistant turn per context, in order (see the module docstring; ``sessions`` is ignored)."""
         import torch
 
         config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
         for ctx in contexts:
             if len(ctx) == 0:
                 raise PolicyError("cannot generate from an empty context: render() the messages first")
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
+        if seeds is not None and len(seeds) != len(contexts):
+            raise PolicyError(f"{len(seeds)} seeds for {len(contexts)} contexts: give one seed per context")
+        shared: torch.Generator | None = None
+        if seeds is None:
+            shared = torch.Generator(device=self.device)
+            shared.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
         results: list[Generation] = []
         was_training = self.model.training
         self.model.eval()
@@ -119,7 +131,15 @@ class HFPolicy(ChatTemplated):
             with torch.inference_mode():
                 for start in range(0, len(contexts), self.max_batch_size):
                     chunk = [c.token_ids for c in contexts[start:start + self.max_batch_size]]
-                    results.extend(self._generate_batch(chunk, config, generator))
+                    if shared is not None:
+                        generators: list[torch.Generator] | torch.Generator = shared
+                    else:
+                        generators = []
+                        for s in seeds[start:start + self.max_batch_size]:  # type: ignore[index]
+                            g = torch.Generator(device=self.device)
+                            g.manual_seed(int(s) & 0xFFFFFFFFFFFFFFFF)
+                            generators.append(g)
+                    results.extend(self._generate_batch(chunk, config, generators))
         finally:
             self.model.train(was_training)
         return results
@@ -204,7 +224,8 @@ class HFPolicy(ChatTemplated):
         return out.logits[:, -1, :].float(), new_cache
 
     def _sample(self, logits: torch.Tensor, config: SamplingConfig,
-                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+                generator: torch.Generator | list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per row; ``generator`` is shared by the rows or one per row (``len == rows``)."""
         import torch
 
         if config.greedy:
@@ -219,11 +240,15 @@ class HFPolicy(ChatTemplated):
                 drop = cumulative - sorted_p >= config.top_p  # keeps at least the most likely token
                 sorted_p = sorted_p.masked_fill(drop, 0.0)
                 probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-            tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            if isinstance(generator, list):
+                tokens = torch.cat([torch.multinomial(probs[j:j + 1], 1, generator=g).squeeze(-1)
+                                    for j, g in enumerate(generator)])
+            else:
+                tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
     def _generate_batch(self, prompts: list[tuple[int, ...]], config: SamplingConfig,
-                        generator: torch.Generator) -> list[Generation]:
+                        generator: torch.Generator | list[torch.Generator]) -> list[Generation]:
         import torch
 
         batch = len(prompts)
@@ -254,6 +279,8 @@ class HFPolicy(ChatTemplated):
                 cache.batch_select_indices(index)
                 tokens, attention, next_pos = tokens[index], attention[index], next_pos[index]
                 alive = [alive[j] for j in keep]
+                if isinstance(generator, list):
+                    generator = [generator[j] for j in keep]
             attention = torch.cat([attention, attention.new_ones((len(alive), 1))], dim=1)
             logits, cache = self._forward(tokens[:, None], attention, next_pos[:, None], cache)
             next_pos = next_pos + 1

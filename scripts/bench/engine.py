@@ -1,0 +1,322 @@
+"""The rollout engine at scale: engine occupancy of tree collection vs flat generation; Ray 1 vs 2 env workers.
+
+    .venv/bin/python scripts/bench/engine.py throughput --repeats 2          # (a) on the shipped demo policy
+    .venv/bin/python scripts/bench/engine.py ray --repeats 3                 # (b) env-bound work, 1 vs 2 actors
+    .venv/bin/python scripts/bench/engine.py all --out artifacts/bench_engine.json
+
+(a) ``throughput``: the demo setting (PythonMath-v0, 48 candidate prompts, 48 roots, N = 1, groups
+of 4, 160 new tokens, 3 turns, temperature 1). For each strategy (TRACE, GRPO, TreePO) and
+repeat, in one run and in turn:
+
+* ``engine``: ``TreeCollector.collect`` on the shared engine (deterministic batching, every
+  active prompt alive at once, ``max_batch_size`` = the policy's 48);
+* ``per-prompt``: the same engine with ``concurrent_prompts=1``: one prompt's rollouts per call,
+  the batching of the collector before the engine (the issue's "today");
+* ``flat``: the very contexts the ``engine`` collection generated from, generated again as one
+  flat batched call (chunks of 48, same seeds, same sampling): the yardstick.
+
+It prints mean sequences per engine call, tokens/s (generated tokens / wall seconds of the
+whole collection, env steps, predictor and bookkeeping included) and tokens per CPU-second of
+this process (all its threads; sandboxes run in their own processes and are not counted), and
+the ratios to ``flat``. On a machine shared with other jobs the wall ratios swing with the
+load; the CPU ratios and the sequences per call much less.
+
+(b) ``ray``: env-bound work: a scripted policy that costs nothing to run, whose programs keep
+the sandbox busy (``--busy-ms`` of arithmetic per step), on PythonMath-v0 through the Ray
+backend with 1 and 2 env actors (and the local backend for reference), alternating A B A B.
+It prints median wall seconds, the speed-up with its min/max over paired repeats, and each
+actor's resident memory.
+
+The machine is shared with other jobs: quote the medians with the spread and the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import numpy as np  # noqa: E402
+
+from trace_agent.policy.base import Generation, TokenContext  # noqa: E402
+from trace_agent.rollout import PromptSpec, RolloutConfig, TreeCollector  # noqa: E402
+from trace_agent.strategies import Budget, make_strategy  # noqa: E402
+from trace_agent.wiring import make_env_factory, task_ids  # noqa: E402
+
+MATH = "trace_envs/PythonMath-v0"
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:  # pragma: no cover
+        return "?"
+
+
+# --------------------------------------------------------------------------------------------------
+# (a) throughput
+
+
+class _Recording:
+    """Delegates to a policy and records every context it was asked to continue, with its seed."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.requests: list[tuple[TokenContext, int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def generate(self, contexts, *, seeds=None, **kw):
+        self.requests.extend(zip(contexts, seeds or [0] * len(contexts)))
+        return self.inner.generate(contexts, seeds=seeds, **kw)
+
+
+def _collector(policy: Any, *, concurrent: int, max_new_tokens: int, max_turns: int, boot: Sequence[PromptSpec]):
+    """A collector on the demo setting with ``concurrent`` env slots, its sandboxes booted (outside any timing)."""
+    from trace_agent.predictor import EmbeddingPredictor
+
+    make_env = make_env_factory(MATH, "train", max_turns=max_turns)
+    config = RolloutConfig(max_new_tokens=max_new_tokens, temperature=1.0, seed=0, workers=2,
+                           concurrent_prompts=concurrent)
+    c = TreeCollector(make_env=make_env, policy=policy, predictor=EmbeddingPredictor(), config=config)
+    host = c._local_host()
+    envs = [host.lease() for _ in boot]
+    for env, prompt in zip(envs, boot):
+        env.reset(seed=0, options={"task_id": prompt.task_id})
+    for env in envs:
+        host.give_back(env)
+    return c
+
+
+def _collect_once(c: TreeCollector, strategy_name: str, *, prompts: list[PromptSpec], budget: Budget,
+                  seed: int) -> dict[str, float]:
+    t, cpu = time.perf_counter(), time.process_time()
+    batch = c.collect(prompts, make_strategy(strategy_name), budget, seed=seed)
+    wall, cpu = time.perf_counter() - t, time.process_time() - cpu
+    e = batch.engine
+    return {"wall_s": wall, "cpu_s": cpu, "calls": e.calls, "sequences": e.sequences, "mean_batch": e.mean_batch,
+            "tokens": e.generated_tokens, "tokens_per_s": e.generated_tokens / wall,
+            "tokens_per_cpu_s": e.generated_tokens / cpu, "generate_s": e.generate_seconds,
+            "effective_ratio": batch.stats().effective_ratio}
+
+
+def _flat(policy: Any, requests: Sequence[tuple[TokenContext, int]], *, max_new_tokens: int,
+          batch: int) -> dict[str, float]:
+    t, cpu = time.perf_counter(), time.process_time()
+    tokens = 0
+    for i in range(0, len(requests), batch):
+        chunk = requests[i:i + batch]
+        gens = policy.generate([c for c, _ in chunk], seeds=[s for _, s in chunk], max_new_tokens=max_new_tokens,
+                               temperature=1.0)
+        tokens += sum(len(g.token_ids) for g in gens)
+    wall, cpu = time.perf_counter() - t, time.process_time() - cpu
+    calls = math.ceil(len(requests) / batch)
+    return {"wall_s": wall, "cpu_s": cpu, "calls": calls, "sequences": len(requests),
+            "mean_batch": len(requests) / calls, "tokens": tokens, "tokens_per_s": tokens / wall,
+            "tokens_per_cpu_s": tokens / cpu}
+
+
+def throughput(args: argparse.Namespace) -> dict[str, Any]:
+    from trace_agent.policy.demo import ensure_demo_policy, load_demo_policy
+
+    policy = load_demo_policy(ensure_demo_policy(""), max_batch_size=48)
+    ids = task_ids(MATH, "train")[:args.prompts]
+    prompts = [PromptSpec(task_id=t, reset_seed=0) for t in ids]
+    budget = Budget(roots=args.roots, continuations_per_root=1, group_size=4)
+    rows: list[dict[str, Any]] = []
+    warm = [policy.render([{"role": "user", "content": f"warm-up {k}"}]) for k in range(48)]
+    policy.generate(warm, seeds=list(range(48)), max_new_tokens=8)  # first forward passes are slow
+    rec = _Recording(policy)
+    boot = prompts[:budget.max_active]
+    engine_c = _collector(rec, concurrent=64, max_new_tokens=args.max_new_tokens, max_turns=3, boot=boot)
+    per_c = _collector(policy, concurrent=1, max_new_tokens=args.max_new_tokens, max_turns=3, boot=boot[:1])
+    for rep in range(args.repeats):
+        for name in args.strategies.split(","):
+            kw = {"prompts": prompts, "budget": budget, "seed": 100 + rep}
+            rec.requests = []
+            eng = _collect_once(engine_c, name, **kw)
+            flat = _flat(policy, rec.requests, max_new_tokens=args.max_new_tokens, batch=48)
+            per = _collect_once(per_c, name, **kw)
+            row = {"strategy": name, "repeat": rep, "engine": eng, "per_prompt": per, "flat": flat,
+                   "engine_vs_flat": eng["tokens_per_s"] / flat["tokens_per_s"],
+                   "per_prompt_vs_flat": per["tokens_per_s"] / flat["tokens_per_s"],
+                   "engine_vs_flat_cpu": eng["tokens_per_cpu_s"] / flat["tokens_per_cpu_s"],
+                   "per_prompt_vs_flat_cpu": per["tokens_per_cpu_s"] / flat["tokens_per_cpu_s"], "load": _load()}
+            rows.append(row)
+            print(f"[{name} r{rep}] engine {eng['mean_batch']:.1f} seq/call {eng['tokens_per_s']:.0f} tok/s "
+                  f"{eng['tokens_per_cpu_s']:.0f} tok/cpu-s | per-prompt {per['mean_batch']:.1f} seq/call "
+                  f"{per['tokens_per_s']:.0f} tok/s {per['tokens_per_cpu_s']:.0f} tok/cpu-s | flat "
+                  f"{flat['mean_batch']:.1f} seq/call {flat['tokens_per_s']:.0f} tok/s {flat['tokens_per_cpu_s']:.0f} "
+                  f"tok/cpu-s | engine/flat {row['engine_vs_flat']:.2f} (cpu {row['engine_vs_flat_cpu']:.2f}) "
+                  f"per-prompt/flat {row['per_prompt_vs_flat']:.2f} (cpu {row['per_prompt_vs_flat_cpu']:.2f}) "
+                  f"(load {row['load']})", flush=True)
+    engine_c.close()
+    per_c.close()
+    print("\n| strategy | engine seq/call | per-prompt seq/call | flat seq/call | engine tok/s | flat tok/s | "
+          "engine / flat, wall (median, min-max) | engine / flat, CPU | per-prompt / flat, wall | "
+          "per-prompt / flat, CPU |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name in args.strategies.split(","):
+        rs = [r for r in rows if r["strategy"] == name]
+
+        def med(path: tuple[str, ...], rs=rs) -> float:
+            vals = []
+            for r in rs:
+                v: Any = r
+                for k in path:
+                    v = v[k]
+                vals.append(float(v))
+            return statistics.median(vals)
+
+        def spread(key: str, rs=rs) -> str:
+            vals = [float(r[key]) for r in rs]
+            return f"{statistics.median(vals):.2f} ({min(vals):.2f}-{max(vals):.2f})"
+
+        print(f"| {name} | {med(('engine', 'mean_batch')):.1f} | {med(('per_prompt', 'mean_batch')):.1f} | "
+              f"{med(('flat', 'mean_batch')):.1f} | {med(('engine', 'tokens_per_s')):.0f} | "
+              f"{med(('flat', 'tokens_per_s')):.0f} | {spread('engine_vs_flat')} | {spread('engine_vs_flat_cpu')} | "
+              f"{spread('per_prompt_vs_flat')} | {spread('per_prompt_vs_flat_cpu')} |")
+    return {"rows": rows}
+
+
+# --------------------------------------------------------------------------------------------------
+# (b) Ray 1 vs 2 workers on env-bound work
+
+
+class BusyScripted:
+    """A free policy whose PythonMath-v0 turns are CPU-heavy programs (env-bound work), then an answer.
+
+    Byte-level tokens (+256: end of turn); the context is one JSON line per message. The first
+    turn runs ``busy_ms`` worth of arithmetic and prints the task's answer (wrong for half of
+    the seeds); the second boxes the printed line.
+    """
+
+    def __init__(self, tasks: Mapping[str, Any], *, busy_ms: float) -> None:
+        self.by_prompt = {t.prompt: t for t in tasks.values()}
+        self.loops = max(1, int(busy_ms * 20_000))  # ~20k simple iterations per ms in CPython
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        return (256,)
+
+    @staticmethod
+    def _line(message: Mapping[str, Any]) -> list[int]:
+        return list((json.dumps(dict(message), sort_keys=True) + "\n").encode())
+
+    def render(self, messages, tools=None) -> TokenContext:
+        return TokenContext.from_prompt([t for m in messages for t in self._line(m)])
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return bytes(t for t in token_ids if t < 256).decode()
+
+    def generate(self, contexts, *, max_new_tokens=256, temperature=1.0, top_p=1.0, seed=None, seeds=None,
+                 sessions=None) -> list[Generation]:
+        out = []
+        for ctx, s in zip(contexts, seeds or [0] * len(contexts)):
+            messages = [json.loads(x) for x in self.decode(ctx.token_ids).splitlines() if x]
+            task = self.by_prompt[next(m["content"] for m in messages if m["role"] == "user")]
+            outputs = [m["content"] for m in messages if m["role"] == "tool"]
+            if not outputs:
+                answer = str(task.data["answer"]) + ("" if s % 2 else "7")
+                code = f"x = 0\nfor i in range({self.loops}):\n    x += i % 7\nprint({answer!r})"
+                text = "<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}}) + "</tool_call>"
+            else:
+                lines = outputs[-1].strip().splitlines()
+                text = f"<answer>\\boxed{{{lines[-1].strip() if lines else ''}}}</answer>"
+            ids = self._line({"role": "assistant", "content": text})[:-1] + [256]
+            out.append(Generation(token_ids=tuple(ids), logprobs=tuple(-0.5 for _ in ids), text=text,
+                                  finish_reason="stop"))
+        return out
+
+    def extend(self, context, generation, observation) -> TokenContext:
+        obs = [observation] if isinstance(observation, Mapping) else list(observation)
+        ctx = context.append(generation.token_ids, generated=True, logprobs=generation.logprobs)
+        return ctx.append([10] + [t for m in obs for t in self._line(m)], generated=False)
+
+
+def ray_scaling(args: argparse.Namespace) -> dict[str, Any]:
+    import gymnasium as gym
+
+    import trace_envs  # noqa: F401
+    from trace_agent.engine.ray_envs import RayConfig, ensure_ray
+
+    env = gym.make(MATH).unwrapped
+    try:
+        tasks = {t: env.tasks[t] for t in env.tasks.ids()[:args.ray_prompts]}
+    finally:
+        env.close()
+    policy = BusyScripted(tasks, busy_ms=args.busy_ms)
+    prompts = [PromptSpec(task_id=t) for t in tasks]
+    budget = Budget(roots=4 * len(prompts), continuations_per_root=1, group_size=4)
+    make_env = make_env_factory(MATH, "train", max_turns=3)
+    ensure_ray(RayConfig(cluster_cpus=os.cpu_count() or 2, object_store_mb=128))
+    collectors = {}
+    for label, backend, workers in (("ray-1", "ray", 1), ("ray-2", "ray", 2), ("local", "local", 1)):
+        config = RolloutConfig(seed=0, workers=2, concurrent_prompts=len(prompts), backend=backend,
+                               ray=RayConfig(workers=workers, num_cpus_per_worker=1.0 / workers))
+        collectors[label] = TreeCollector(make_env=make_env, policy=policy, config=config)
+    times: dict[str, list[float]] = {k: [] for k in collectors}
+    memory: dict[str, list[dict[str, float]]] = {}
+    try:
+        for c in collectors.values():  # warm-up: boot every env once (sandboxes, actors)
+            c.collect(prompts, make_strategy("treepo"), budget, seed=0)
+        for rep in range(args.repeats):
+            for label, c in collectors.items():
+                t = time.perf_counter()
+                c.collect(prompts, make_strategy("treepo"), budget, seed=1 + rep)
+                times[label].append(time.perf_counter() - t)
+            print(f"[ray r{rep}] " + " ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()) + f" (load {_load()})",
+                  flush=True)
+        for label in ("ray-1", "ray-2"):
+            memory[label] = collectors[label].env_host().worker_stats()
+    finally:
+        for c in collectors.values():
+            c.close()
+    speedups = [a / b for a, b in zip(times["ray-1"], times["ray-2"])]
+    print("\n| backend | median wall s (min-max) | actor RSS MiB |")
+    print("|---|---|---|")
+    for label, ts in times.items():
+        rss = ", ".join(f"{m['rss_mb']:.0f}" for m in memory.get(label, []))
+        print(f"| {label} | {statistics.median(ts):.2f} ({min(ts):.2f}-{max(ts):.2f}) | {rss or '-'} |")
+    print(f"\nray 2 workers vs 1: {statistics.median(speedups):.2f}x (paired min {min(speedups):.2f}, "
+          f"max {max(speedups):.2f}); load {_load()}")
+    return {"times": times, "speedups": speedups, "memory": memory}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=("throughput", "ray", "all"))
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--strategies", default="trace,grpo,treepo")
+    p.add_argument("--prompts", type=int, default=48)
+    p.add_argument("--roots", type=int, default=48)
+    p.add_argument("--max-new-tokens", type=int, default=160)
+    p.add_argument("--ray-prompts", type=int, default=16)
+    p.add_argument("--busy-ms", type=float, default=40.0)
+    p.add_argument("--out", default="")
+    args = p.parse_args(argv)
+    print(f"command: {' '.join(sys.argv)}\nmachine: {os.cpu_count()} CPUs, load {_load()}", flush=True)
+    result: dict[str, Any] = {"argv": sys.argv, "load_start": _load()}
+    np.random.seed(0)
+    if args.what in ("throughput", "all"):
+        result["throughput"] = throughput(args)
+    if args.what in ("ray", "all"):
+        result["ray"] = ray_scaling(args)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

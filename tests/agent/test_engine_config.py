@@ -1,0 +1,63 @@
+"""The rollout section's engine and backend settings reach the collector (config, YAML overrides, CLI flags)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from trace_agent.collector import CollectorProtocol, StrategyCollector, rollout_config
+from trace_agent.config import (
+    ConfigError,
+    RolloutSettings,
+    TrainConfig,
+    apply_overrides,
+    config_from_dict,
+    config_to_dict,
+)
+from trace_agent.rollout import RolloutConfig
+
+
+def test_overrides_reach_the_rollout_config() -> None:
+    raw = apply_overrides(config_to_dict(TrainConfig()), [
+        "rollout.backend=ray", "rollout.ray_workers=3", "rollout.ray_address=auto", "rollout.batching=dynamic",
+        "rollout.concurrent_prompts=5", "rollout.max_batch_size=7", "rollout.ray_cpus_per_worker=0.5",
+        "rollout.ray_memory_mb=512", "rollout.workers=4"])
+    cfg = config_from_dict(TrainConfig, raw)
+    rc = rollout_config(cfg)
+    assert isinstance(rc, RolloutConfig)
+    assert (rc.backend, rc.batching, rc.concurrent_prompts, rc.max_batch_size, rc.workers) == ("ray", "dynamic", 5, 7, 4)
+    assert (rc.ray.workers, rc.ray.address, rc.ray.num_cpus_per_worker, rc.ray.memory_per_worker_mb) == (3, "auto", 0.5, 512)
+    assert rc.seed == cfg.seed and rc.max_new_tokens == cfg.sampling.max_new_tokens
+
+
+@pytest.mark.parametrize("bad", [{"backend": "slurm"}, {"batching": "eager"}, {"concurrent_prompts": 0},
+                                 {"ray_workers": 0}, {"max_batch_size": 0}, {"max_wait_s": -1.0},
+                                 {"ray_object_store_mb": 8}])
+def test_bad_engine_settings_are_refused(bad) -> None:
+    with pytest.raises(ConfigError):
+        RolloutSettings(**bad)
+
+
+def test_cli_flags_set_the_backend() -> None:
+    from trace_agent.train_cli import add_train_parser, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_train_parser(parser.add_subparsers())
+    args = parser.parse_args(["train", "--backend", "ray", "--ray-workers", "3", "--ray-address", "auto",
+                              "--batching", "dynamic"])
+    cfg = config_from_args(args)
+    assert (cfg.rollout.backend, cfg.rollout.ray_workers, cfg.rollout.ray_address, cfg.rollout.batching) == (
+        "ray", 3, "auto", "dynamic")
+
+
+def test_strategy_collector_is_a_collector_protocol() -> None:
+    from .test_rollout import scripted_setup
+
+    policy, _ = scripted_setup(2)
+    collector = StrategyCollector(TrainConfig(), engine=policy, predictor=None)
+    try:
+        assert isinstance(collector, CollectorProtocol)
+        assert collector.collector.config.backend == "local"
+    finally:
+        collector.close()
