@@ -57,6 +57,7 @@ __all__ = [
     "vllm_available",
     "request_seeds",
     "check_sessions",
+    "check_contexts",
     "sampling_params",
     "completion_to_generation",
 ]
