@@ -23,7 +23,7 @@ pytestmark = [
 ]
 
 MESSAGES = [{"role": "system", "content": "You solve math problems."}, {"role": "user", "content": "What is 6 * 7?"}]
-SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1"}
 
 
 def _free_port() -> int:
@@ -52,7 +52,8 @@ def servers(models, tmp_path_factory):
 
     logs = tmp_path_factory.mktemp("vllm_server_logs")
     procs = [ServerProcess(models[0][0], port=_free_port(), log_path=logs / f"server{i}.log", python=sys.executable,
-                           env=SERVER_ENV, extra_args=["--dtype", "float32", "--max-model-len", "2048"])
+                           env=SERVER_ENV, extra_args=["--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
+                                       "--kv-cache-memory-bytes", str(1 << 28)])
              for i in range(2)]
     try:
         for p in procs:

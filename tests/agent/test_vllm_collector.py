@@ -24,16 +24,28 @@ MATH = "trace_envs/PythonMath-v0"
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
+def model_dir(tmp_path_factory):
     from trace_agent.policy import tiny_policy
-    from trace_agent.policy.vllm_backend import VLLMPolicy
 
     path = tmp_path_factory.mktemp("vllm_collector") / "tiny"
     hf = tiny_policy(seed=0)
     hf.model.save_pretrained(path)
     hf.tokenizer.save_pretrained(path)
-    policy = VLLMPolicy(path, dtype="float32", max_model_len=2048, gpu_memory_utilization=0.3,
-                        enable_prefix_caching=True)
+    return path
+
+
+@pytest.fixture(scope="module", params=["vllm", "vllm-async"])
+def engine(request, model_dir):
+    """The engine the GPU recipe's policy config builds, scaled down (prefix caching is on by default)."""
+    from trace_agent.config import PolicyConfig
+    from trace_agent.wiring import build_engine
+
+    config = PolicyConfig(kind=request.param, path=str(model_dir), gpu_memory_utilization=0.3,
+                          engine_kwargs={"dtype": "float32", "max_model_len": 2048, "enforce_eager": True,
+                                         "kv_cache_memory_bytes": 1 << 28})
+    policy = build_engine(config)
+    vllm_config = policy.llm.llm_engine.vllm_config if request.param == "vllm" else policy.engine.vllm_config
+    assert vllm_config.cache_config.enable_prefix_caching
     yield policy
     policy.close()
 
@@ -114,3 +126,36 @@ def test_collector_with_four_workers_gives_the_single_worker_trees(engine) -> No
     # continuations were sampled (TRACE spends N * m units per prompt): more rollouts than roots
     rollouts = sum(len({n.rollout_id for n in t.nodes if n.rollout_id >= 0}) for t in one.trees)
     assert rollouts > sum(one.roots)
+
+
+def test_agenerate_from_concurrent_tasks_of_another_loop(engine, model_dir) -> None:
+    """AsyncPolicy: prompt groups awaited at once from the caller's loop share the engine and keep their seeds."""
+    import asyncio
+
+    from trace_agent.policy.base import AsyncPolicy
+
+    if not isinstance(engine, AsyncPolicy):
+        pytest.skip("the synchronous VLLMPolicy has no agenerate")
+    ctx = engine.render([{"role": "user", "content": "What is 6 * 7?"}])
+    groups = [([ctx] * 3, [10 * j + i for i in range(3)]) for j in range(6)]
+    serial = [engine.generate(c, max_new_tokens=10, seeds=s) for c, s in groups]
+
+    async def main():
+        return await asyncio.gather(*(engine.agenerate(c, max_new_tokens=10, seeds=s, sessions=[f"t{j}"] * 3)
+                                      for j, (c, s) in enumerate(groups)))
+
+    together = asyncio.run(main())
+    assert [[g.token_ids for g in r] for r in together] == [[g.token_ids for g in r] for r in serial]
+    from trace_agent.policy import tiny_policy
+
+    hf = tiny_policy(seed=0)
+    ref = hf.logprobs([ctx] * 3, [g.token_ids for g in together[0]])
+    assert max(abs(a - b) for g, r in zip(together[0], ref) for a, b in zip(g.logprobs, r)) < 1e-3
+    other = tiny_policy(seed=1)
+    engine.update_weights(other.model.state_dict())
+    try:
+        (gen,) = engine.generate([ctx], max_new_tokens=8, seeds=[0])
+        ref = other.logprobs([ctx], [gen.token_ids])[0]
+        assert max(abs(a - b) for a, b in zip(gen.logprobs, ref)) < 1e-3
+    finally:
+        engine.update_weights(hf.model.state_dict())
