@@ -209,3 +209,13 @@ def test_a_silent_or_absent_server_ends_in_time_and_a_failing_one_is_retried_els
         _Handler.behaviour = "good"
         client.close()
     assert math.isfinite(sum(g.logprobs[0] for g in gens))
+
+
+def test_the_vllm_modules_import_without_torch_vllm_or_httpx() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, trace_agent.policy.vllm_server, trace_agent.policy.vllm_async, trace_agent.policy.vllm_launch;"
+            "heavy = [m for m in ('torch', 'transformers', 'vllm', 'httpx') if m in sys.modules];"
+            "assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True)
