@@ -110,12 +110,13 @@ BEHAVIOURS = {
 class _Handler(BaseHTTPRequestHandler):
     behaviour = "good"
     hits: list[str] = []
+    models: dict = {"data": [{"id": "policy"}]}
 
     def log_message(self, *args) -> None:  # quiet
         pass
 
     def do_GET(self) -> None:  # /health, /v1/models
-        self._send(200, {"data": [{"id": "policy"}]})
+        self._send(200, self.models)
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", "0"))
@@ -182,6 +183,22 @@ def test_each_hostile_answer_is_a_clear_policy_error(hostile, tokenizer) -> None
             client.generate([ctx, ctx], seeds=[1])
     finally:
         _Handler.behaviour = "good"
+        client.close()
+
+
+def test_an_unnamed_model_is_asked_for_and_a_server_listing_none_is_an_error(hostile, tokenizer) -> None:
+    url = f"http://127.0.0.1:{hostile.server_address[1]}"
+    client = VLLMServerPolicy(tokenizer=tokenizer, settings=ServerSettings(urls=(url,), retries=0, timeout_s=5.0))
+    try:
+        _Handler.behaviour = "good"
+        (gen,) = client.generate([TokenContext.from_prompt([1, 2])], max_new_tokens=3, seeds=[0])
+        assert gen.token_ids == (5, 6, 2) and client._model == "policy"
+        client._model = ""
+        _Handler.models = {"data": []}
+        with pytest.raises(PolicyError, match="lists no model"):
+            client.generate([TokenContext.from_prompt([1, 2])], max_new_tokens=3, seeds=[0])
+    finally:
+        _Handler.models = {"data": [{"id": "policy"}]}
         client.close()
 
 

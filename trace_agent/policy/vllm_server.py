@@ -328,10 +328,13 @@ class VLLMServerPolicy(ChatTemplated):
     async def _model_name(self, url: str) -> str:
         if not self._model:
             response = await self._client.get(url + "/v1/models")
-            response.raise_for_status()
-            models = response.json().get("data") or []
-            if not models:
-                raise PolicyError(f"{url} serves no model")
+            if response.status_code != 200:
+                raise _Retryable(f"GET /v1/models answered HTTP {response.status_code}")
+            body = response.json()
+            models = body.get("data") if isinstance(body, Mapping) else None
+            if not isinstance(models, list) or not models or not isinstance(models[0], Mapping) \
+                    or not isinstance(models[0].get("id"), str):
+                raise _Retryable("GET /v1/models lists no model id")
             self._model = str(models[0]["id"])
         return self._model
 
