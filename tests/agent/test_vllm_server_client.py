@@ -149,9 +149,9 @@ def hostile():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from trace_agent.policy import tiny_policy
+    from trace_agent.policy.demo import _TINY_CORPUS, train_demo_tokenizer
 
-    return tiny_policy(seed=0).tokenizer
+    return train_demo_tokenizer(list(_TINY_CORPUS) * 4, vocab_size=400)  # tiny_policy's tokenizer, no model
 
 
 def _client(tokenizer, *urls, **settings):
