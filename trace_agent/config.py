@@ -64,20 +64,34 @@ class PolicyConfig:
     Attributes:
         kind: ``"demo"`` (the offline demo policy, built into ``path`` when missing),
             ``"hf"`` (``HFPolicy.from_pretrained(path)``: any causal LM, e.g. a Qwen3
-            checkpoint), ``"vllm"`` (generation by ``VLLMPolicy(path)``, training on an
-            ``HFPolicy`` of the same checkpoint; weights synced after each update) or
-            ``"tiny"`` (an untrained tiny model, for tests).
+            checkpoint), ``"vllm"`` (generation by the synchronous ``VLLMPolicy(path)``, calls
+            served one at a time), ``"vllm-async"`` (``AsyncVLLMPolicy(path)``: vLLM's async engine,
+            continuously batched across every live rollout), ``"vllm-server"``
+            (``VLLMServerPolicy``: ``vllm serve`` servers at ``server_urls``, token-in/token-out,
+            each tree routed to one server) -- all three train an ``HFPolicy`` of the same
+            checkpoint and get its weights after each update -- or ``"tiny"`` (an untrained tiny
+            model, for tests).
         path: checkpoint directory or hub name; for ``kind == "demo"``, empty means the shipped demo
             policy and a directory is built there first when it holds no model.
         device: torch device of the trained model.
         dtype: torch dtype name of the trained model (None: the checkpoint's).
         max_batch_size: contexts per forward pass.
         template_kwargs: extra chat-template variables (Qwen3: ``{enable_thinking: false}``).
-        gpu_memory_utilization: vLLM's share of the GPU (``kind == "vllm"``).
+        gpu_memory_utilization: vLLM's share of the GPU (``kind`` ``vllm`` / ``vllm-async``).
         demo_build_steps: optimiser steps when the demo policy has to be built (None: its default).
+        engine_kwargs: extra vLLM engine arguments for ``vllm`` / ``vllm-async`` (``max_model_len``,
+            ``max_num_seqs``, ``enforce_eager``, ``dtype``...).
+        server_urls: base URLs of the ``vllm serve`` servers (``kind == "vllm-server"``); start them
+            with ``--served-model-name`` = ``server_model``, ``--logprobs-mode processed_logprobs``,
+            prefix caching on and ``VLLM_SERVER_DEV_MODE=1`` (weight sync); see the README.
+        server_model: the servers' served model name.
+        server_timeout_s: most seconds one server request may take.
+        weights_dir: where updated weights are written as safetensors for the engine to reload
+            (``vllm-async``: empty means a temporary directory; ``vllm-server``: required, a
+            directory every server can read).
     """
 
-    kind: Literal["demo", "hf", "vllm", "tiny"] = "demo"
+    kind: Literal["demo", "hf", "vllm", "vllm-async", "vllm-server", "tiny"] = "demo"
     path: str = ""
     device: str = "cpu"
     dtype: str | None = None
@@ -85,12 +99,30 @@ class PolicyConfig:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     gpu_memory_utilization: float = 0.5
     demo_build_steps: int | None = None
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    server_urls: tuple[str, ...] = ()
+    server_model: str = "policy"
+    server_timeout_s: float = 600.0
+    weights_dir: str = ""
 
     def __post_init__(self) -> None:
-        if self.kind not in ("demo", "hf", "vllm", "tiny"):
-            raise ConfigError(f"policy.kind must be demo, hf, vllm or tiny, got {self.kind!r}")
+        kinds = ("demo", "hf", "vllm", "vllm-async", "vllm-server", "tiny")
+        if self.kind not in kinds:
+            raise ConfigError(f"policy.kind must be one of {', '.join(kinds)}, got {self.kind!r}")
         if self.max_batch_size < 1:
             raise ConfigError("policy.max_batch_size must be >= 1")
+        urls = tuple(str(u).rstrip("/") for u in self.server_urls)
+        object.__setattr__(self, "server_urls", urls)
+        if self.kind == "vllm-server":
+            if not urls or any(not u.startswith(("http://", "https://")) for u in urls):
+                raise ConfigError("policy.kind vllm-server needs policy.server_urls: one or more http(s):// URLs")
+            if not self.weights_dir:
+                raise ConfigError("policy.kind vllm-server needs policy.weights_dir: a directory the servers can "
+                                  "read, where updated weights are written")
+        if not (self.server_timeout_s > 0 and math.isfinite(self.server_timeout_s)):
+            raise ConfigError("policy.server_timeout_s must be a finite number > 0")
+        if not isinstance(self.engine_kwargs, dict):
+            raise ConfigError("policy.engine_kwargs must be a mapping of vLLM engine arguments")
 
 
 @dataclass(frozen=True, kw_only=True)

