@@ -118,9 +118,9 @@ class EngineStats:
         self.batch_sizes.extend(other.batch_sizes)
 
     def as_dict(self) -> dict[str, float]:
+        """Counts only: the time inside the backend is reported once, as the trainer's ``time/generation_s``."""
         return {"engine_calls": float(self.calls), "engine_sequences": float(self.sequences),
-                "engine_mean_batch": self.mean_batch, "engine_generated_tokens": float(self.generated_tokens),
-                "engine_generate_s": self.generate_seconds}
+                "engine_mean_batch": self.mean_batch, "engine_generated_tokens": float(self.generated_tokens)}
 
 
 @dataclass(eq=False)
