@@ -547,3 +547,20 @@ def test_bfcl_hostile_actions_are_observations(bfcl_env):
         obs.encode("utf-8")
         if bfcl_env.done:
             bfcl_env.reset(options={"task_id": bfcl_env.tasks.ids()[0]})
+
+
+def test_lucene_search_survives_lone_surrogates(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("jnius") is None:  # not importorskip: importing jnius starts a bare JVM
+        pytest.skip("pyjnius is not installed")
+    from retrievers.lucene import LuceneRetriever
+
+    try:
+        retriever = LuceneRetriever.build([{"id": "d1", "title": "Paris", "text": "Paris is the capital of France."},
+                                           {"id": "d2", "title": "Rome", "text": "Rome is in Italy."}],
+                                          tmp_path / "idx")
+    except Exception as exc:  # noqa: BLE001 - no JVM / Anserini jar on this machine
+        pytest.skip(f"Lucene unavailable: {exc}")
+    hits = retriever.batch_search(["capital \ud800 France", "\udcff"], k=1)
+    assert hits[0] and hits[0][0].doc_id == "d1"
