@@ -398,7 +398,9 @@ def test_write_guard_covers_os_open_and_cannot_be_switched_off(fresh):
                 found.append(type(exc).__name__)
         for attempt in (lambda: os.open({target!r}, os.O_WRONLY | os.O_CREAT),
                         lambda: open({target!r}, 'w'),
-                        lambda: os.open('/etc/trace-gym-hostile', os.O_RDWR | os.O_CREAT | os.O_TRUNC)):
+                        lambda: os.open('/etc/trace-gym-hostile', os.O_RDWR | os.O_CREAT | os.O_TRUNC),
+                        lambda: os.open('trace-gym-hostile', os.O_WRONLY | os.O_CREAT,
+                                        dir_fd=os.open('/etc', os.O_RDONLY))):
             try:
                 attempt()
                 found.append('WROTE')
