@@ -285,17 +285,19 @@ def test_hostile_actions_are_bounded_error_observations(fresh, action):
 
 
 def test_parsers_are_linear_in_unclosed_openers():
-    def timed(text):  # the best of three: the machine is shared
+    def timed(fn, text):  # the best of three: the machine is shared
         best = float("inf")
         for _ in range(3):
             start = time.perf_counter()
-            parse_action(text)
-            parse_call_list(text)
+            fn(text)
             best = min(best, time.perf_counter() - start)
         return best
-    small, large = timed("<tool_call>" * 2_000), timed("<tool_call>" * 8_000)
+    small, large = timed(parse_action, "<tool_call>" * 2_000), timed(parse_action, "<tool_call>" * 8_000)
     # linear: about 4x for 4x the input; the lazy regexes were quadratic (16x; 30 s at 18,000 openers)
-    assert large < 1.0 and large < 10 * small + 0.02, (small, large)
+    assert large < 0.1 and large < 10 * small + 0.005, (small, large)
+    # call lists go through ast, whose cost the size cap bounds: the largest accepted turn parses fast
+    worst = "<tool_call>" * (100_000 // len("<tool_call>"))
+    assert timed(parse_call_list, worst) < 1.0 and timed(parse_call_list, "[" * 100_000) < 1.0
 
 
 def test_lone_surrogates_in_interpreter_output_reach_no_one(fresh):
@@ -396,7 +398,9 @@ def test_write_guard_covers_os_open_and_cannot_be_switched_off(fresh):
                 found.append(type(exc).__name__)
         for attempt in (lambda: os.open({target!r}, os.O_WRONLY | os.O_CREAT),
                         lambda: open({target!r}, 'w'),
-                        lambda: os.open('/etc/trace-gym-hostile', os.O_RDWR | os.O_CREAT | os.O_TRUNC)):
+                        lambda: os.open('/etc/trace-gym-hostile', os.O_RDWR | os.O_CREAT | os.O_TRUNC),
+                        lambda: os.open('trace-gym-hostile', os.O_WRONLY | os.O_CREAT,
+                                        dir_fd=os.open('/etc', os.O_RDONLY))):
             try:
                 attempt()
                 found.append('WROTE')
@@ -545,3 +549,20 @@ def test_bfcl_hostile_actions_are_observations(bfcl_env):
         obs.encode("utf-8")
         if bfcl_env.done:
             bfcl_env.reset(options={"task_id": bfcl_env.tasks.ids()[0]})
+
+
+def test_lucene_search_survives_lone_surrogates(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("jnius") is None:  # not importorskip: importing jnius starts a bare JVM
+        pytest.skip("pyjnius is not installed")
+    from retrievers.lucene import LuceneRetriever
+
+    try:
+        retriever = LuceneRetriever.build([{"id": "d1", "title": "Paris", "text": "Paris is the capital of France."},
+                                           {"id": "d2", "title": "Rome", "text": "Rome is in Italy."}],
+                                          tmp_path / "idx")
+    except Exception as exc:  # noqa: BLE001 - no JVM / Anserini jar on this machine
+        pytest.skip(f"Lucene unavailable: {exc}")
+    hits = retriever.batch_search(["capital \ud800 France", "\udcff"], k=1)
+    assert hits[0] and hits[0][0].doc_id == "d1"

@@ -155,6 +155,7 @@ def make_guard(workdir: str):
     write_events, blocked, frame_attrs = frozenset(WRITE_EVENTS), BLOCKED_EVENTS, frozenset(FRAME_ATTRS)
     metadata_events = frozenset(("os.truncate", "os.chmod", "os.chown", "os.utime", "os.setxattr", "os.removexattr"))
     os_open, os_read, os_write, os_close, rename, is_reg = os.open, os.read, os.write, os.close, os.rename, stat.S_ISREG
+    stat_, is_directory = os.stat, stat.S_ISDIR
     read_only, create = os.O_RDONLY | os.O_NOFOLLOW, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
     state = {"workdir": workdir, "permit": None}
 
@@ -240,6 +241,15 @@ def make_guard(workdir: str):
                 if not inside(path):
                     raise denied(f"sandbox: writing outside the work directory is not allowed: {path!r}")
                 copy_up(path)
+            elif mode is None and is_instance(path, (str_, bytes_)) and not inside(path):
+                # os.open of a directory elsewhere would give a dir_fd, and writes relative to it carry
+                # no path this hook could check
+                try:
+                    is_dir = is_directory(stat_(path).st_mode)
+                except OSError:
+                    is_dir = False
+                if is_dir:
+                    raise denied("sandbox: opening directories outside the work directory is not allowed")
         elif event in write_events:
             for arg in args:
                 if is_instance(arg, (str_, bytes_)) and not inside(arg):
