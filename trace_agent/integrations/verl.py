@@ -46,11 +46,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import threading
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,11 +62,18 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopO
 from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
 from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
-from verl.workers.rollout.replica import TokenOutput
 
 from trace_agent.integrations.rows import TreeRowError, leaf_rows, rows_advantages
-from trace_agent.policy.base import Generation, PolicyError, TokenContext
-from trace_agent.policy.chat import ChatRenderer, ChatTemplated
+from trace_agent.integrations.shared_predictor import (
+    PREDICTOR_ACTOR,
+    PREDICTOR_NAMESPACE,
+    PredictorProxy,
+    PredictorService,
+    load_predictor,
+    save_predictor,
+)
+from trace_agent.integrations.verl_server import PolicyServerClient, VerlServerPolicy, request_seed
+from trace_agent.policy.base import PolicyError
 from trace_agent.rollout import PromptSpec, RolloutConfig, TreeCollector
 from trace_agent.strategies import GRPO, STRATEGY_NAMES, Budget, RootRequest, Strategy, make_strategy
 from trace_agent.tree import RolloutTree
@@ -76,6 +81,7 @@ from trace_agent.tree import RolloutTree
 __all__ = [
     "VERL_VERSION",
     "ESTIMATORS",
+    "PREDICTOR_ACTOR",
     "TraceVerlConfig",
     "request_seed",
     "tree_seed",
@@ -95,8 +101,6 @@ __all__ = [
 VERL_VERSION = "0.9.1"
 #: verl advantage-estimator name -> trace-gym objective.
 ESTIMATORS: dict[str, str] = {"trace_treerpo": "treerpo", "trace_tree_grpo": "tree-grpo", "trace_grpo": "grpo"}
-#: Name of the shared predictor actor (namespace ``trace_gym``).
-PREDICTOR_ACTOR = "trace_predictor"
 
 logger = logging.getLogger(__name__)
 
@@ -171,274 +175,8 @@ class TraceVerlConfig:
         return cls(**data)
 
 
-def request_seed(seed: int | None, index: int) -> int:
-    """The per-request seed of request ``index`` of a ``generate(..., seed=seed)`` call (31 bits)."""
-    base = 0 if seed is None else int(seed)
-    return int(np.random.SeedSequence([base & 0xFFFFFFFF, base >> 32 & 0xFFFFFFFF, index]).generate_state(1)[0]
-               & 0x7FFFFFFF)
-
-
 # --------------------------------------------------------------------------------------------------
-# generation through verl's server client
-
-
-class VerlServerPolicy(ChatTemplated):
-    """verl's ``LLMServerClient`` (token in, token out) as a trace-gym Policy and AsyncPolicy.
-
-    Rendering, ``extend`` and decoding use the tokenizer's chat template
-    (:class:`~trace_agent.policy.chat.ChatRenderer`); generation sends one request per
-    context to ``client.generate(request_id=session, prompt_ids=..., sampling_params=...)``
-    with ``max_tokens``, the request's ``seed``, the end-of-turn ``stop_token_ids`` and
-    ``logprobs`` on, and reads back the exact ids and their log-probs. The finish reason
-    is ``"stop"`` when the last id is a stop token (verl reports both as ``completed``).
-
-    :meth:`generate` is the synchronous face for :class:`TreeCollector` running in a worker
-    thread: it schedules :meth:`agenerate` on ``loop`` (the worker's event loop) and waits.
-    Without ``seeds`` it derives one per request with :func:`request_seed`; without
-    ``sessions`` it uses the thread's :meth:`session` (the tree being grown).
-
-    Args:
-        client: verl's server client (``AgentLoopWorker.llm_client``) or a :class:`PolicyServerClient`.
-        tokenizer: the model's tokenizer (with its chat template).
-        loop: the event loop ``client`` lives on (None: set later with :attr:`loop`).
-        top_k: verl's ``rollout.top_k`` (-1: off).
-        end_of_turn / template_kwargs: as for :class:`~trace_agent.policy.chat.ChatRenderer`.
-        timeout_s: most seconds one synchronous ``generate`` waits.
-    """
-
-    def __init__(self, client: Any, tokenizer: Any, *, loop: asyncio.AbstractEventLoop | None = None,
-                 top_k: int = -1, end_of_turn: str = "<|im_end|>", template_kwargs: Mapping[str, Any] | None = None,
-                 timeout_s: float = 3600.0) -> None:
-        self.client = client
-        self.chat = ChatRenderer(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
-        self.loop = loop
-        self.top_k = int(top_k)
-        self.timeout_s = float(timeout_s)
-        self._local = threading.local()
-
-    @contextlib.contextmanager
-    def session(self, name: str) -> Iterator[None]:
-        """Route this thread's requests under ``name`` (verl's ``request_id``) while the block runs."""
-        previous = getattr(self._local, "session", None)
-        self._local.session = str(name)
-        try:
-            yield
-        finally:
-            self._local.session = previous
-
-    async def agenerate(self, contexts: Sequence[TokenContext], *, max_new_tokens: int = 256,
-                        temperature: float = 1.0, top_p: float = 1.0, seeds: Sequence[int],
-                        sessions: Sequence[str]) -> list[Generation]:
-        """One turn per context, requests in flight together (see the class docstring)."""
-        if not (len(seeds) == len(sessions) == len(contexts)):
-            raise PolicyError(f"{len(contexts)} contexts need as many seeds and sessions "
-                              f"(got {len(seeds)} and {len(sessions)})")
-        return list(await asyncio.gather(*(
-            self._one(c, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=s, session=r)
-            for c, s, r in zip(contexts, seeds, sessions))))
-
-    async def _one(self, context: TokenContext, *, max_new_tokens: int, temperature: float, top_p: float,
-                   seed: int, session: str) -> Generation:
-        if len(context) == 0:
-            raise PolicyError("cannot generate from an empty context: render() the messages first")
-        params = {"temperature": float(temperature), "top_p": float(top_p), "top_k": self.top_k,
-                  "repetition_penalty": 1.0, "logprobs": True, "max_tokens": int(max_new_tokens),
-                  "seed": int(seed), "stop_token_ids": list(self.stop_token_ids)}
-        out = await self.client.generate(request_id=session, prompt_ids=list(context.token_ids),
-                                         sampling_params=params)
-        return self._generation(out, max_new_tokens)
-
-    def _generation(self, out: Any, max_new_tokens: int) -> Generation:
-        if getattr(out, "stop_reason", None) == "aborted":
-            raise PolicyError("the server aborted the request (weights are being synced?)")
-        ids = [int(t) for t in out.token_ids]
-        if not ids or len(ids) > max_new_tokens or any(t < 0 for t in ids):
-            raise PolicyError(f"the server returned {len(ids)} token ids for max_tokens={max_new_tokens}")
-        if out.log_probs is None:
-            raise PolicyError("the server returned no log-probs: set actor_rollout_ref.rollout.calculate_log_probs=True")
-        logps = [float(x) for x in out.log_probs]
-        if len(logps) != len(ids) or not all(np.isfinite(logps)):
-            raise PolicyError(f"the server returned {len(logps)} log-probs (finite ones needed) for {len(ids)} ids")
-        finish = "stop" if ids[-1] in self.stop_token_ids else "length"
-        return Generation(token_ids=tuple(ids), logprobs=tuple(logps), text=self.chat.turn_text(ids),
-                          finish_reason=finish)
-
-    def generate(self, contexts: Sequence[TokenContext], *, max_new_tokens: int = 256, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int | None = None, seeds: Sequence[int] | None = None,
-                 sessions: Sequence[str] | None = None) -> list[Generation]:
-        """Synchronous :meth:`agenerate` for a thread other than the loop's (see the class docstring)."""
-        loop = self.loop
-        if loop is None:
-            raise PolicyError("VerlServerPolicy.generate needs the event loop of its client (set .loop)")
-        with contextlib.suppress(RuntimeError):
-            if asyncio.get_running_loop() is loop:
-                raise PolicyError("VerlServerPolicy.generate would block its own event loop; await agenerate()")
-        if seeds is None:
-            seeds = [request_seed(seed, i) for i in range(len(contexts))]
-        if sessions is None:
-            name = getattr(self._local, "session", None) or "trace-gym"
-            sessions = [name] * len(contexts)
-        future = asyncio.run_coroutine_threadsafe(
-            self.agenerate(contexts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                           seeds=seeds, sessions=sessions), loop)
-        return future.result(timeout=self.timeout_s)
-
-    def logprobs(self, contexts: Sequence[TokenContext], targets: Sequence[Sequence[int]], *,
-                 temperature: float = 1.0) -> list[tuple[float, ...]]:
-        raise PolicyError("VerlServerPolicy only generates; verl's actor scores tokens")
-
-
-class PolicyServerClient:
-    """verl's ``LLMServerClient.generate`` contract served by a trace-gym Policy in this process.
-
-    ``generate(request_id, *, prompt_ids, sampling_params) -> TokenOutput``: one request,
-    generated alone with ``policy.generate([context], seed=sampling_params["seed"])``
-    (``max_tokens``, ``temperature``, ``top_p`` honoured; ``top_k`` must be off), so a
-    request's turn never depends on the others in flight. Requests run one at a time in
-    a thread. ``request_ids`` records every request id seen (in order). Use it to run
-    :class:`TraceTreeWorker` on a CPU without verl's vLLM servers.
-    """
-
-    def __init__(self, policy: Any) -> None:
-        self.policy = policy
-        self.request_ids: list[str] = []
-        self._lock = threading.Lock()
-
-    def __getstate__(self) -> dict[str, Any]:  # Ray ships the client to each worker actor
-        return {"policy": self.policy, "request_ids": list(self.request_ids)}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["policy"])  # type: ignore[misc]
-        self.request_ids = list(state["request_ids"])
-
-    async def generate(self, request_id: str, *, prompt_ids: Sequence[int], sampling_params: Mapping[str, Any],
-                       **kwargs: Any) -> TokenOutput:
-        params = dict(sampling_params)
-        if int(params.get("top_k", -1)) not in (-1, 0):
-            raise PolicyError("PolicyServerClient samples the full distribution: set rollout.top_k=-1")
-        stops = params.get("stop_token_ids")
-        if stops is not None and not set(int(t) for t in stops) <= set(self.policy.stop_token_ids):
-            raise PolicyError(f"stop ids {stops} are not the policy's end-of-turn ids {self.policy.stop_token_ids}")
-        self.request_ids.append(str(request_id))
-        context = TokenContext.from_prompt([int(t) for t in prompt_ids])
-
-        def run() -> Generation:
-            with self._lock:
-                return self.policy.generate(
-                    [context], max_new_tokens=int(params.get("max_tokens", 256)),
-                    temperature=float(params.get("temperature", 1.0)), top_p=float(params.get("top_p", 1.0)),
-                    seed=params.get("seed"))[0]
-
-        gen = await asyncio.to_thread(run)
-        return TokenOutput(token_ids=list(gen.token_ids),
-                           log_probs=list(gen.logprobs) if params.get("logprobs") else None,
-                           stop_reason="completed", extra_fields={"global_steps": kwargs.get("global_steps")})
-
-
-# --------------------------------------------------------------------------------------------------
-# the shared predictor (steps 1 and 4)
-
-
-class PredictorService:
-    """The success predictor shared by all workers: scores contexts, refreshes on finished trees.
-
-    Trees handed in with :meth:`add_trees` (as ``RolloutTree.to_dict()`` data) wait until
-    :meth:`refresh` trains on all of them at once (:func:`~trace_agent.predictor.refresh_predictor`).
-    Each worker calls :meth:`refresh` when a training chunk arrives, before scoring it, so with
-    verl's synchronous trainer step k+1's roots are scored after one refresh on all of step k's
-    trees, and no tree of a step sees another tree of the same step, as in trace-gym's loop
-    (an asynchronous trainer refreshes on whatever finished before the chunk arrived). Run it
-    as one Ray actor (:meth:`actor`) or in-process.
-    """
-
-    def __init__(self, *, kind: str = "embedding", prefixes: str = "all", checkpoint: str | None = None) -> None:
-        from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer
-
-        self.predictor = EmbeddingPredictor() if kind == "embedding" else EmbeddingPredictor(HashedNGramFeaturizer())
-        self.prefixes = prefixes
-        self._pending: list[RolloutTree] = []
-        self.refreshes = 0
-        self.last_metrics: dict[str, float] = {}
-        if checkpoint is not None and (Path(checkpoint) / "meta.json").exists():
-            load_predictor(self.predictor, checkpoint)
-
-    @classmethod
-    def actor(cls, config: TraceVerlConfig, *, checkpoint: str | None = None) -> Any:
-        """The cluster's one predictor actor (created by the first caller, found by the others)."""
-        remote = ray.remote(num_cpus=0)(cls)
-        return remote.options(name=PREDICTOR_ACTOR, namespace="trace_gym", get_if_exists=True).remote(kind=config.predictor, prefixes=config.predictor_prefixes,
-                                                          checkpoint=checkpoint)
-
-    def add_trees(self, trees: Sequence[Mapping[str, Any]]) -> int:
-        self._pending += [RolloutTree.from_dict(dict(t)) for t in trees]
-        return len(self._pending)
-
-    def refresh(self) -> dict[str, float]:
-        from trace_agent.predictor import refresh_predictor
-
-        if not self._pending:
-            return {}
-        trees, self._pending = self._pending, []
-        self.last_metrics = refresh_predictor(self.predictor, trees, prefixes=self.prefixes)  # type: ignore[arg-type]
-        self.refreshes += 1
-        return self.last_metrics
-
-    def predict(self, contexts: Sequence[str]) -> list[float]:
-        return [float(v) for v in self.predictor.predict(list(contexts))]
-
-    def save(self, directory: str) -> str:
-        self.refresh()
-        return str(save_predictor(self.predictor, directory, extra={"refreshes": self.refreshes}))
-
-
-class _PredictorProxy:
-    """The SuccessPredictor face of a :class:`PredictorService` (local object or Ray actor) for the collector."""
-
-    def __init__(self, service: Any) -> None:
-        self.service = service
-
-    def _call(self, name: str, *args: Any) -> Any:
-        method = getattr(self.service, name)
-        return ray.get(method.remote(*args)) if hasattr(method, "remote") else method(*args)
-
-    def predict(self, contexts: Sequence[str]) -> np.ndarray:
-        return np.asarray(self._call("predict", list(contexts)), dtype=np.float64)
-
-    def update(self, contexts: Sequence[str], targets: Any, weights: Any = None) -> dict[str, float]:
-        raise PolicyError("the shared predictor learns from finished trees (add_trees), not from update()")
-
-    def add_trees(self, trees: Sequence[RolloutTree]) -> None:
-        self._call("add_trees", [t.to_dict() for t in trees])
-
-    def refresh(self) -> dict[str, float]:
-        return dict(self._call("refresh"))
-
-
-_ARRAYS = ("_x", "_y", "_w", "_theta", "_mean", "_scale")
-
-
-def save_predictor(predictor: Any, directory: str | Path, *, extra: Mapping[str, Any] | None = None) -> Path:
-    """Write an ``EmbeddingPredictor``'s learned state as data: ``arrays.npz`` + ``meta.json`` (no pickle)."""
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    arrays = {k: getattr(predictor, k) for k in _ARRAYS if getattr(predictor, k, None) is not None}
-    np.savez(out / "arrays.npz", **{k: np.asarray(v, dtype=np.float64) for k, v in arrays.items()})
-    meta = {"kind": "embedding", "featurizer": predictor.featurizer_name, "arrays": sorted(arrays),
-            **dict(extra or {})}
-    (out / "meta.json").write_text(json.dumps(meta, indent=1))
-    return out
-
-
-def load_predictor(predictor: Any, directory: str | Path) -> None:
-    """Inverse of :func:`save_predictor` into a predictor built the same way (refuses another featurizer)."""
-    src = Path(directory)
-    meta = json.loads((src / "meta.json").read_text())
-    if meta.get("featurizer") != predictor.featurizer_name:
-        raise ValueError(f"predictor checkpoint in {src} used featurizer {meta.get('featurizer')!r}, "
-                         f"this predictor uses {predictor.featurizer_name!r}")
-    with np.load(src / "arrays.npz", allow_pickle=False) as data:
-        for k in _ARRAYS:
-            setattr(predictor, k, np.array(data[k]) if k in meta["arrays"] else getattr(predictor, k))
+# checkpoints and the predictor's resume
 
 
 class PredictorCheckpoint(CheckpointCallback):
@@ -450,7 +188,7 @@ class PredictorCheckpoint(CheckpointCallback):
 
     def on_save(self, trainer: Any, global_step: int, checkpoint_dir: str, async_save: bool = False,
                 **kwargs: Any) -> None:
-        service = ray.get_actor(PREDICTOR_ACTOR, namespace="trace_gym")
+        service = ray.get_actor(PREDICTOR_ACTOR, namespace=PREDICTOR_NAMESPACE)
         ray.get(service.save.remote(str(Path(checkpoint_dir) / "trace_predictor")))
 
 
@@ -550,10 +288,9 @@ class TraceTreeWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[na
         self.response_length = int(rollout.response_length)
         self.policy = VerlServerPolicy(self.llm_client, self.tokenizer, top_k=int(rollout.get("top_k", -1)))
         checkpoint = _latest_predictor_checkpoint(self.config)
-        service = (PredictorService.actor(self.trace, checkpoint=checkpoint) if ray.is_initialized()
-                   else PredictorService(kind=self.trace.predictor, prefixes=self.trace.predictor_prefixes,
-                                         checkpoint=checkpoint))
-        self.predictor = _PredictorProxy(service)
+        kwargs = {"kind": self.trace.predictor, "prefixes": self.trace.predictor_prefixes, "checkpoint": checkpoint}
+        service = PredictorService.actor(**kwargs) if ray.is_initialized() else PredictorService(**kwargs)
+        self.predictor = PredictorProxy(service)
         self.strategy: Strategy = make_strategy(self.trace.strategy)
         self._threads = ThreadPoolExecutor(max_workers=self.trace.env_threads, thread_name_prefix="trace-tree")
         self.collectors: dict[str, TreeCollector] = {}
@@ -667,6 +404,7 @@ class TraceTreeWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[na
         uid, partition = str(prompt["uid"]), "val" if validate else "train"
         await tq.async_kv_put(key=uid, partition_id=partition, tag={"status": "running"})
         status = "failure"
+        put: list[str] = []
         try:
             rollout = self.config.actor_rollout_ref.rollout
             roots = int(prompt.pop("__rollout_n__", rollout.n if not validate else rollout.val_kwargs.n))
@@ -674,19 +412,27 @@ class TraceTreeWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[na
             if roots > 0:
                 tree = await asyncio.get_running_loop().run_in_executor(
                     self._threads, lambda: self.grow(prompt, roots, validate=validate))
-                await self.put_leaves(tree, prompt, validate=validate)
+                await self.put_leaves(tree, prompt, validate=validate, put=put)
                 if not validate and getattr(self.strategy, "uses_predictor", True):
                     await asyncio.get_running_loop().run_in_executor(self._threads, self.predictor.add_trees, [tree])
             status = "finished"
         except Exception:
             logger.exception("TraceTreeWorker: prompt %s failed", uid)
+            if put:  # never leave part of a tree behind: its rebuilt tree would give other advantages
+                with contextlib.suppress(Exception):
+                    await tq.async_kv_clear(keys=put, partition_id=partition)
         await tq.async_kv_put(key=uid, partition_id=partition, tag={"status": status})
 
-    async def put_leaves(self, tree: RolloutTree, prompt: Mapping[str, Any], *, validate: bool) -> int:
-        """Each finished leaf as session ``i`` of the prompt (key ``{uid}_{i}_0``); training rows get tree keys."""
+    async def put_leaves(self, tree: RolloutTree, prompt: Mapping[str, Any], *, validate: bool,
+                         put: list[str] | None = None) -> int:
+        """Each finished leaf as session ``i`` of the prompt (key ``{uid}_{i}_0``); training rows get tree keys.
+
+        ``put`` collects the keys written so far (for clean-up if a later one fails).
+        """
         uid = str(prompt["uid"])
         rows = leaf_rows(tree, max_response_length=self.response_length)
         kwargs = {k: v for k, v in prompt.items() if k not in ("session_id", "agent_name")}
+        put = [] if put is None else put
         for i, row in enumerate(rows):
             output = AgentLoopOutput(
                 prompt_ids=list(row.prompt_ids), response_ids=list(row.response_ids),
@@ -695,6 +441,7 @@ class TraceTreeWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[na
                 extra_fields={"trace_path": list(row.path), "trace_truncated": row.truncated,
                               "reward_extra_info": {"acc": row.reward}},
             )
+            put.append(f"{uid}_{i}_0")
             await self._agent_loop_postprocess(output, validate, session_id=i, **kwargs)
         if not validate and rows:
             from tensordict import NonTensorStack, TensorDict
