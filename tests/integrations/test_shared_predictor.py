@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 
 from tests.integrations.test_rows import branching_tree
-from trace_agent.integrations.shared_predictor import PredictorProxy, PredictorService, load_predictor, save_predictor
+from trace_agent.integrations.shared_predictor import (
+    PredictorProxy,
+    PredictorService,
+    load_predictor,
+    save_predictor,
+)
 from trace_agent.policy.base import PolicyError
 from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer, refresh_predictor
 from trace_agent.tree import RolloutTree
