@@ -66,3 +66,39 @@ def test_estimators_refuse_rows_without_tree_keys():
         fn(rewards, mask, index=np.array(["uid-a", "uid-b"], dtype=object))
     with pytest.raises(ValueError, match="uid"):
         fn(rewards, mask, index=None)
+
+
+@pytest.mark.parametrize("shared", ["repeat", "split"])
+def test_verl_dispatch_reaches_the_tree_estimators(shared):
+    """verl's v1 advantage call (compute_advantage_for_multi_trajectories) on rows shaped as TransferQueue returns
+    them (padded to the longest response, reward on the last token, uid = tree key) gives trace-gym's advantages."""
+    from tensordict import TensorDict
+    from verl.protocol import DataProto
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+
+    from tests.integrations.test_rows import branching_tree
+    from trace_agent.integrations.rows import leaf_rows, token_advantages
+
+    trees = [branching_tree(s, prompt_id=f"p{s}", rate=0.4) for s in range(3)]
+    rows, keys, expected = [], [], []
+    for t, tree in enumerate(trees):
+        for i, (row, adv) in enumerate(zip(leaf_rows(tree), token_advantages(tree, "treerpo", shared=shared))):
+            rows.append((row, row.key(f"uid{t}")))
+            keys.append(f"uid{t}_{i}_0")
+            expected.append(adv)
+    width = max(len(r.response_ids) for r, _ in rows)
+    mask = torch.zeros(len(rows), width, dtype=torch.int64)
+    scores = torch.zeros(len(rows), width)
+    for j, (row, _) in enumerate(rows):
+        mask[j, :len(row.response_mask)] = torch.tensor(row.response_mask)
+        scores[j, len(row.response_ids) - 1] = row.reward
+    proto = DataProto(batch=TensorDict({"response_mask": mask, "token_level_scores": scores,
+                                        "token_level_rewards": scores}, batch_size=len(rows)))
+    proto.non_tensor_batch["uid"] = np.array([k for _, k in rows], dtype=object)
+    out = compute_advantage_for_multi_trajectories(
+        proto, batch_keys=keys, adv_estimator="trace_treerpo", num_repeat=2,
+        config=OmegaConf.create({"use_kl_in_reward": False, "trace": {"shared": shared}}))
+    for j, adv in enumerate(expected):
+        np.testing.assert_allclose(out.batch["advantages"][j, :len(adv)].numpy(), adv, rtol=0, atol=1e-6)
+        assert float(out.batch["advantages"][j, len(adv):].abs().sum()) == 0.0
+    assert torch.equal(out.batch["returns"], out.batch["advantages"])

@@ -5,7 +5,7 @@ prompts (:meth:`AgentLoopWorkerTQ.generate_sequences`); ``_run_prompt`` then run
 sessions of one prompt in that worker and puts every session's output into
 TransferQueue under ``{uid}_{session}_{index}``, marking the prompt ``finished``
 when all are in. :class:`TraceTreeWorker` keeps that protocol and replaces what
-happens per prompt with trace-gym's steps 1-4:
+happens per prompt with trace-gym's steps (verl keeps step 5's update; its advantages come from here):
 
 1.-2. **Roots.** For a training chunk, the strategy (``trace.strategy``, TRACE by
       default) places ``rollout.n * len(chunk)`` root rollouts on the chunk's prompts

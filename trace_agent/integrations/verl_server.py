@@ -160,12 +160,12 @@ class PolicyServerClient:
         self.request_ids: list[str] = []
         self._lock = threading.Lock()
 
-    def __getstate__(self) -> dict[str, Any]:  # Ray ships the client to each worker actor
-        return {"policy": self.policy, "request_ids": list(self.request_ids)}
+    def __getstate__(self) -> dict[str, Any]:  # Ray ships the client to each worker actor; a lock does not travel
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["policy"])  # type: ignore[misc]
-        self.request_ids = list(state["request_ids"])
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     async def generate(self, request_id: str, *, prompt_ids: Sequence[int], sampling_params: Mapping[str, Any],
                        **kwargs: Any) -> Any:
