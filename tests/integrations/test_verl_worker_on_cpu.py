@@ -56,7 +56,7 @@ class PerRequestPolicy:
         return getattr(self.policy, name)
 
 
-BAD = "math-train-0003#3"  # this tree's second request gets a reply without log-probs
+BAD = "math-train-0002#2"  # this tree's second request gets a reply without log-probs (TRACE gives #3 no roots)
 
 
 class HostileClient(tv.PolicyServerClient):
