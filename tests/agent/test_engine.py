@@ -38,7 +38,7 @@ from trace_agent.strategies import (
     TreePO,
     make_strategy,
 )
-from trace_agent.tree import RolloutTree, format_messages, make_context
+from trace_agent.tree import RolloutTree, format_messages, ground_truth_of, make_context
 
 from .test_rollout import _check_budget, make_math_env, scripted_setup, tiny_hf_policy  # noqa: F401
 
@@ -111,7 +111,8 @@ def reference_collect(*, make_env, policy, predictor, strategy, budget: Budget, 
         snap = env.snapshot()
         ctx = policy.render(messages, tools)
         tree = RolloutTree(prompt_id=spec.prompt_id, task_id=spec.task_id, messages=messages, snapshot=snap,
-                           value=None if v is None else float(v[i]),
+                           value=None if v is None else float(v[i]), tools=tools,
+                           ground_truth=ground_truth_of(getattr(getattr(base, "task", None), "data", None)),
                            metadata={"env_id": base.env_id, "strategy": strategy.name,
                                      "reset_seed": spec.reset_seed, "seed": seed})
         tree.root.observation_ids = list(ctx.token_ids)
