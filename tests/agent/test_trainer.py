@@ -338,7 +338,8 @@ def test_run_training_end_to_end(tmp_path: Path) -> None:
 def test_shipped_yaml_configs_load_and_demo_yaml_matches_make_demo() -> None:
     """docs/configs/*.yaml are valid, and demo.yaml is what `make demo` (scripts/demo_train.py) trains."""
     root = Path(__file__).resolve().parents[2]
-    for path in sorted((root / "docs" / "configs").glob("*.yaml")):
+    # verl_*.yaml are verl (Hydra) configs, checked against verl's own dataclasses in tests/integrations/
+    for path in sorted(p for p in (root / "docs" / "configs").glob("*.yaml") if not p.name.startswith("verl_")):
         load_config(path)
     sys.path.insert(0, str(root / "scripts"))
     try:

@@ -43,7 +43,7 @@ def test_recipe_composes_over_verl_defaults_and_names_real_pieces():
     assert trace.strategy == "trace" and trace.continuations_per_root == 2
     rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)  # verl's own validation of the section
     assert rollout.response_length == cfg.data.max_response_length
-    assert tv.estimator_options(cfg.algorithm) == {"shared": "repeat", "normalize_std": False, "lone_child": "zero",
+    assert tv.estimator_options(cfg.algorithm) == {"shared": "repeat", "normalize_std": False, "lone_child": "inherit",
                                                    "eps": 1e-6}
 
 

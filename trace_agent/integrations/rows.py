@@ -212,7 +212,7 @@ def token_advantages(
     *,
     shared: SharedSegments = "repeat",
     normalize_std: bool = False,
-    lone_child: Literal["zero", "inherit"] = "zero",
+    lone_child: Literal["zero", "inherit"] = "inherit",
     max_response_length: int | None = None,
     eps: float = EPS,
 ) -> list[NDArray[np.float64]]:
@@ -253,7 +253,7 @@ def rows_advantages(
     *,
     shared: SharedSegments = "repeat",
     normalize_std: bool = False,
-    lone_child: Literal["zero", "inherit"] = "zero",
+    lone_child: Literal["zero", "inherit"] = "inherit",
     eps: float = EPS,
 ) -> list[NDArray[np.float64]]:
     """Per-token advantages of a batch of rows from their tree keys, rewards and masks alone.

@@ -216,7 +216,7 @@ def estimator_options(config: Any) -> dict[str, Any]:
         raise ValueError("trace_* estimators need algorithm.use_kl_in_reward=False (use the actor's KL loss)")
     section = get("trace", None) or {}
     opts = {"shared": section.get("shared", "repeat"), "normalize_std": bool(section.get("normalize_std", False)),
-            "lone_child": section.get("lone_child", "zero"), "eps": float(section.get("epsilon", 1e-6))}
+            "lone_child": section.get("lone_child", "inherit"), "eps": float(section.get("epsilon", 1e-6))}
     return opts
 
 
