@@ -63,6 +63,7 @@ from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
 from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 
+from trace_agent.engine.growth import check_roots
 from trace_agent.integrations.rows import TreeRowError, leaf_rows, rows_advantages
 from trace_agent.integrations.shared_predictor import (
     PREDICTOR_ACTOR,
@@ -353,7 +354,7 @@ class TraceTreeWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[na
                               rng=np.random.default_rng([self.trace.seed, int(_scalar(prompts[0].get("global_steps", 0))), 5]),
                               predict_values=predicted, oracle_values=oracle)
         roots = [int(m) for m in self.strategy.allocate_roots(request)]
-        TreeCollector._check_roots(roots, request)
+        check_roots(roots, request)
         return roots
 
     def tree_seed(self, prompt: Mapping[str, Any]) -> int:
