@@ -468,22 +468,29 @@ def allocate_prefixes(
     Raises:
         ValueError: on probabilities outside [0, 1], negative budget or cap, non-positive costs.
     """
-    q = _vector("repeat_probs", repeat_probs)
+    q, budget, cap, cost = _prefix_inputs(repeat_probs, budget, cap, costs)
     n = int(q.shape[0])
-    budget = _whole("budget", budget)
-    cap = _optional_whole("cap", cap)
-    if costs is None:
-        cost = np.ones(n, dtype=np.int64)
-    else:
-        cost = np.asarray([_whole("costs[j]", c, minimum=1) for c in costs], dtype=np.int64)
-        if cost.shape[0] != n:
-            raise ValueError(f"costs has {cost.shape[0]} entries for {n} prefixes")
     if n == 0 or budget == 0 or cap == 0:
         return [0] * n
     if np.all(cost == 1):
         return _prefix_greedy(q, budget, budget if cap is None else min(cap, budget))
     return _prefix_dp(q, budget, cap, cost)
 
+
+
+def _prefix_inputs(repeat_probs: Sequence[float], budget: int, cap: int | None,
+                   costs: Sequence[int] | None) -> tuple[NDArray[np.float64], int, int | None, NDArray[np.int64]]:
+    """The validated inputs of a prefix problem: (q, budget, cap, per-prefix integer costs, default 1)."""
+    q = _vector("repeat_probs", repeat_probs)
+    n = int(q.shape[0])
+    budget, cap = _whole("budget", budget), _optional_whole("cap", cap)
+    if costs is None:
+        cost = np.ones(n, dtype=np.int64)
+    else:
+        cost = np.asarray([_whole("costs[j]", c, minimum=1) for c in costs], dtype=np.int64)
+        if cost.shape[0] != n:
+            raise ValueError(f"costs has {cost.shape[0]} entries for {n} prefixes")
+    return q, budget, cap, cost
 
 def _prefix_greedy(q: NDArray[np.float64], budget: int, cap: int) -> list[int]:
     n = q.shape[0]
@@ -549,16 +556,8 @@ def allocate_flip_once(
     continuation there is optimal. Ties go to spending more budget, then to fewer
     continuations on later prefixes (as :func:`allocate_prefixes`' DP).
     """
-    q = _vector("repeat_probs", repeat_probs)
+    q, budget, cap, cost = _prefix_inputs(repeat_probs, budget, cap, costs)
     n = int(q.shape[0])
-    budget = _whole("budget", budget)
-    cap = _optional_whole("cap", cap)
-    if costs is None:
-        cost = np.ones(n, dtype=np.int64)
-    else:
-        cost = np.asarray([_whole("costs[j]", c, minimum=1) for c in costs], dtype=np.int64)
-        if cost.shape[0] != n:
-            raise ValueError(f"costs has {cost.shape[0]} entries for {n} prefixes")
     if n == 0 or budget == 0 or cap == 0:
         return [0] * n
     sure = np.flatnonzero((q == 0.0) & (cost <= budget))
