@@ -21,28 +21,38 @@ habits that reinforcement learning can remove and that transfer to held-out prob
 :func:`evaluate_policy` measures that spread through the env.
 
 A new env gets demonstrations by registering a :class:`Demonstrator` for its id
-(:func:`register_demonstrator`); PythonMath-v0's is built in.
+(:func:`register_demonstrator`; the built-in ones live in :mod:`trace_agent.policy.demonstrators`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from trace_agent.policy.base import Message, PolicyError
 from trace_agent.policy.chat import END_OF_TURN, QWEN3_CHAT_TEMPLATE, QWEN3_SPECIAL_TOKENS, ChatRenderer
+from trace_agent.policy.demonstrators import (
+    BFCLDemonstrator,
+    Demonstration,
+    Demonstrator,
+    PythonMathDemonstrator,
+    WikiQADemonstrator,
+    collect_demonstrations,
+    demonstrator_for,
+    misconception_program,
+    register_demonstrator,
+    short_program,
+)
 
 if TYPE_CHECKING:
     from trace_agent.policy.hf import HFPolicy
-    from trace_envs.core import BranchableEnv, Task
 
 __all__ = [
     "DemoModelConfig",
@@ -176,307 +186,6 @@ class DemoBuildReport:
 
 
 # --------------------------------------------------------------------------- demonstrations
-@dataclass(frozen=True, kw_only=True)
-class Demonstration:
-    """A scripted episode: the env's messages and tools after it ended, and its reward."""
-
-    env_id: str
-    task_id: str
-    messages: tuple[Mapping[str, Any], ...]
-    tools: tuple[Mapping[str, Any], ...]
-    reward: float
-    flawed: bool
-
-
-class Demonstrator(Protocol):
-    """Scripts one env's episodes from its task data.
-
-    ``act`` returns the next assistant turn's text for the episode ``env`` is in (its ``task``,
-    ``messages`` with the tool observations so far, and any env-specific helper such as BFCL's
-    ``ground_truth_actions``). ``flawed`` asks for a plausible mistake (the demonstration then
-    usually fails), so a policy trained on the mix stays imperfect. ``rng`` is the only randomness.
-    A demonstrator may also define ``covers(task) -> bool``; tasks it does not cover are not demonstrated.
-    """
-
-    env_id: str
-
-    def act(self, env: BranchableEnv, *, flawed: bool, rng: np.random.Generator) -> str:
-        ...
-
-
-_DEMONSTRATORS: dict[str, Callable[[], Demonstrator]] = {}
-
-
-def register_demonstrator(env_id: str, factory: Callable[[], Demonstrator]) -> None:
-    """Make :func:`build_demo_policy` able to demonstrate ``env_id``."""
-    _DEMONSTRATORS[env_id] = factory
-
-
-def demonstrator_for(env_id: str) -> Demonstrator:
-    try:
-        return _DEMONSTRATORS[env_id]()
-    except KeyError:
-        raise PolicyError(
-            f"no Demonstrator for {env_id!r} (have {sorted(_DEMONSTRATORS)}); register one with register_demonstrator()"
-        ) from None
-
-
-def _tool_call(name: str, arguments: Mapping[str, Any]) -> str:
-    return "<tool_call>" + json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False) + "</tool_call>"
-
-
-_INT = re.compile(r"(?<![\w.])(\d+)(?![\w.])")
-
-
-#: family -> (a one-line program printing the answer, the same problem by a plausible wrong method),
-#: each built from a generated task's ``params``.
-_ONE_LINERS: dict[str, tuple[Callable[[Mapping[str, Any]], str], Callable[[Mapping[str, Any]], str]]] = {
-    "divisor_count": (
-        lambda p: f"print(sympy.divisor_count({p['n']}))",
-        lambda p: f"print(len(sympy.divisors({p['n']})) - 1)",
-    ),
-    "divisor_sum": (
-        lambda p: f"print(sympy.divisor_sigma({p['n']}))",
-        lambda p: f"print(sympy.divisor_sigma({p['n']}) - {p['n']})",
-    ),
-    "totient": (
-        lambda p: f"print(sympy.totient({p['n']}))",
-        lambda p: f"print({p['n']} - 1)",
-    ),
-    "prime_count": (
-        lambda p: f"print(sympy.primepi({p['b']}) - sympy.primepi({p['a'] - 1}))",
-        lambda p: f"print(sympy.primepi({p['b']}))",
-    ),
-    "digit_sum_power": (
-        lambda p: f"print(sum(map(int, str({p['a']}**{p['b']}))))",
-        lambda p: f"print(sum(map(int, str({p['a']} * {p['b']}))))",
-    ),
-    "modpow": (
-        lambda p: f"print(pow({p['a']}, {p['b']}, {p['m']}))",
-        lambda p: f"print({p['a']} * {p['b']} % {p['m']})",
-    ),
-    "mod_inverse": (
-        lambda p: f"print(pow({p['a']}, -1, {p['m']}))",
-        lambda p: f"print(pow({p['a']}, {p['m']} - 1, {p['m']}))",
-    ),
-    "binomial": (
-        lambda p: f"print(math.comb({p['n']}, {p['k']}))",
-        lambda p: f"print(math.perm({p['n']}, {p['k']}))",
-    ),
-    "derangements": (
-        lambda p: f"print(sympy.subfactorial({p['n']}))",
-        lambda p: f"print(math.factorial({p['n']}) - 1)",
-    ),
-    "power_sum": (
-        lambda p: f"print(sum(k**{p['p']} for k in range(1, {p['n']} + 1)))",
-        lambda p: f"print(sum(k**{p['p']} for k in range(1, {p['n']})))",
-    ),
-    "fibonacci": (
-        lambda p: f"print(sympy.fibonacci({p['n']}))",
-        lambda p: f"print(sympy.fibonacci({p['n']} + 1))",
-    ),
-    "count_divisible": (
-        lambda p: (f"print(sum(1 for k in range(1, {p['n']} + 1) "
-                   f"if (k % {p['a']} == 0 or k % {p['b']} == 0) and k % {p['c']}))"),
-        lambda p: f"print(sum(1 for k in range(1, {p['n']} + 1) if k % {p['a']} == 0 or k % {p['b']} == 0))",
-    ),
-    "digit_sum_count": (
-        lambda p: f"print(sum(1 for k in range(1, {p['n']} + 1) if sum(map(int, str(k))) == {p['s']}))",
-        lambda p: f"print(sum(1 for k in range(1, {p['n']} + 1) if sum(map(int, str(k))) <= {p['s']}))",
-    ),
-    "coprime_probability": (
-        lambda p: f"print(sympy.Rational(sum(math.gcd(k, {p['m']}) == 1 for k in range(1, {p['n']} + 1)), {p['n']}))",
-        lambda p: f"print(sympy.Rational(sum(math.gcd(k, {p['m']}) == 1 for k in range(1, {p['n']} + 1)), {p['m']}))",
-    ),
-}
-
-
-def short_program(family: str, p: Mapping[str, Any]) -> str | None:
-    """A one-line program (sympy / stdlib) that prints a generated task's answer, or None.
-
-    Used for levels 1–2, where each is checked against the task's answer in the tests;
-    a small model learns these far faster than the long reference ``solution_code``.
-    """
-    programs = _ONE_LINERS.get(family)
-    return programs[0](p) if programs else None
-
-
-def misconception_program(family: str, p: Mapping[str, Any]) -> str | None:
-    """A one-line program for a generated task that applies a plausible *wrong method*, or None.
-
-    The mistakes a careless solver makes: proper instead of all divisors, permutations instead of
-    combinations, an off-by-one range or index, a dropped condition, the wrong denominator, a misremembered theorem
-    (``pow(a, m - 1, m)`` for an inverse), a product for a power. Each is wrong on almost every
-    level 1–2 task of its family (checked in the tests), so a policy that learned it sometimes
-    has a family-level habit that reinforcement learning can unlearn, and the fix carries over to
-    held-out problems of the same family.
-    """
-    programs = _ONE_LINERS.get(family)
-    return programs[1](p) if programs else None
-
-
-class PythonMathDemonstrator:
-    """PythonMath-v0: run a program for the task, then box what it printed.
-
-    The program is a one-liner (:func:`short_program`) for levels 1–2 and the task's reference
-    ``solution_code`` for level 3, so level-3 problems stay hard for a small model.
-
-    A flawed demonstration runs the family's plausible wrong method (:func:`misconception_program`)
-    where the task has a one-line program, and otherwise changes one integer literal of the program
-    by ±1 (or ±2); the answer then boxes the wrong output, as a careless solver would.
-    """
-
-    env_id = "trace_envs/PythonMath-v0"
-
-    def covers(self, task: Task) -> bool:
-        """Only levels 1–2 of the families with a one-line program are demonstrated.
-
-        The rest (level 3, and families such as lattice paths) the policy never sees solved,
-        which keeps it imperfect in a useful way: some prompts always fail, some are mixed.
-        """
-        data = task.data
-        return int(data.get("level", 3)) <= 2 and short_program(str(data.get("family")), data.get("params", {})) is not None
-
-    def act(self, env: BranchableEnv, *, flawed: bool, rng: np.random.Generator) -> str:
-        task = env.task
-        tool_outputs = [m["content"] for m in env.messages if m.get("role") == "tool"]
-        if not tool_outputs:
-            short = wrong = None
-            if int(task.data.get("level", 3)) <= 2 and "family" in task.data:
-                family, params = str(task.data["family"]), task.data.get("params", {})
-                short, wrong = short_program(family, params), misconception_program(family, params)
-            if short is not None:  # a family with a one-liner also has its wrong method
-                code = "import math, sympy\n" + (wrong if flawed else short)
-            else:
-                code = str(task.data.get("solution_code") or f"print({task.data['answer']!r})")
-                if flawed:
-                    code = _perturb_code(code, rng)
-            return _tool_call("python", {"code": code})
-        result = tool_outputs[-1].strip().splitlines()
-        answer = result[-1].strip() if result else ""
-        return f"<answer>\\boxed{{{answer}}}</answer>"
-
-
-def _perturb_code(code: str, rng: np.random.Generator) -> str:
-    literals = [m for m in _INT.finditer(code) if int(m.group(1)) > 2]
-    if not literals:
-        return code
-    m = literals[int(rng.integers(len(literals)))]
-    delta = int(rng.choice([-2, -1, 1, 2]))
-    return code[:m.start()] + str(int(m.group(1)) + delta) + code[m.end():]
-
-
-class WikiQADemonstrator:
-    """WikiQA-v0: one search per hop (the task's ``queries``), then the gold answer.
-
-    A flawed demonstration stops after the first hop and answers with the bridge entity.
-    """
-
-    env_id = "trace_envs/WikiQA-v0"
-
-    def act(self, env: BranchableEnv, *, flawed: bool, rng: np.random.Generator) -> str:
-        data = env.task.data
-        queries = list(data.get("queries") or [data.get("question", env.task.prompt)])
-        done = sum(1 for m in env.messages if m.get("role") == "assistant")
-        if flawed and done >= 1:
-            titles = list(data.get("supporting_titles") or [])
-            return f"<answer>{titles[0] if titles else queries[0]}</answer>"
-        if done < len(queries):
-            return _tool_call("search", {"query": queries[done]})
-        return f"<answer>{(data.get('answers') or [''])[0]}</answer>"
-
-
-class BFCLDemonstrator:
-    """BFCL-v0: replay the task's ground truth (the env's ``ground_truth_actions``, JSON tool calls).
-
-    A flawed demonstration skips one step's calls (says it is done without making them).
-    """
-
-    env_id = "trace_envs/BFCL-v0"
-
-    def act(self, env: BranchableEnv, *, flawed: bool, rng: np.random.Generator) -> str:
-        actions = env.ground_truth_actions(style="json")  # type: ignore[attr-defined]
-        done = sum(1 for m in env.messages if m.get("role") == "assistant")
-        if done >= len(actions):
-            return "Done."
-        if flawed and done == 0 and actions[0] != "Done.":
-            return "Done."
-        return actions[done]
-
-
-register_demonstrator(PythonMathDemonstrator.env_id, PythonMathDemonstrator)
-register_demonstrator(WikiQADemonstrator.env_id, WikiQADemonstrator)
-register_demonstrator(BFCLDemonstrator.env_id, BFCLDemonstrator)
-
-
-def _make_env(env_id: str, *, max_turns: int, demonstration: bool = False) -> BranchableEnv:
-    """The env, on its demonstration task pool when ``demonstration`` and the env has one."""
-    import gymnasium as gym
-
-    import trace_envs  # noqa: F401  (registers the suite)
-
-    kwargs: dict[str, Any] = {"max_turns": max_turns}
-    if demonstration and env_id == "trace_envs/PythonMath-v0":
-        kwargs["tasks"] = _math_demonstration_tasks()
-    return gym.make(env_id, **kwargs).unwrapped
-
-
-def _math_demonstration_tasks(batches: int = 10, seed: int = 7) -> Any:
-    """Generated math problems for demonstrations: several times the train split (so the model
-    learns to copy numbers, not to recall problems), deduplicated, none equal to a test problem."""
-    from trace_envs.core import TaskSet
-    from trace_envs.tasks.math_gen import DEFAULT_SPLIT_SIZES, default_math_tasks, generate_math_tasks
-
-    seen = {task.prompt for task in default_math_tasks("test").values()}
-    tasks = []
-    for b in range(batches):
-        for task in generate_math_tasks(DEFAULT_SPLIT_SIZES["train"], seed=seed + b, id_prefix=f"math-demo{b}"):
-            if task.prompt not in seen:
-                seen.add(task.prompt)
-                tasks.append(task)
-    return TaskSet(tasks, name=f"math-demo-{batches}x-{seed}")
-
-
-def collect_demonstrations(
-    env_id: str,
-    *,
-    task_ids: Sequence[str] | None = None,
-    limit: int | None = None,
-    demos_per_task: int = 1,
-    flawed_fraction: float = 0.0,
-    seed: int = 0,
-    max_turns: int = 4,
-) -> list[Demonstration]:
-    """Play scripted episodes of ``env_id`` through the real env.
-
-    With ``task_ids``, on those tasks of the env's default (train) task set. Without, on the
-    env's demonstration pool (PythonMath-v0: 3,000 generated problems, none equal to a test
-    problem; other envs: their train tasks), its first ``limit`` tasks when given.
-    """
-    demonstrator = demonstrator_for(env_id)
-    rng = np.random.default_rng(seed)
-    env = _make_env(env_id, max_turns=max_turns, demonstration=task_ids is None)
-    demos: list[Demonstration] = []
-    try:
-        ids = list(task_ids) if task_ids is not None else env.tasks.ids()[:limit]
-        covers = getattr(demonstrator, "covers", None)
-        if covers is not None:
-            ids = [task_id for task_id in ids if covers(env.tasks[task_id])]
-        for task_id in ids:
-            for _ in range(demos_per_task):
-                flawed = bool(rng.random() < flawed_fraction)
-                env.reset(seed=int(rng.integers(2**31)), options={"task_id": task_id})
-                reward = 0.0
-                done = False
-                while not done:
-                    action = demonstrator.act(env, flawed=flawed, rng=rng)
-                    _, reward, terminated, truncated, _ = env.step(action)
-                    done = terminated or truncated
-                demos.append(Demonstration(env_id=env_id, task_id=task_id, messages=tuple(env.messages),
-                                           tools=tuple(env.tools), reward=float(reward), flawed=flawed))
-    finally:
-        env.close()
-    return demos
 
 
 def demonstration_tokens(chat: ChatRenderer, demo: Demonstration) -> tuple[list[int], list[bool]]:

@@ -1,0 +1,128 @@
+"""What a demonstrator is, the registry of them, and the loop that plays scripted episodes through the real env.
+
+A :class:`Demonstrator` scripts one env's episodes from its task data; :func:`collect_demonstrations`
+plays them through the env (the tool observations are the env's own) and returns
+:class:`Demonstration` records that :func:`~trace_agent.policy.demo.build_demo_policy` trains on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from trace_agent.policy.base import PolicyError
+
+if TYPE_CHECKING:
+    from trace_envs.core import BranchableEnv, TaskSet
+
+__all__ = ["Demonstration", "Demonstrator", "register_demonstrator", "demonstrator_for", "tool_call",
+           "collect_demonstrations"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Demonstration:
+    """A scripted episode: the env's messages and tools after it ended, and its reward."""
+
+    env_id: str
+    task_id: str
+    messages: tuple[Mapping[str, Any], ...]
+    tools: tuple[Mapping[str, Any], ...]
+    reward: float
+    flawed: bool
+
+
+class Demonstrator(Protocol):
+    """Scripts one env's episodes from its task data.
+
+    ``act`` returns the next assistant turn's text for the episode ``env`` is in (its ``task``,
+    ``messages`` with the tool observations so far, and any env-specific helper such as BFCL's
+    ``ground_truth_actions``). ``flawed`` asks for a plausible mistake (the demonstration then
+    usually fails), so a policy trained on the mix stays imperfect. ``rng`` is the only randomness.
+    A demonstrator may also define ``covers(task) -> bool`` (tasks it does not cover are not demonstrated)
+    and ``demonstration_tasks() -> TaskSet`` (the pool demonstrated when no task ids are given; default:
+    the env's train tasks).
+    """
+
+    env_id: str
+
+    def act(self, env: BranchableEnv, *, flawed: bool, rng: np.random.Generator) -> str:
+        ...
+
+
+_DEMONSTRATORS: dict[str, Callable[[], Demonstrator]] = {}
+
+
+def register_demonstrator(env_id: str, factory: Callable[[], Demonstrator]) -> None:
+    """Make :func:`build_demo_policy` able to demonstrate ``env_id``."""
+    _DEMONSTRATORS[env_id] = factory
+
+
+def demonstrator_for(env_id: str) -> Demonstrator:
+    try:
+        return _DEMONSTRATORS[env_id]()
+    except KeyError:
+        raise PolicyError(
+            f"no Demonstrator for {env_id!r} (have {sorted(_DEMONSTRATORS)}); register one with register_demonstrator()"
+        ) from None
+
+
+def tool_call(name: str, arguments: Mapping[str, Any]) -> str:
+    return "<tool_call>" + json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False) + "</tool_call>"
+
+
+def _make_env(env_id: str, *, max_turns: int, tasks: TaskSet | None = None) -> BranchableEnv:
+    import gymnasium as gym
+
+    import trace_envs  # noqa: F401  (registers the suite)
+
+    kwargs: dict[str, Any] = {"max_turns": max_turns}
+    if tasks is not None:
+        kwargs["tasks"] = tasks
+    return gym.make(env_id, **kwargs).unwrapped
+
+
+def collect_demonstrations(
+    env_id: str,
+    *,
+    task_ids: Sequence[str] | None = None,
+    limit: int | None = None,
+    demos_per_task: int = 1,
+    flawed_fraction: float = 0.0,
+    seed: int = 0,
+    max_turns: int = 4,
+) -> list[Demonstration]:
+    """Play scripted episodes of ``env_id`` through the real env.
+
+    With ``task_ids``, on those tasks of the env's default (train) task set. Without, on the
+    env's demonstration pool (PythonMath-v0: 3,000 generated problems, none equal to a test
+    problem; other envs: their train tasks), its first ``limit`` tasks when given.
+    """
+    demonstrator = demonstrator_for(env_id)
+    rng = np.random.default_rng(seed)
+    pool = getattr(demonstrator, "demonstration_tasks", None)
+    env = _make_env(env_id, max_turns=max_turns, tasks=pool() if pool is not None and task_ids is None else None)
+    demos: list[Demonstration] = []
+    try:
+        ids = list(task_ids) if task_ids is not None else env.tasks.ids()[:limit]
+        covers = getattr(demonstrator, "covers", None)
+        if covers is not None:
+            ids = [task_id for task_id in ids if covers(env.tasks[task_id])]
+        for task_id in ids:
+            for _ in range(demos_per_task):
+                flawed = bool(rng.random() < flawed_fraction)
+                env.reset(seed=int(rng.integers(2**31)), options={"task_id": task_id})
+                reward = 0.0
+                done = False
+                while not done:
+                    action = demonstrator.act(env, flawed=flawed, rng=rng)
+                    _, reward, terminated, truncated, _ = env.step(action)
+                    done = terminated or truncated
+                demos.append(Demonstration(env_id=env_id, task_id=task_id, messages=tuple(env.messages),
+                                           tools=tuple(env.tools), reward=float(reward), flawed=flawed))
+    finally:
+        env.close()
+    return demos
