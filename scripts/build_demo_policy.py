@@ -21,6 +21,7 @@ from trace_agent.policy.demo import (  # noqa: E402
     DEFAULT_ENV_IDS,
     DemoTrainConfig,
     build_demo_policy,
+    demo_train_config,
     evaluate_policy,
     load_demo_policy,
     success_histogram,
@@ -31,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="artifacts/demo_policy", help="output directory")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=DemoTrainConfig().steps)
-    parser.add_argument("--flawed-fraction", type=float, default=DemoTrainConfig().flawed_fraction)
+    parser.add_argument("--steps", type=int, default=None, help="optimiser steps (default: the env's preset)")
+    parser.add_argument("--flawed-fraction", type=float, default=None, help="default: the env's preset")
     parser.add_argument("--env", action="append", dest="envs", help=f"env id (repeatable; default {DEFAULT_ENV_IDS})")
     parser.add_argument("--skip-build", action="store_true", help="only evaluate an existing --out")
     parser.add_argument("--eval-tasks", type=int, default=0, help="test tasks to evaluate per env (0: none)")
@@ -42,8 +43,12 @@ def main(argv: list[str] | None = None) -> int:
 
     envs = tuple(args.envs) if args.envs else DEFAULT_ENV_IDS
     if not args.skip_build:
-        config = DemoTrainConfig(seed=args.seed, steps=args.steps, flawed_fraction=args.flawed_fraction, env_ids=envs)
-        report = build_demo_policy(args.out, seed=args.seed, config=config, log=lambda m: print(m, flush=True))
+        overrides = {k: v for k, v in (("steps", args.steps), ("flawed_fraction", args.flawed_fraction))
+                     if v is not None}
+        # One env: its preset (demo_train_config); several: the defaults on all of them.
+        config = (demo_train_config(envs[0], seed=args.seed, **overrides) if len(envs) == 1
+                  else DemoTrainConfig(seed=args.seed, env_ids=envs, **overrides))
+        report = build_demo_policy(args.out, seed=args.seed, steps=config.steps, config=config, log=lambda m: print(m, flush=True))
         print(f"built {args.out}: {report.num_parameters:,} parameters, {report.size_bytes / 1e6:.1f} MB, "
               f"{report.total_seconds:.0f}s (demonstrations {report.demonstration_seconds:.0f}s, "
               f"tokenizer {report.tokenizer_seconds:.0f}s, training {report.train_seconds:.0f}s)")

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     config = demo_config(args)
     from trace_agent.policy.demo import ensure_demo_policy
 
-    policy_dir = ensure_demo_policy(config.policy.path, seed=args.seed, steps=args.build_steps,
+    policy_dir = ensure_demo_policy(config.policy.path, env_id=config.env_id, seed=args.seed, steps=args.build_steps,
                                     log=lambda m: print(f"  {m}", flush=True))
     print(f"demo policy: {policy_dir}", flush=True)
     t_build = time.perf_counter() - t0
@@ -146,7 +146,7 @@ def compare(config: TrainConfig, strategies: list[str], seeds: list[int]) -> int
     from trace_agent.wiring import build_policies
 
     out = Path(config.out_dir)
-    base_policy, _ = build_policies(config.policy, seed=0)
+    base_policy, _ = build_policies(config.policy, seed=0, env_id=config.env_id)
     base = evaluate_heldout(base_policy, config)
     del base_policy
     print(f"starting policy: held-out success {base.success:.3f} ({base.tasks} tasks x {base.samples} samples)",

@@ -105,13 +105,14 @@ class BenchConfig:
             raise ValueError("name at least one strategy")
 
 
-def load_policy(spec: str, *, cache_dir: str | Path | None = None, log: Callable[[str], None] = print) -> Any:
-    """``"demo"``: the offline demo policy (the shipped one, or built in ``cache_dir`` if given and
+def load_policy(spec: str, *, cache_dir: str | Path | None = None, env_id: str = "trace_envs/PythonMath-v0",
+                log: Callable[[str], None] = print) -> Any:
+    """``"demo"``: ``env_id``'s offline demo policy (the shipped one, or built in ``cache_dir`` if given and
     missing); else a transformers model dir."""
     from trace_agent.policy import demo
 
     if spec == "demo":
-        return demo.load_demo_policy(demo.ensure_demo_policy(cache_dir, log=log))
+        return demo.load_demo_policy(demo.ensure_demo_policy(cache_dir, env_id=env_id, log=log))
     from trace_agent.policy.hf import HFPolicy
 
     return HFPolicy.from_pretrained(spec)
@@ -483,9 +484,9 @@ def _check_policy(spec: str, cache_dir: str | None, env_id: str) -> None:
     from trace_agent.preflight import PreflightError, model_check, policy_env_ids
 
     if spec == "demo":
-        from trace_agent.policy.demo import SHIPPED_DEMO_POLICY
+        from trace_agent.policy.demo import shipped_demo_policy
 
-        where = Path(cache_dir) if cache_dir else SHIPPED_DEMO_POLICY
+        where = Path(cache_dir) if cache_dir else shipped_demo_policy(env_id)
     else:
         check = model_check("policy", spec, what="--policy")
         if not check.ok:
@@ -515,7 +516,7 @@ def _cli(args: argparse.Namespace) -> int:
 
     check_env_id(config.env_id)  # before the policy loads
     _check_policy(args.policy, args.policy_cache, config.env_id)
-    policy = load_policy(args.policy, cache_dir=args.policy_cache)
+    policy = load_policy(args.policy, cache_dir=args.policy_cache, env_id=config.env_id)
     result = run_bench(config, policy=policy, progress=not args.no_progress, log=tqdm.write)
     paths = result.write(args.out)
     print(result.to_markdown())

@@ -97,9 +97,9 @@ def policy_dir(config: TrainConfig) -> Path | None:
     if p.kind == "tiny":
         return None
     if p.kind == "demo":
-        from trace_agent.policy.demo import SHIPPED_DEMO_POLICY
+        from trace_agent.policy.demo import shipped_demo_policy
 
-        return Path(p.path) if p.path else SHIPPED_DEMO_POLICY
+        return Path(p.path) if p.path else shipped_demo_policy(config.env_id)
     return Path(p.path).expanduser() if p.path else None
 
 

@@ -444,7 +444,7 @@ def _eval_main(args: argparse.Namespace) -> int:
     code = _preflight(args, config, train=False)
     if code is not None:
         return code
-    _, engine = build_policies(config.policy, seed=config.seed)
+    _, engine = build_policies(config.policy, seed=config.seed, env_id=config.env_id)
     progress = not args.no_progress
     if args.transcripts:
         path = Path(args.transcripts)

@@ -112,7 +112,7 @@ class Trainer:
         np.random.seed(config.seed % 2**32)
         torch.manual_seed(config.seed)
         if learner is None:
-            learner, built_engine = build_policies(config.policy, seed=config.seed)
+            learner, built_engine = build_policies(config.policy, seed=config.seed, env_id=config.env_id)
             engine = engine if engine is not None else built_engine
         self.learner = learner
         self.engine = engine if engine is not None else learner

@@ -72,6 +72,9 @@ __all__ = [
     "short_program",
     "misconception_program",
     "SHIPPED_DEMO_POLICY",
+    "SHIPPED_DEMO_POLICIES",
+    "shipped_demo_policy",
+    "demo_train_config",
     "ensure_demo_policy",
     "build_demo_policy",
     "load_demo_policy",
@@ -512,20 +515,42 @@ def _train(model: Any, encoded: Sequence[tuple[list[int], list[bool]]], cfg: Dem
 
 #: The demo policy the project ships (built by ``scripts/build_demo_policy.py --steps 400 --seed 0``;
 #: its ``build_report.json`` holds the losses and timings).
-SHIPPED_DEMO_POLICY = Path(__file__).resolve().parent / "assets" / "demo_policy"
+_ASSETS = Path(__file__).resolve().parent / "assets"
+#: The shipped demo policy of PythonMath-v0 (the default of every ``path``-less call).
+SHIPPED_DEMO_POLICY = _ASSETS / "demo_policy"
+#: env id -> the directory its shipped demo policy lives in (it may not be built yet for every env).
+SHIPPED_DEMO_POLICIES: dict[str, Path] = {
+    "trace_envs/PythonMath-v0": SHIPPED_DEMO_POLICY,
+    "trace_envs/WikiQA-v0": _ASSETS / "demo_policy_wiki",
+    "trace_envs/BFCL-v0": _ASSETS / "demo_policy_bfcl",
+}
 
 
-def ensure_demo_policy(path: str | Path | None = None, *, seed: int = 0, steps: int | None = None,
-                       log: Callable[[str], None] | None = None) -> Path:
-    """The directory of a demo policy: the shipped one when ``path`` is None or empty, else ``path``,
-    built there first (:func:`build_demo_policy`) when it holds no model."""
-    if not path:
-        return SHIPPED_DEMO_POLICY
-    target = Path(path)
+def shipped_demo_policy(env_id: str = DEFAULT_ENV_IDS[0]) -> Path:
+    """Where ``env_id``'s shipped demo policy lives (PythonMath-v0's for an env without one)."""
+    return SHIPPED_DEMO_POLICIES.get(env_id, SHIPPED_DEMO_POLICY)
+
+
+def demo_train_config(env_id: str = DEFAULT_ENV_IDS[0], **overrides: Any) -> DemoTrainConfig:
+    """The warm-start settings of ``env_id``'s demo policy: the defaults, then the env's demonstrator's
+    ``train_overrides`` (a mapping of :class:`DemoTrainConfig` fields, if it has one), then ``overrides``."""
+    preset = dict(getattr(demonstrator_for(env_id), "train_overrides", {}) or {})
+    if isinstance(preset.get("model"), Mapping):
+        preset["model"] = DemoModelConfig(**preset["model"])
+    return DemoTrainConfig(**{"env_ids": (env_id,), **preset, **overrides})
+
+
+def ensure_demo_policy(path: str | Path | None = None, *, env_id: str = DEFAULT_ENV_IDS[0], seed: int = 0,
+                       steps: int | None = None, log: Callable[[str], None] | None = None) -> Path:
+    """The directory of ``env_id``'s demo policy: the shipped one (:func:`shipped_demo_policy`) when
+    ``path`` is None or empty, else ``path``; either is built first (:func:`build_demo_policy` with
+    :func:`demo_train_config`) when it holds no model."""
+    target = Path(path) if path else shipped_demo_policy(env_id)
     if not (target / "config.json").exists():
         if log is not None:
-            log(f"building the demo policy in {target} (minutes, once)")
-        build_demo_policy(target, seed=seed, steps=steps, log=log, progress=True)
+            log(f"building the {env_id} demo policy in {target} (minutes, once)")
+        config = demo_train_config(env_id, seed=seed)
+        build_demo_policy(target, seed=seed, steps=steps, config=config, log=log, progress=True)
     return target
 
 
