@@ -43,6 +43,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from trace_agent.errors import InfeasibleAllocation
+
 if TYPE_CHECKING:  # pragma: no cover
     from trace_agent.tree import RolloutTree
 
@@ -68,10 +70,6 @@ __all__ = [
 #: Relative tolerance under which two root objectives count as tied (the smaller active count wins).
 ROOT_TIE_RTOL = 1e-12
 RootObjective = Literal["sum", "share"]
-
-
-class InfeasibleAllocation(ValueError):
-    """No allocation satisfies the constraints; the message says which constraint and why."""
 
 
 # --------------------------------------------------------------------------------------------------

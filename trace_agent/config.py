@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from trace_agent.errors import ConfigError
 from trace_agent.strategies import STRATEGY_NAMES
 
 __all__ = [
@@ -51,10 +52,6 @@ __all__ = [
 
 STRATEGIES: tuple[str, ...] = STRATEGY_NAMES  # every built-in strategy trains
 OBJECTIVE_NAMES: tuple[str, ...] = ("treerpo", "tree-grpo", "grpo")
-
-
-class ConfigError(ValueError):
-    """A configuration value or override that cannot be used (the message names the field)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from trace_agent.errors import TreeError
+
 __all__ = [
     "CONTEXT_SEPARATOR",
     "SUCCESS_THRESHOLD",
@@ -71,10 +73,6 @@ FORMAT_VERSION = 1
 _FORMAT_NAME = "trace-gym/rollout-tree"
 
 Message = dict[str, Any]
-
-
-class TreeError(ValueError):
-    """A tree operation that would break the tree's invariants (the message says which)."""
 
 
 #: Task data keys that hold a task's reference answer, in the order they are looked up.

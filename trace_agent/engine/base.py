@@ -23,6 +23,7 @@ from enum import IntEnum
 
 import numpy as np
 
+from trace_agent.errors import CollectionError, EnvWorkerError
 from trace_agent.policy.base import TokenContext
 from trace_agent.tree import Node, RolloutTree
 
@@ -37,14 +38,6 @@ __all__ = [
     "node_context",
     "path_token_ids",
 ]
-
-
-class CollectionError(ValueError):
-    """A strategy returned an allocation the collector cannot honour (the message says which rule it broke)."""
-
-
-class EnvWorkerError(RuntimeError):
-    """An env worker (a Ray actor or a local env) died or stopped answering; the message names the prompt."""
 
 
 class Phase(IntEnum):

@@ -221,41 +221,18 @@ def demonstration_tokens(chat: ChatRenderer, demo: Demonstration) -> tuple[list[
 
 # --------------------------------------------------------------------------- tokenizer and model
 def _wrap_tokenizer(backend: Any) -> Any:
-    from transformers import PreTrainedTokenizerFast
+    from trace_agent.tiny_models import fast_tokenizer
 
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        clean_up_tokenization_spaces=False,
-        model_max_length=32768,
-    )
-    tok.chat_template = QWEN3_CHAT_TEMPLATE
-    return tok
+    return fast_tokenizer(backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                          chat_template=QWEN3_CHAT_TEMPLATE, clean_up_tokenization_spaces=False,
+                          model_max_length=32768)
 
 
 def _bpe_backend(vocab_size: int, texts: Sequence[str] | None) -> Any:
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from trace_agent.tiny_models import QWEN_SPLIT_PATTERN, train_byte_bpe
 
-    backend = Tokenizer(models.BPE())
-    # Qwen2/3's split: letters runs, single digits, punctuation runs, newlines, spaces.
-    pattern = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    backend.decoder = decoders.ByteLevel()
-    special = list(QWEN3_SPECIAL_TOKENS[:3])
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - (len(QWEN3_SPECIAL_TOKENS) - len(special)),
-        special_tokens=special,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    backend.train_from_iterator(list(texts or []), trainer=trainer)
-    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN3_SPECIAL_TOKENS[3:]])
-    return backend
+    return train_byte_bpe(texts or [], vocab_size=vocab_size, special_tokens=QWEN3_SPECIAL_TOKENS[:3],
+                          split_pattern=QWEN_SPLIT_PATTERN, added_tokens=QWEN3_SPECIAL_TOKENS[3:])
 
 
 def train_demo_tokenizer(
@@ -276,27 +253,17 @@ def train_demo_tokenizer(
 
 
 def make_demo_model(tokenizer: Any, config: DemoModelConfig, *, seed: int = 0) -> Any:
-    """A freshly initialised ``Qwen3ForCausalLM`` (``AutoModelForCausalLM.from_config``) for ``tokenizer``."""
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    """A freshly initialised ``Qwen3ForCausalLM`` (``AutoModelForCausalLM.from_config``) for ``tokenizer``.
 
-    qwen = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_layers,
-        num_attention_heads=config.num_heads,
-        num_key_value_heads=config.num_kv_heads,
-        head_dim=config.head_dim,
-        max_position_embeddings=config.max_position_embeddings,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(qwen, dtype=torch.float32)
-    return model
+    Seeds torch's global RNG with ``seed`` (:func:`trace_agent.tiny_models.tiny_qwen3`,
+    ``fork_rng=False``): the demo's training loop continues from that stream.
+    """
+    from trace_agent.tiny_models import tiny_qwen3
+
+    return tiny_qwen3(tokenizer, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+                      num_layers=config.num_layers, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
+                      head_dim=config.head_dim, max_position_embeddings=config.max_position_embeddings,
+                      causal_lm=True, seed=seed, fork_rng=False, tie_word_embeddings=True, bos_token_id=None)
 
 
 _TINY_CORPUS = (
