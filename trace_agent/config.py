@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from trace_agent.budget import Budget
 from trace_agent.errors import ConfigError
 from trace_agent.strategies import STRATEGY_NAMES
 
@@ -220,23 +221,32 @@ class RolloutSettings:
             raise ConfigError("rollout.max_wait_s must be a finite number >= 0")
         if self.ray_object_store_mb < 64 or (self.ray_memory_mb is not None and self.ray_memory_mb < 1):
             raise ConfigError("rollout.ray_object_store_mb must be >= 64 and rollout.ray_memory_mb >= 1 or null")
-        if self.roots < 2 or self.group_size < 2 or self.roots % self.group_size:
-            raise ConfigError("rollout.roots must be a multiple of rollout.group_size (both >= 2)")
-        if self.prompts_per_step < self.roots // self.group_size:
+        try:
+            budget = self.budget
+        except (TypeError, ValueError) as exc:  # the budget's own checks (trace_agent.budget.Budget)
+            raise ConfigError(f"rollout.{exc}") from None
+        if self.prompts_per_step < budget.max_active:
             raise ConfigError(f"rollout.prompts_per_step ({self.prompts_per_step}) must be >= roots / group_size "
-                              f"({self.roots // self.group_size})")
-        if self.continuations_per_root < 0 or not 0 < self.continuation_cost <= 1 or self.workers < 1:
-            raise ConfigError("rollout.continuations_per_root >= 0, continuation_cost in (0, 1], workers >= 1")
+                              f"({budget.max_active})")
+        if self.workers < 1:
+            raise ConfigError("rollout.workers must be >= 1")
+
+    @property
+    def budget(self) -> Budget:
+        """The step's :class:`~trace_agent.budget.Budget` (M, N, group size, cost, caps), validated by it."""
+        return Budget(roots=self.roots, continuations_per_root=self.continuations_per_root,
+                      group_size=self.group_size, continuation_cost=self.continuation_cost,
+                      root_cap=self.root_cap, prefix_cap=self.prefix_cap)
 
     @property
     def max_active(self) -> int:
-        """Most prompts trained on per step."""
-        return self.roots // self.group_size
+        """Most prompts trained on per step (:attr:`Budget.max_active`)."""
+        return self.budget.max_active
 
     @property
     def paper_budget(self) -> float:
-        """Paper units per step: M * (1 + N * continuation_cost)."""
-        return self.roots * (1.0 + self.continuations_per_root * self.continuation_cost)
+        """Paper units per step: M * (1 + N * continuation_cost) (:attr:`Budget.paper_units`)."""
+        return self.budget.paper_units
 
 
 @dataclass(frozen=True, kw_only=True)

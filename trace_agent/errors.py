@@ -6,7 +6,7 @@ it has always been (``ValueError`` for a value that cannot be used, ``RuntimeErr
 state or a resource that failed), so existing ``except ValueError`` code keeps working. The
 messages say what went wrong and what to do. The classes are defined here once and
 re-exported by the modules that raise them (``from trace_agent.config import ConfigError``
-still works). Importing this module imports nothing else.
+still works). This module imports nothing (any module may raise these errors).
 """
 
 from __future__ import annotations

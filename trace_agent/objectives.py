@@ -102,7 +102,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from trace_agent.tree import Node, RolloutTree
+from trace_agent.tree import Node, RolloutTree, path_token_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -374,16 +374,10 @@ def node_advantages(
 def node_context_ids(node: Node, *, prompt_ids: Sequence[int] | None = None) -> tuple[int, ...]:
     """Token ids before ``node``'s generated ids: the path's generated + observation ids up to its parent.
 
-    The root contributes ``prompt_ids`` when given, else its ``observation_ids``.
+    The root contributes ``prompt_ids`` when given, else its ``observation_ids``
+    (:func:`~trace_agent.tree.path_token_ids` of the parent).
     """
-    ids: list[int] = []
-    for n in node.path()[:-1]:
-        if n.is_root and prompt_ids is not None:
-            ids.extend(int(t) for t in prompt_ids)
-        else:
-            ids.extend(n.generated_ids)
-            ids.extend(n.observation_ids)
-    return tuple(ids)
+    return tuple(path_token_ids(node.parent, prompt_ids=prompt_ids))
 
 
 def tree_segments(

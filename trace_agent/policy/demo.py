@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trace_agent.policy.base import Message, PolicyError
+from trace_agent.policy.base import PolicyError
 from trace_agent.policy.chat import END_OF_TURN, QWEN3_CHAT_TEMPLATE, QWEN3_SPECIAL_TOKENS, ChatRenderer
 from trace_agent.policy.demonstrators import (
     BFCLDemonstrator,
@@ -50,6 +50,8 @@ from trace_agent.policy.demonstrators import (
     register_demonstrator,
     short_program,
 )
+from trace_agent.policy.episodes import EpisodeStart, observation_messages, play_episodes
+from trace_agent.success import is_success, success_rate
 
 if TYPE_CHECKING:
     from trace_agent.policy.hf import HFPolicy
@@ -319,7 +321,7 @@ def build_demo_policy(
                                         max_turns=cfg.max_turns)
     t_demo = time.perf_counter()
     say(f"{len(demos)} demonstrations in {t_demo - t0:.1f}s "
-        f"({sum(d.flawed for d in demos)} flawed, {sum(d.reward > 0 for d in demos)} successful)")
+        f"({sum(d.flawed for d in demos)} flawed, {sum(is_success(d.reward) for d in demos)} successful)")
 
     tokenizer = train_demo_tokenizer(demos, vocab_size=cfg.model.vocab_size)
     chat = ChatRenderer(tokenizer)
@@ -532,14 +534,6 @@ def load_demo_policy(path: str | Path = SHIPPED_DEMO_POLICY, *, device: str = "c
 
 
 # --------------------------------------------------------------------------- evaluation
-def observation_messages(messages: Sequence[Message]) -> list[Message]:
-    """The messages after the last assistant turn: what ``Policy.extend`` appends after a step."""
-    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
-    if last < 0:
-        raise PolicyError("no assistant turn in the messages")
-    return [dict(m) for m in messages[last + 1:]]
-
-
 def evaluate_policy(
     policy: Any,
     env_id: str,
@@ -556,7 +550,8 @@ def evaluate_policy(
     """Rewards of ``samples`` episodes per task, played through the real env with ``policy``.
 
     The ``samples`` episodes of one task run side by side (one env each, one batched
-    ``generate`` per turn). Returns task id -> rewards.
+    ``generate`` per turn; :func:`~trace_agent.policy.episodes.play_episodes`). Returns task
+    id -> rewards.
     """
     import gymnasium as gym
 
@@ -566,26 +561,9 @@ def evaluate_policy(
     results: dict[str, list[float]] = {}
     try:
         for t, task_id in enumerate(task_ids):
-            contexts = []
-            for k, env in enumerate(envs):
-                env.reset(seed=seed + 1000 * t + k, options={"task_id": task_id})
-                contexts.append(policy.render(env.messages, env.tools))
-            rewards = [0.0] * samples
-            alive = list(range(samples))
-            turn = 0
-            while alive:
-                gens = policy.generate([contexts[k] for k in alive], max_new_tokens=max_new_tokens,
-                                       temperature=temperature, top_p=top_p, seed=seed + 7919 * t + turn)
-                still = []
-                for k, g in zip(alive, gens):
-                    obs, reward, terminated, truncated, _ = envs[k].step(g.text)
-                    rewards[k] = float(reward)
-                    if not (terminated or truncated):
-                        contexts[k] = policy.extend(contexts[k], g, observation_messages(envs[k].messages))
-                        still.append(k)
-                alive = still
-                turn += 1
-            results[task_id] = rewards
+            starts = [EpisodeStart(task_id=task_id, seed=seed + 1000 * t + k) for k in range(samples)]
+            results[task_id] = play_episodes(policy, envs, starts, turn_seed=lambda turn, t=t: seed + 7919 * t + turn,
+                                             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     finally:
         for env in envs:
             env.close()
@@ -593,8 +571,11 @@ def evaluate_policy(
 
 
 def success_histogram(results: Mapping[str, Sequence[float]], *, bins: int = 5) -> dict[str, Any]:
-    """Per-task success rates summarised: histogram over [0, 1], all-fail / mixed / all-success counts."""
-    rates = [float(np.mean([r > 0 for r in rewards])) for rewards in results.values() if rewards]
+    """Per-task success rates summarised: histogram over [0, 1], all-fail / mixed / all-success counts.
+
+    Success is :func:`trace_agent.success.is_success` (reward >= 0.5; the suite's rewards are 0 or 1).
+    """
+    rates = [success_rate(rewards) for rewards in results.values() if rewards]
     edges = np.linspace(0.0, 1.0, bins + 1)
     counts, _ = np.histogram(rates, bins=edges)
     return {

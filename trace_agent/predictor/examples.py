@@ -22,7 +22,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from trace_agent.predictor.base import PAPER_PREFIX_SHARE, SuccessPredictor, checked_predictions
-from trace_agent.tree import RolloutTree
+from trace_agent.tree import RolloutTree, bottom_up_targets
 
 __all__ = [
     "TreeExamples",
@@ -144,19 +144,9 @@ def _prefix_subset(depths: NDArray[np.int64], branched: NDArray[np.bool_], share
 
 
 def _second_moments(tree: RolloutTree) -> NDArray[np.float64]:
-    n = len(tree.nodes)
-    s2 = np.zeros(n)
-    cnt = np.zeros(n)
-    for node in tree.nodes:
-        if node.reward is not None:
-            s2[node.node_id] = node.reward**2
-            cnt[node.node_id] = 1
-    for node in reversed(tree.nodes[1:]):
-        p = node.parent.node_id  # type: ignore[union-attr]
-        s2[p] += s2[node.node_id]
-        cnt[p] += cnt[node.node_id]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(cnt > 0, s2 / np.maximum(cnt, 1), np.nan)
+    """Mean squared leaf reward below each node (NaN with no leaf below): the bottom-up walk on r**2."""
+    squares = [None if n.reward is None else n.reward**2 for n in tree.nodes]
+    return bottom_up_targets(tree.parent_ids(), squares)[0]
 
 
 def spearman(a: ArrayLike, b: ArrayLike) -> float:
