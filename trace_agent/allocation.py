@@ -1,6 +1,8 @@
 """Root and prefix allocation (exact), the probabilities behind them, budget accounting.
 
-Everything here is a pure numpy function of its arguments.
+Everything here is a pure numpy function of its arguments. (About 620 lines: the root and
+the two prefix problems share their validation and their tie rules, and each proof sits in
+its function's docstring beside its brute-force-tested code; they read best together.)
 
 Probabilities
     ``mixed_probability(v, m)``: chance that m rollouts at success rate v hold

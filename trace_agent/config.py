@@ -15,6 +15,12 @@ Example YAML (``docs/configs/demo.yaml``)::
     objective: {name: treerpo}
 
 Overrides: ``load_config("demo.yaml", ["optim.lr=1e-4", "rollout.strategy=grpo"])``.
+
+Size (about 600 lines): every section of the schema stays in this one module, as TRL's
+``GRPOConfig`` does, so that a field, its documentation and its cross-field checks read
+together; the numbers with a meaning of their own live where they are defined (the rollout
+budget is :class:`trace_agent.budget.Budget`, which :attr:`RolloutSettings.budget` builds and
+which validates it; the objective names are :data:`trace_agent.objectives.OBJECTIVES`).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from typing import Any, Literal
 
 from trace_agent.budget import Budget
 from trace_agent.errors import ConfigError
+from trace_agent.loss import LOSS_AGG_MODES
+from trace_agent.objectives import OBJECTIVES
 from trace_agent.strategies import STRATEGY_NAMES
 
 __all__ = [
@@ -52,7 +60,7 @@ __all__ = [
 ]
 
 STRATEGIES: tuple[str, ...] = STRATEGY_NAMES  # every built-in strategy trains
-OBJECTIVE_NAMES: tuple[str, ...] = ("treerpo", "tree-grpo", "grpo")
+OBJECTIVE_NAMES: tuple[str, ...] = OBJECTIVES  # every objective trains
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -302,9 +310,9 @@ class ObjectiveConfig:
     kl_coef: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.name not in ("treerpo", "tree-grpo", "grpo"):
-            raise ConfigError(f"objective.name must be treerpo, tree-grpo or grpo, got {self.name!r}")
-        modes = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+        if self.name not in OBJECTIVE_NAMES:
+            raise ConfigError(f"objective.name must be one of {', '.join(OBJECTIVE_NAMES)}, got {self.name!r}")
+        modes = LOSS_AGG_MODES
         if self.loss_agg_mode not in modes:
             raise ConfigError(f"objective.loss_agg_mode must be one of {', '.join(modes)}, got {self.loss_agg_mode!r}")
         if self.loss_scale_factor is not None and not (math.isfinite(self.loss_scale_factor)

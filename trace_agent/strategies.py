@@ -318,30 +318,41 @@ def _exact_prefixes(request: ExpansionRequest, values: NDArray[np.float64],
 # strategies
 
 
+def _uniform(request: RootRequest) -> list[int]:
+    """Equal groups on the first ``max_active`` prompts of the request (:func:`uniform_roots`)."""
+    return uniform_roots(len(request.prompt_ids), request.root_budget, request.budget.max_active)
+
+
 @dataclass(frozen=True, kw_only=True)
-class GRPO:
-    """Fixed group size, no branching: the first ``max_active`` prompts of the pool, equal groups.
+class _Flat:
+    """A strategy that never branches: no continuations (its whole budget is ``budget.flat_roots`` roots)."""
 
-    Spends ``budget.flat_roots`` root rollouts (the paper units of the branching budget).
-    """
-
-    name: str = "grpo"
+    name: str
     branching: bool = False
     uses_predictor: bool = False
-
-    def allocate_roots(self, request: RootRequest) -> list[int]:
-        return uniform_roots(len(request.prompt_ids), request.root_budget, request.budget.max_active)
 
     def allocate_continuations(self, request: ExpansionRequest) -> dict[int, int]:
         return {}
 
 
 @dataclass(frozen=True, kw_only=True)
-class PCL:
+class GRPO(_Flat):
+    """Fixed group size, no branching: the first ``max_active`` prompts of the pool, equal groups.
+
+    Spends ``budget.flat_roots`` root rollouts (the paper units of the branching budget).
+    """
+
+    name: str = "grpo"
+
+    def allocate_roots(self, request: RootRequest) -> list[int]:
+        return _uniform(request)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PCL(_Flat):
     """Prompt filtering by the predictor: keep the ``max_active`` prompts with v-hat nearest 1/2, fixed n each."""
 
     name: str = "pcl"
-    branching: bool = False
     uses_predictor: bool = True
 
     def allocate_roots(self, request: RootRequest) -> list[int]:
@@ -354,9 +365,6 @@ class PCL:
             out[int(idx)] = k
         return out
 
-    def allocate_continuations(self, request: ExpansionRequest) -> dict[int, int]:
-        return {}
-
 
 @dataclass(frozen=True, kw_only=True)
 class TreePO:
@@ -367,7 +375,7 @@ class TreePO:
     uses_predictor: bool = False
 
     def allocate_roots(self, request: RootRequest) -> list[int]:
-        return uniform_roots(len(request.prompt_ids), request.root_budget, request.budget.max_active)
+        return _uniform(request)
 
     def allocate_continuations(self, request: ExpansionRequest) -> dict[int, int]:
         alloc = random_prefixes(request.candidates, request.budget, request.rng, cap=request.prefix_cap)
@@ -410,7 +418,7 @@ class TRACE:
 
     def allocate_roots(self, request: RootRequest) -> list[int]:
         if not self.roots:
-            return uniform_roots(len(request.prompt_ids), request.root_budget, request.budget.max_active)
+            return _uniform(request)
         return allocate_roots(self._root_values(request), request.root_budget,
                               cap=request.budget.effective_root_cap, max_active=request.budget.max_active,
                               objective=self.root_objective)

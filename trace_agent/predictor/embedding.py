@@ -117,7 +117,11 @@ class EmbeddingPredictor:
                 "cache": cache_state() if callable(cache_state) else None}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Inverse of :meth:`state_dict` (``ValueError`` on an unknown field or a field that is not an array)."""
+        """Inverse of :meth:`state_dict`; all or nothing.
+
+        Raises ``ValueError`` (and changes nothing) on an unknown field, a field that is not an
+        array, or a cache whose keys and vectors do not pair up.
+        """
         fields = dict(state["state"])
         unknown = set(fields) - set(_STATE_FIELDS)
         if unknown:
@@ -125,11 +129,11 @@ class EmbeddingPredictor:
         for name, value in fields.items():
             if value is not None and not isinstance(value, np.ndarray | int | float):
                 raise ValueError(f"predictor field {name} is a {type(value).__name__}, expected an array")
-        for name, value in fields.items():
-            setattr(self, name, value)
         load_cache = getattr(self.featurizer, "load_cache_state", None)
         if callable(load_cache) and state.get("cache") is not None:
-            load_cache(state["cache"])
+            load_cache(state["cache"])  # checked before it replaces the cache, and before any field is set
+        for name, value in fields.items():
+            setattr(self, name, value)
 
     def _design(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
         assert self._mean is not None and self._scale is not None
