@@ -5,8 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trace_agent.checkpoint import CheckpointError, load_predictor_state, predictor_state, read_checkpoint, \
-    write_checkpoint
+from trace_agent.checkpoint import (
+    CheckpointError,
+    load_predictor_state,
+    predictor_state,
+    read_checkpoint,
+    write_checkpoint,
+)
 from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer, SuccessPredictor
 from trace_agent.tree import make_context
 
