@@ -336,6 +336,15 @@ class RolloutTree:
         self._rollout_tips[rollout_id] = node.node_id
         return node
 
+    def set_value(self, node: Node, value: float | None) -> None:
+        """Record ``node``'s predicted success probability (in [0, 1], or None), the one way a value is written.
+
+        The constructor and :meth:`add_turn` store theirs through the same check; scoring
+        (:func:`trace_agent.predictor.score_nodes`) calls this. Raises :class:`TreeError` for a
+        value outside [0, 1] (NaN included) or a node of another tree.
+        """
+        self._own(node).value = _check_value(value)
+
     def finish(self, node: Node, reward: float) -> None:
         """Mark ``node`` as the end of its episode with ``reward`` (it becomes a leaf)."""
         node = self._own(node)

@@ -107,6 +107,6 @@ def score_nodes(predictor: SuccessPredictor, tree: RolloutTree, nodes: Sequence[
         return np.zeros(0)
     values = checked_predictions(predictor.predict([tree.context(n) for n in chosen]), len(chosen))
     for n, v in zip(chosen, values, strict=True):
-        n.value = float(v)
+        tree.set_value(n, float(v))
     return values
 
