@@ -79,6 +79,14 @@ class PredictorService:
     def predict(self, contexts: Sequence[str]) -> list[float]:
         return [float(v) for v in self.predictor.predict(list(contexts))]
 
+    def state_dict(self) -> dict[str, Any]:
+        """The shared predictor's ``state_dict`` (trees still pending are trained on first)."""
+        self.refresh()
+        return self.predictor.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.predictor.load_state_dict(state)
+
     def save(self, directory: str) -> str:
         self.refresh()
         return str(save_predictor(self.predictor, directory, extra={"refreshes": self.refreshes}))
@@ -109,6 +117,13 @@ class PredictorProxy:
 
     def refresh(self) -> dict[str, float]:
         return dict(self._call("refresh"))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The service's predictor state (as data: it travels from the actor like the trees do)."""
+        return dict(self._call("state_dict"))
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._call("load_state_dict", dict(state))
 
 
 def save_predictor(predictor: Any, directory: str | Path, *, extra: Mapping[str, Any] | None = None) -> Path:
