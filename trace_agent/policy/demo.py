@@ -553,11 +553,10 @@ def evaluate_policy(
     ``generate`` per turn; :func:`~trace_agent.policy.episodes.play_episodes`). Returns task
     id -> rewards.
     """
-    import gymnasium as gym
+    from trace_agent.wiring import make_env_factory
 
-    import trace_envs  # noqa: F401
-
-    envs = [gym.make(env_id, max_turns=max_turns, **dict(env_kwargs or {})).unwrapped for _ in range(samples)]
+    make = make_env_factory(env_id, None, max_turns=max_turns, env_kwargs=dict(env_kwargs or {}))
+    envs = [make() for _ in range(samples)]
     results: dict[str, list[float]] = {}
     try:
         for t, task_id in enumerate(task_ids):
