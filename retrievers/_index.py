@@ -7,13 +7,14 @@ import hashlib
 import shutil
 import tempfile
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from retrievers.base import MANIFEST_NAME, Hit, RetrieverError, read_manifest
-from retrievers.corpus import DocStore
+from retrievers.corpus import DocStore, DocStoreWriter, Passage, iter_corpus
 
-__all__ = ["prepare_out", "IndexDirRetriever", "MAX_K"]
+__all__ = ["prepare_out", "write_store", "IndexDirRetriever", "MAX_K"]
 
 #: the largest ``k`` any backend accepts (bounds memory per query).
 MAX_K = 1000
@@ -38,6 +39,31 @@ def prepare_out(out: str | Path | None, *, overwrite: bool = False) -> tuple[Pat
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)
     return path, None
+
+
+def write_store(
+    directory: Path,
+    corpus: str | Path | Iterable[Mapping[str, Any] | Passage],
+    *,
+    progress: bool,
+    desc: str,
+    each: Callable[[Passage], None] | None = None,
+) -> int:
+    """Write ``corpus`` as ``directory``'s document store, calling ``each(passage)`` after storing each passage.
+
+    The first half of every backend's ``build()``: returns the number of passages stored;
+    raises ``ValueError`` when the corpus is empty (nothing to index).
+    """
+    writer = DocStoreWriter(directory)
+    for passage in iter_corpus(corpus, progress=progress, desc=desc):
+        writer.add(passage)
+        if each is not None:
+            each(passage)
+    n_docs = len(writer)
+    writer.close()
+    if n_docs == 0:
+        raise ValueError("the corpus is empty: nothing to index")
+    return n_docs
 
 
 def check_k(k: int) -> int:

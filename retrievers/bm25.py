@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from retrievers._index import IndexDirRetriever, check_k, prepare_out
+from retrievers._index import IndexDirRetriever, check_k, prepare_out, write_store
 from retrievers.base import Hit, write_manifest
-from retrievers.corpus import DocStoreWriter, Passage, iter_corpus
+from retrievers.corpus import Passage
 
 __all__ = ["BM25Config", "BM25Retriever"]
 
@@ -99,7 +99,6 @@ class BM25Retriever(IndexDirRetriever):
         directory, tmp = prepare_out(out, overwrite=overwrite)
         bm25s = _import_bm25s()
         tok = _tokenizer(cfg)
-        writer = DocStoreWriter(directory)
         ids: list[list[int]] = []
         chunk: list[str] = []
 
@@ -108,16 +107,13 @@ class BM25Retriever(IndexDirRetriever):
                 ids.extend(tok.tokenize(chunk, update_vocab=True, return_as="ids", show_progress=False))
                 chunk.clear()
 
-        for passage in iter_corpus(corpus, progress=progress, desc="bm25s: reading"):
-            writer.add(passage)
+        def each(passage: Passage) -> None:
             chunk.append(passage.title + "\n" + passage.text)
             if len(chunk) >= _CHUNK:
                 flush()
+
+        n_docs = write_store(directory, corpus, progress=progress, desc="bm25s: reading", each=each)
         flush()
-        n_docs = len(writer)
-        writer.close()
-        if n_docs == 0:
-            raise ValueError("the corpus is empty: nothing to index")
         model = bm25s.BM25(k1=cfg.k1, b=cfg.b, method=cfg.method)
         model.index((ids, tok.get_vocab_dict()), show_progress=progress)
         ids.clear()

@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from retrievers._index import IndexDirRetriever, check_k, prepare_out
+from retrievers._index import IndexDirRetriever, check_k, prepare_out, write_store
 from retrievers.base import BackendUnavailableError, Hit, write_manifest
-from retrievers.corpus import DocStoreWriter, Passage, iter_corpus
+from retrievers.corpus import Passage
 
 __all__ = ["DenseConfig", "DenseRetriever", "Encoder", "resolve_model"]
 
@@ -208,7 +208,6 @@ class DenseRetriever(IndexDirRetriever):
         directory, tmp = prepare_out(out, overwrite=overwrite)
         faiss = _faiss()
         enc = encoder or Encoder(cfg)
-        writer = DocStoreWriter(directory)
         index: Any = None
         pending: list[np.ndarray] = []  # IVF: vectors held back until the quantizer is trained
         n_pending = 0
@@ -234,16 +233,13 @@ class DenseRetriever(IndexDirRetriever):
             if len(vectors):
                 index.add(vectors)
 
-        for passage in iter_corpus(corpus, progress=progress, desc="dense: encoding"):
-            writer.add(passage)
+        def each(passage: Passage) -> None:
             chunk.append(passage)
             if len(chunk) >= chunk_size:
                 add(enc.encode_passages(chunk))
                 chunk.clear()
-        n_docs = len(writer)
-        writer.close()
-        if n_docs == 0:
-            raise ValueError("the corpus is empty: nothing to index")
+
+        n_docs = write_store(directory, corpus, progress=progress, desc="dense: encoding", each=each)
         add(enc.encode_passages(chunk) if chunk else np.zeros((0, enc.dim), np.float32), final=True)
         faiss.write_index(index, str(directory / "faiss.index"))
         write_manifest(directory, cls.kind, asdict(cfg), n_docs=n_docs, dim=enc.dim)

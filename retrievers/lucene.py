@@ -36,9 +36,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from retrievers._index import IndexDirRetriever, check_k, prepare_out
+from retrievers._index import IndexDirRetriever, check_k, prepare_out, write_store
 from retrievers.base import BackendUnavailableError, Hit, RetrieverError, split_contents, write_manifest
-from retrievers.corpus import CORPUS_FILE, DocStore, DocStoreWriter, Passage, iter_corpus, parse_record
+from retrievers.corpus import CORPUS_FILE, DocStore, Passage, iter_corpus, parse_record
 
 __all__ = ["LuceneConfig", "LuceneRetriever", "start_jvm", "anserini_jar"]
 
@@ -163,13 +163,7 @@ class LuceneRetriever(IndexDirRetriever):
         if cfg.external is not None:
             raise ValueError("build() makes its own index; use wrap() for an external one")
         directory, tmp = prepare_out(out, overwrite=overwrite)
-        writer = DocStoreWriter(directory)
-        for passage in iter_corpus(corpus, progress=progress, desc="lucene: reading"):
-            writer.add(passage)
-        n_docs = len(writer)
-        writer.close()
-        if n_docs == 0:
-            raise ValueError("the corpus is empty: nothing to index")
+        n_docs = write_store(directory, corpus, progress=progress, desc="lucene: reading")
         jnius = start_jvm()
         threads = cfg.index_threads or os.cpu_count() or 1
         args = ["-collection", "JsonCollection", "-input", str((directory / CORPUS_FILE).parent),

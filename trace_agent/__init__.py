@@ -1,38 +1,40 @@
 """trace_agent: TRACE (Tree Rollout Allocation for Contrastive Exploration) on branchable envs.
 
-The core lives in three modules, importable without torch:
+The core, importable without torch:
 
 - :mod:`trace_agent.tree` - ``RolloutTree`` / ``Node``: save points with exact token ids,
-  snapshots, rewards, bottom-up targets, statistics, JSONL / Parquet storage.
-- :mod:`trace_agent.allocation` - exact root and prefix allocation, P_mixed / P_flip,
-  continuation budgets and budget accounting.
+  snapshots, rewards, bottom-up targets; around it :mod:`~trace_agent.contexts` (predictor
+  context strings), :mod:`~trace_agent.tree_stats` (statistics, the effective ratio) and
+  :mod:`~trace_agent.tree_io` (JSONL / Parquet storage).
+- :mod:`trace_agent.success` - the one definition of success (reward >= 0.5).
+- :mod:`trace_agent.budget` - the ``Budget``, its paper unit and the running account.
+- :mod:`trace_agent.allocation` - exact root and prefix allocation, P_mixed / P_flip.
 - :mod:`trace_agent.predictor` - the ``SuccessPredictor`` protocol, the CPU default
   ``EmbeddingPredictor``, the ``LMCritic`` (torch imported lazily) and online training
   from finished trees.
+- :mod:`trace_agent.errors` - the one exception hierarchy (``TraceAgentError``).
 
 On top of them (policies in :mod:`trace_agent.policy`, torch loaded lazily):
 
 - :mod:`trace_agent.rollout` - ``TreeCollector``: per-prompt tree collection through snapshot/restore.
-- :mod:`trace_agent.strategies` - the ``Strategy`` protocol, ``Budget`` and GRPO / PCL / TreePO / TRACE / Oracle.
-- :mod:`trace_agent.objectives` - GRPO, TreeRPO, Tree-GRPO advantages and the clipped policy loss.
+- :mod:`trace_agent.strategies` - the ``Strategy`` protocol and GRPO / PCL / TreePO / TRACE / Oracle.
+- :mod:`trace_agent.objectives` - GRPO, TreeRPO, Tree-GRPO advantages; :mod:`trace_agent.loss` the clipped policy loss.
 - :mod:`trace_agent.trainer` - the five-step loop and checkpoints (its parts: `update`, `collector`, `checkpoint`, `pool`, `wiring`); ``trace-gym`` is :mod:`trace_agent.cli`.
 """
 
 from __future__ import annotations
 
 from trace_agent.allocation import (
-    BudgetAccount,
-    BudgetConfig,
     InfeasibleAllocation,
     allocate_prefixes,
     allocate_roots,
     continuation_budget,
     flip_probability,
     mixed_probability,
-    paper_budget,
     proportional_split,
     repeat_probability,
 )
+from trace_agent.budget import Budget, BudgetAccount, BudgetConfig, paper_budget
 from trace_agent.predictor import (
     EmbeddingPredictor,
     EmbeddingPredictorConfig,
@@ -44,7 +46,7 @@ from trace_agent.predictor import (
     tree_examples,
 )
 from trace_agent.rollout import Collection, PromptSpec, RolloutConfig, TreeCollector, prompt_pool
-from trace_agent.strategies import GRPO, PCL, TRACE, Budget, Oracle, Strategy, TreePO, make_strategy
+from trace_agent.strategies import GRPO, PCL, TRACE, Oracle, Strategy, TreePO, make_strategy
 from trace_agent.tree import (
     BatchStats,
     Node,

@@ -1,7 +1,8 @@
 """Root and prefix allocation (exact), the probabilities behind them, budget accounting.
 
-Everything here is a pure numpy function of its arguments, except
-:class:`BudgetAccount`, which is an accumulator.
+Everything here is a pure numpy function of its arguments. (About 620 lines: the root and
+the two prefix problems share their validation and their tie rules, and each proof sits in
+its function's docstring beside its brute-force-tested code; they read best together.)
 
 Probabilities
     ``mixed_probability(v, m)``: chance that m rollouts at success rate v hold
@@ -25,26 +26,29 @@ Mixed-tree prefix problem (:func:`allocate_flip_once`)
 Prefix problem (:func:`allocate_prefixes`)
     maximise  sum_j (1 - q_j**k_j)   over  k_j in {0, ..., cap},  sum_j k_j * cost_j <= budget.
 
-Budget accounting
-    The paper's unit is a full rollout; a continuation from the middle costs
-    about half of one, so M roots with N continuations each cost M * (1 + N/2)
-    (:func:`paper_budget`). :class:`BudgetAccount` reports that unit and the
-    real cost (generated tokens, appended observation tokens, env steps) side by side.
+Budgets
+    :func:`continuation_budget` and :func:`proportional_split` divide a budget between
+    prompts and prefixes. The budget itself, its paper unit and the running account
+    (:func:`paper_budget`, :class:`BudgetConfig`, :class:`BudgetAccount`) live in
+    :mod:`trace_agent.budget` and are re-exported here.
 """
 
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from trace_agent.budget import BudgetAccount, BudgetConfig, paper_budget
+from trace_agent.budget import whole_count as _whole
+from trace_agent.errors import InfeasibleAllocation
+from trace_agent.success import success_mask
+
 if TYPE_CHECKING:  # pragma: no cover
-    from trace_agent.tree import RolloutTree
+    pass
 
 __all__ = [
     "InfeasibleAllocation",
@@ -68,10 +72,6 @@ __all__ = [
 #: Relative tolerance under which two root objectives count as tied (the smaller active count wins).
 ROOT_TIE_RTOL = 1e-12
 RootObjective = Literal["sum", "share"]
-
-
-class InfeasibleAllocation(ValueError):
-    """No allocation satisfies the constraints; the message says which constraint and why."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -119,12 +119,12 @@ def flip_probability(q: ArrayLike, k: ArrayLike) -> NDArray[np.float64] | np.flo
 def repeat_probability(value: ArrayLike, reward: ArrayLike) -> NDArray[np.float64] | np.float64:
     """q for a prefix: the predicted chance a fresh continuation repeats the original ending.
 
-    ``q = value`` where the original rollout succeeded (reward >= 0.5) and
-    ``1 - value`` where it failed. Vectorised.
+    ``q = value`` where the original rollout succeeded
+    (:func:`~trace_agent.success.success_mask`: reward >= 0.5) and ``1 - value`` where it
+    failed. Vectorised.
     """
     vv = _as_unit_interval("value", value)
-    rr = np.asarray(reward, dtype=np.float64)
-    return np.where(rr >= 0.5, vv, 1.0 - vv)[()]
+    return np.where(success_mask(reward), vv, 1.0 - vv)[()]
 
 
 def root_objective(values: ArrayLike, counts: ArrayLike) -> float:
@@ -139,18 +139,6 @@ def prefix_objective(repeat_probs: ArrayLike, counts: ArrayLike) -> float:
 
 # --------------------------------------------------------------------------------------------------
 # validation helpers
-
-
-def _whole(name: str, x: Any, *, minimum: int = 0) -> int:
-    if isinstance(x, bool):
-        raise TypeError(f"{name} must be an int, got bool")
-    try:
-        value = operator.index(x)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(x).__name__}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def _optional_whole(name: str, x: Any) -> int | None:
@@ -630,113 +618,3 @@ def proportional_split(shares: Sequence[float], total: int) -> list[int]:
     order = np.lexsort((np.arange(s.shape[0]), -frac))
     base[order[:left]] += 1
     return [int(x) for x in base]
-
-
-def paper_budget(roots: int, continuations_per_root: float, *, continuation_cost: float = 0.5) -> float:
-    """The paper's budget unit for M roots with N continuations each: M * (1 + N * continuation_cost).
-
-    With the default cost of 1/2, (1024, 2) and (512, 6) both cost 2048.
-    """
-    m = _whole("roots", roots)
-    if continuations_per_root < 0 or continuation_cost < 0:
-        raise ValueError("continuations_per_root and continuation_cost must be >= 0")
-    return m * (1.0 + continuations_per_root * continuation_cost)
-
-
-@dataclass(frozen=True, kw_only=True)
-class BudgetConfig:
-    """How a continuation is charged in the paper's unit (a full rollout = 1).
-
-    Attributes:
-        continuation_cost: paper units charged for one continuation (default 1/2, the paper's
-            "a replay from the middle costs about half a rollout").
-        depth_proportional: when True and the depths are known, charge a continuation
-            (turns it generated) / (depth of its leaf) instead, the share of a full
-            rollout it actually re-ran; ``continuation_cost`` is the fallback.
-    """
-
-    continuation_cost: float = 0.5
-    depth_proportional: bool = False
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.continuation_cost) and 0.0 <= self.continuation_cost <= 1.0):
-            raise ValueError(f"continuation_cost must be in [0, 1], got {self.continuation_cost}")
-
-    def charge(self, *, new_turns: int | None = None, leaf_depth: int | None = None) -> float:
-        """Paper units for one continuation that generated ``new_turns`` turns ending at ``leaf_depth``."""
-        if self.depth_proportional and new_turns is not None and leaf_depth:
-            return min(1.0, max(0.0, new_turns / leaf_depth))
-        return self.continuation_cost
-
-
-@dataclass(kw_only=True)
-class BudgetAccount:
-    """Running totals of what rollouts cost, in the paper's unit and in real work.
-
-    ``charge_root`` / ``charge_continuation`` add one rollout each; ``charge_tree`` adds
-    every rollout of a finished :class:`~trace_agent.tree.RolloutTree` (its kind and depths
-    come from the tree). ``summary()`` reports both views side by side.
-    """
-
-    config: BudgetConfig = field(default_factory=BudgetConfig)
-    root_rollouts: int = 0
-    continuations: int = 0
-    paper_units: float = 0.0
-    generated_tokens: int = 0
-    observation_tokens: int = 0
-    env_steps: int = 0
-
-    def charge_root(self, *, generated_tokens: int = 0, observation_tokens: int = 0, env_steps: int = 0) -> float:
-        """Add one full rollout from the prompt (1 paper unit); returns the units charged."""
-        self.root_rollouts += 1
-        self._real(generated_tokens, observation_tokens, env_steps)
-        self.paper_units += 1.0
-        return 1.0
-
-    def charge_continuation(
-        self,
-        *,
-        generated_tokens: int = 0,
-        observation_tokens: int = 0,
-        env_steps: int = 0,
-        new_turns: int | None = None,
-        leaf_depth: int | None = None,
-    ) -> float:
-        """Add one continuation from a visited prefix; returns the paper units charged."""
-        units = self.config.charge(new_turns=new_turns, leaf_depth=leaf_depth)
-        self.continuations += 1
-        self._real(generated_tokens, observation_tokens, env_steps)
-        self.paper_units += units
-        return units
-
-    def charge_tree(self, tree: RolloutTree) -> float:
-        """Add every rollout of ``tree``; a rollout starting at the root is a root rollout. Returns units."""
-        total = 0.0
-        for r in tree.rollouts():
-            if r.start_depth == 0:
-                total += self.charge_root(
-                    generated_tokens=r.generated_tokens, observation_tokens=r.observation_tokens,
-                    env_steps=r.turns,
-                )
-            else:
-                total += self.charge_continuation(
-                    generated_tokens=r.generated_tokens, observation_tokens=r.observation_tokens,
-                    env_steps=r.turns, new_turns=r.turns, leaf_depth=r.end_depth,
-                )
-        return total
-
-    def _real(self, generated_tokens: int, observation_tokens: int, env_steps: int) -> None:
-        self.generated_tokens += _whole("generated_tokens", generated_tokens)
-        self.observation_tokens += _whole("observation_tokens", observation_tokens)
-        self.env_steps += _whole("env_steps", env_steps)
-
-    def summary(self) -> dict[str, float]:
-        """Both views: rollouts and paper units; generated/observation tokens and env steps."""
-        return {
-            "root_rollouts": float(self.root_rollouts),
-            "continuations": float(self.continuations),
-            "paper_units": self.paper_units,
-            "generated_tokens": float(self.generated_tokens),
-            "observation_tokens": float(self.observation_tokens),
-            "env_steps": float(self.env_steps),
-        }

@@ -45,7 +45,7 @@ import numpy as np
 
 from trace_agent.rollout import Collection, PromptSpec, RolloutConfig, TreeCollector
 from trace_agent.strategies import STRATEGY_NAMES, Budget, Strategy, TreePO
-from trace_agent.wiring import resolve_strategy
+from trace_agent.wiring import make_env_factory, resolve_strategy, task_ids
 
 __all__ = [
     "BenchConfig",
@@ -258,18 +258,6 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
 # running
 
 
-def _task_ids(config: BenchConfig) -> list[str]:
-    import gymnasium as gym
-
-    import trace_envs  # noqa: F401
-
-    env = gym.make(config.env_id, max_turns=config.max_turns, **dict(config.env_kwargs)).unwrapped
-    try:
-        return list(env.tasks.ids())
-    finally:
-        env.close()
-
-
 def run_bench(
     config: BenchConfig,
     *,
@@ -284,21 +272,20 @@ def run_bench(
 
     ``strategies`` overrides ``config.strategies`` (objects instead of names); ``predictor``
     defaults to a fresh :class:`~trace_agent.predictor.EmbeddingPredictor`; ``make_env``
-    defaults to ``gym.make(config.env_id, max_turns=..., **env_kwargs).unwrapped``. ``progress``
+    defaults to :func:`~trace_agent.wiring.make_env_factory` (the env's own tasks, ``env_kwargs``
+    as given: ``gym.make(config.env_id, max_turns=..., **env_kwargs).unwrapped``). ``progress``
     shows bars (with ETA) over the warm-up batches and the measured batches; ``log`` lines are
     written above them.
     """
-    import gymnasium as gym
     from tqdm import tqdm
 
-    import trace_envs  # noqa: F401
     from trace_agent.predictor import EmbeddingPredictor, prediction_metrics, refresh_predictor, tree_examples
 
     chosen = [resolve_strategy(s) for s in (strategies if strategies is not None else config.strategies)]
-    factory = make_env or (lambda: gym.make(config.env_id, max_turns=config.max_turns, **dict(config.env_kwargs))
-                           .unwrapped)
+    env_kwargs = dict(config.env_kwargs)
+    factory = make_env or make_env_factory(config.env_id, None, max_turns=config.max_turns, env_kwargs=env_kwargs)
     predictor = predictor if predictor is not None else EmbeddingPredictor()
-    ids = _task_ids(config)
+    ids = task_ids(config.env_id, None, env_kwargs=env_kwargs)
     order = np.random.default_rng(12345).permutation(len(ids))
     n_warm = min(config.warmup_prompts, max(0, len(ids) - config.prompts))
     warm_ids = [ids[i] for i in order[:n_warm]]

@@ -26,11 +26,13 @@ RNG states are plain data: python ``random``'s ``getstate()`` tuple, numpy's glo
 state (its 624-word key as a uint32 array), a ``Generator``'s ``bit_generator.state`` dict (big
 integers are exact in JSON), torch's CPU (and CUDA) byte tensors.
 
-The predictor's learned state (:func:`predictor_state`) is data as well: the CPU
+The predictor's learned state (:func:`predictor_state`) is data as well, and the predictor
+hands it out itself (``state_dict()`` / ``load_state_dict()`` of the
+:class:`~trace_agent.predictor.SuccessPredictor` protocol): the CPU
 :class:`~trace_agent.predictor.EmbeddingPredictor`'s replay buffer, head and standardisation as
 arrays and its featurizer's embedding cache as one array plus hex digests;
-:class:`~trace_agent.predictor.LMCritic`'s backbone, head and optimiser state dicts; any other
-predictor's ``state_dict()``.
+:class:`~trace_agent.predictor.LMCritic`'s backbone, head and optimiser state dicts and its
+shuffle RNG; any other predictor's own state.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from trace_agent.errors import CheckpointError
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -65,10 +69,6 @@ _TENSORS = "tensors.safetensors"
 _STATE = "state.json"
 _MANIFEST = "manifest.json"
 _FILES = (_TENSORS, _STATE)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used: missing, truncated, edited or of another format (the message says which)."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -316,65 +316,54 @@ def restore_rng_state(state: Mapping[str, Any], generator: np.random.Generator |
 # predictor state
 
 
-def predictor_state(predictor: Any) -> dict[str, Any]:
-    """A data-only snapshot of a predictor's learned state (see the module docstring)."""
+#: Checkpoint tags of the built-in predictors (their state sits beside the tag, as written since version 1).
+_PREDICTOR_KINDS = {"EmbeddingPredictor": "embedding", "LMCritic": "lm-critic"}
+
+
+def _predictor_kind(predictor: Any) -> str:
     from trace_agent.predictor import EmbeddingPredictor, LMCritic
 
-    if isinstance(predictor, EmbeddingPredictor):
-        state = {k: v for k, v in predictor.__dict__.items() if k not in ("featurizer", "config")}
-        cache = getattr(predictor.featurizer, "cache", None)
-        entries = None
-        if cache is not None:
-            items = list(cache._data.items())
-            entries = {"keys": [k.hex() for k, _ in items],
-                       "vectors": np.stack([v for _, v in items]) if items else np.zeros((0, 0))}
-        return {"kind": "embedding", "state": state, "cache": entries}
-    if isinstance(predictor, LMCritic):
-        opt = predictor._optimizer
-        return {"kind": "lm-critic", "model": predictor.model.state_dict(), "head": predictor.head.state_dict(),
-                "optimizer": None if opt is None else opt.state_dict(), "rng": predictor._rng.bit_generator.state}
+    for cls in (EmbeddingPredictor, LMCritic):
+        if isinstance(predictor, cls):
+            return _PREDICTOR_KINDS[cls.__name__]
+    return "custom"
+
+
+def predictor_state(predictor: Any) -> dict[str, Any]:
+    """A data-only snapshot of a predictor's learned state: its ``state_dict()`` and a kind tag.
+
+    The built-in predictors' states are stored beside the tag (``{"kind": "embedding",
+    "state": ..., "cache": ...}``, ``{"kind": "lm-critic", "model": ..., ...}``), any other
+    predictor's under ``"state"`` (``{"kind": "custom", "state": ...}``). Raises ``TypeError``
+    for a predictor without ``state_dict``.
+    """
     state_dict = getattr(predictor, "state_dict", None)
-    if callable(state_dict):
-        return {"kind": "custom", "state": state_dict()}
-    raise TypeError(f"cannot checkpoint a {type(predictor).__name__}: give it state_dict()/load_state_dict()")
+    if not callable(state_dict):
+        raise TypeError(f"cannot checkpoint a {type(predictor).__name__}: give it state_dict()/load_state_dict()")
+    kind = _predictor_kind(predictor)
+    state = state_dict()
+    return {"kind": kind, **state} if kind != "custom" else {"kind": kind, "state": state}
 
 
 def load_predictor_state(predictor: Any, state: Mapping[str, Any]) -> None:
-    """Inverse of :func:`predictor_state` (into a predictor built the same way)."""
-    from collections import OrderedDict
+    """Inverse of :func:`predictor_state` into a predictor built the same way.
 
-    from trace_agent.predictor import EmbeddingPredictor, LMCritic
-
+    Raises :class:`CheckpointError` when the checkpoint holds another kind of predictor or a
+    state the predictor's ``load_state_dict`` refuses.
+    """
     kind = state.get("kind")
-    if kind == "embedding":
-        if not isinstance(predictor, EmbeddingPredictor):
-            raise CheckpointError(f"the checkpoint holds an embedding predictor, this run has a "
-                                  f"{type(predictor).__name__}")
-        fields = dict(state["state"])
-        unknown = set(fields) - set(predictor.__dict__)
-        if unknown:
-            raise CheckpointError(f"the checkpoint's predictor state has unknown fields {sorted(unknown)}")
-        for name, value in fields.items():
-            if value is not None and not isinstance(value, np.ndarray | int | float):
-                raise CheckpointError(f"predictor field {name} is a {type(value).__name__}, expected an array")
-        predictor.__dict__.update(fields)
-        cache = getattr(predictor.featurizer, "cache", None)
-        entries = state.get("cache")
-        if cache is not None and entries is not None:
-            keys, vectors = entries["keys"], entries["vectors"]
-            if len(keys) != len(vectors):
-                raise CheckpointError("the predictor's embedding cache has as many keys as vectors")
-            cache._data = OrderedDict((bytes.fromhex(k), np.array(v)) for k, v in zip(keys, vectors))
-    elif kind == "lm-critic":
-        if not isinstance(predictor, LMCritic):
-            raise CheckpointError(f"the checkpoint holds an LM critic, this run has a {type(predictor).__name__}")
-        predictor.model.load_state_dict(state["model"])
-        predictor.head.load_state_dict(state["head"])
-        if state["optimizer"] is not None:
-            predictor._get_optimizer().load_state_dict(state["optimizer"])
-        predictor._rng.bit_generator.state = dict(state["rng"])
-    elif kind == "custom":
-        predictor.load_state_dict(state["state"])
-    else:
+    if kind not in ("custom", *_PREDICTOR_KINDS.values()):
         raise CheckpointError(f"unknown predictor kind {kind!r} in the checkpoint")
-
+    have = _predictor_kind(predictor)
+    if kind != have:
+        what = {"embedding": "an embedding predictor", "lm-critic": "an LM critic",
+                "custom": "a custom predictor"}[str(kind)]
+        raise CheckpointError(f"the checkpoint holds {what}, this run has a {type(predictor).__name__}")
+    inner = state["state"] if kind == "custom" else {k: v for k, v in state.items() if k != "kind"}
+    try:
+        predictor.load_state_dict(inner)
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"the checkpoint's predictor state does not fit this {type(predictor).__name__}: "
+                              f"{exc}") from None

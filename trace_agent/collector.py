@@ -79,13 +79,11 @@ class StrategyCollector:
 
     def __init__(self, config: TrainConfig, *, engine: Any, predictor: Any) -> None:
         from trace_agent.rollout import TreeCollector
-        from trace_agent.strategies import Budget
         from trace_agent.wiring import resolve_strategy
 
         r, s = config.rollout, config.sampling
         self.strategy: Strategy = resolve_strategy(r.strategy)
-        self.budget = Budget(roots=r.roots, continuations_per_root=r.continuations_per_root, group_size=r.group_size,
-                             continuation_cost=r.continuation_cost, root_cap=r.root_cap, prefix_cap=r.prefix_cap)
+        self.budget = r.budget
         self.collector = TreeCollector(
             make_env=make_env_factory(config.env_id, config.train_split, max_turns=s.max_turns,
                                       env_kwargs=config.env_kwargs),

@@ -15,6 +15,12 @@ Example YAML (``docs/configs/demo.yaml``)::
     objective: {name: treerpo}
 
 Overrides: ``load_config("demo.yaml", ["optim.lr=1e-4", "rollout.strategy=grpo"])``.
+
+Size (about 600 lines): every section of the schema stays in this one module, as TRL's
+``GRPOConfig`` does, so that a field, its documentation and its cross-field checks read
+together; the numbers with a meaning of their own live where they are defined (the rollout
+budget is :class:`trace_agent.budget.Budget`, which :attr:`RolloutSettings.budget` builds and
+which validates it; the objective names are :data:`trace_agent.objectives.OBJECTIVES`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from trace_agent.budget import Budget
+from trace_agent.errors import ConfigError
+from trace_agent.loss import LOSS_AGG_MODES
+from trace_agent.objectives import OBJECTIVES
 from trace_agent.strategies import STRATEGY_NAMES
 
 __all__ = [
@@ -50,11 +60,7 @@ __all__ = [
 ]
 
 STRATEGIES: tuple[str, ...] = STRATEGY_NAMES  # every built-in strategy trains
-OBJECTIVE_NAMES: tuple[str, ...] = ("treerpo", "tree-grpo", "grpo")
-
-
-class ConfigError(ValueError):
-    """A configuration value or override that cannot be used (the message names the field)."""
+OBJECTIVE_NAMES: tuple[str, ...] = OBJECTIVES  # every objective trains
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,23 +229,32 @@ class RolloutSettings:
             raise ConfigError("rollout.max_wait_s must be a finite number >= 0")
         if self.ray_object_store_mb < 64 or (self.ray_memory_mb is not None and self.ray_memory_mb < 1):
             raise ConfigError("rollout.ray_object_store_mb must be >= 64 and rollout.ray_memory_mb >= 1 or null")
-        if self.roots < 2 or self.group_size < 2 or self.roots % self.group_size:
-            raise ConfigError("rollout.roots must be a multiple of rollout.group_size (both >= 2)")
-        if self.prompts_per_step < self.roots // self.group_size:
+        try:
+            budget = self.budget
+        except (TypeError, ValueError) as exc:  # the budget's own checks (trace_agent.budget.Budget)
+            raise ConfigError(f"rollout.{exc}") from None
+        if self.prompts_per_step < budget.max_active:
             raise ConfigError(f"rollout.prompts_per_step ({self.prompts_per_step}) must be >= roots / group_size "
-                              f"({self.roots // self.group_size})")
-        if self.continuations_per_root < 0 or not 0 < self.continuation_cost <= 1 or self.workers < 1:
-            raise ConfigError("rollout.continuations_per_root >= 0, continuation_cost in (0, 1], workers >= 1")
+                              f"({budget.max_active})")
+        if self.workers < 1:
+            raise ConfigError("rollout.workers must be >= 1")
+
+    @property
+    def budget(self) -> Budget:
+        """The step's :class:`~trace_agent.budget.Budget` (M, N, group size, cost, caps), validated by it."""
+        return Budget(roots=self.roots, continuations_per_root=self.continuations_per_root,
+                      group_size=self.group_size, continuation_cost=self.continuation_cost,
+                      root_cap=self.root_cap, prefix_cap=self.prefix_cap)
 
     @property
     def max_active(self) -> int:
-        """Most prompts trained on per step."""
-        return self.roots // self.group_size
+        """Most prompts trained on per step (:attr:`Budget.max_active`)."""
+        return self.budget.max_active
 
     @property
     def paper_budget(self) -> float:
-        """Paper units per step: M * (1 + N * continuation_cost)."""
-        return self.roots * (1.0 + self.continuations_per_root * self.continuation_cost)
+        """Paper units per step: M * (1 + N * continuation_cost) (:attr:`Budget.paper_units`)."""
+        return self.budget.paper_units
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -295,9 +310,9 @@ class ObjectiveConfig:
     kl_coef: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.name not in ("treerpo", "tree-grpo", "grpo"):
-            raise ConfigError(f"objective.name must be treerpo, tree-grpo or grpo, got {self.name!r}")
-        modes = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+        if self.name not in OBJECTIVE_NAMES:
+            raise ConfigError(f"objective.name must be one of {', '.join(OBJECTIVE_NAMES)}, got {self.name!r}")
+        modes = LOSS_AGG_MODES
         if self.loss_agg_mode not in modes:
             raise ConfigError(f"objective.loss_agg_mode must be one of {', '.join(modes)}, got {self.loss_agg_mode!r}")
         if self.loss_scale_factor is not None and not (math.isfinite(self.loss_scale_factor)

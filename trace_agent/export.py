@@ -63,6 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trace_agent.errors import ExportError
 from trace_agent.tree import Node, RolloutTree, TreeError, ground_truth_of, load_jsonl, load_parquet
 
 __all__ = [
@@ -82,10 +83,6 @@ EXPORT_FORMATS = ("trl-conversational", "trl-prompt-completion", "trl-preference
 _OBJECTIVES = ("treerpo", "grpo", "tree-grpo")
 
 Message = dict[str, Any]
-
-
-class ExportError(ValueError):
-    """Trees that cannot be exported as asked (the message says why and what to do)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_agent.config import TrainConfig
+from trace_agent.errors import PreflightError
 
 __all__ = [
     "Check",
@@ -40,10 +41,6 @@ __all__ = [
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _META = "trace_gym.json"
-
-
-class PreflightError(RuntimeError):
-    """A prerequisite of the run is missing (the message says what to do)."""
 
 
 @dataclass(frozen=True, kw_only=True)

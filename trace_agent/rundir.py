@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_agent.config import TrainConfig, config_to_dict, load_config
+from trace_agent.errors import RunDirError
 
 __all__ = [
     "RESUMABLE_CHANGES",
@@ -36,10 +37,6 @@ RESUMABLE_CHANGES: tuple[str, ...] = ("steps", "log.progress")
 #: What ``trace-gym train`` writes into a run directory (what ``--overwrite`` removes).
 RUN_ARTIFACTS: tuple[str, ...] = ("config.yaml", "metrics.jsonl", "tb", "checkpoints", "trees", "policy",
                                   "learning_curves.png", "summary.json", "wandb", "wandb_id.txt")
-
-
-class RunDirError(ValueError):
-    """A run directory that cannot be used as asked (the message says what to do instead)."""
 
 
 class TrainingStopped(KeyboardInterrupt):

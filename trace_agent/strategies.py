@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -60,6 +60,7 @@ from trace_agent.allocation import (
     proportional_split,
     repeat_probability,
 )
+from trace_agent.budget import Budget
 from trace_agent.predictor import checked_predictions
 from trace_agent.tree import Node, RolloutTree
 
@@ -85,85 +86,6 @@ __all__ = [
 
 # --------------------------------------------------------------------------------------------------
 # budget
-
-
-@dataclass(frozen=True, kw_only=True)
-class Budget:
-    """The batch budget in the paper's (M, N) shape.
-
-    Attributes:
-        roots: M, root rollouts per batch for a branching strategy.
-        continuations_per_root: N, continuation units per root rollout (a prompt with m roots
-            gets ``N * m``).
-        group_size: rollouts per prompt of the fixed-size baseline; ``roots / group_size`` is
-            the most distinct prompts any strategy may activate (``max_active``).
-        continuation_cost: paper units charged per continuation (1/2 in the paper).
-        root_cap: most root rollouts one prompt may get (None: ``4 * group_size``).
-        prefix_cap: most continuations from one prefix (None: no cap).
-    """
-
-    roots: int
-    continuations_per_root: int
-    group_size: int = 8
-    continuation_cost: float = 0.5
-    root_cap: int | None = None
-    prefix_cap: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.roots < 2 or self.group_size < 2:
-            raise ValueError(f"roots and group_size must be >= 2, got {self.roots} and {self.group_size}")
-        if self.roots % self.group_size:
-            raise ValueError(f"roots ({self.roots}) must be a multiple of group_size ({self.group_size})")
-        if self.continuations_per_root < 0:
-            raise ValueError(f"continuations_per_root must be >= 0, got {self.continuations_per_root}")
-        if not 0.0 < self.continuation_cost <= 1.0:
-            raise ValueError(f"continuation_cost must be in (0, 1], got {self.continuation_cost}")
-        if self.root_cap is not None and self.root_cap < 2:
-            raise ValueError(f"root_cap must be >= 2 or None, got {self.root_cap}")
-        if self.prefix_cap is not None and self.prefix_cap < 1:
-            raise ValueError(f"prefix_cap must be >= 1 or None, got {self.prefix_cap}")
-
-    @classmethod
-    def parse(cls, text: str, **kwargs: Any) -> Budget:
-        """``"M,N"`` (e.g. ``"32,2"``) plus keyword fields."""
-        try:
-            m, n = (int(x) for x in text.split(","))
-        except ValueError:
-            raise ValueError(f"a budget is 'M,N' (root rollouts, continuations per root), got {text!r}") from None
-        return cls(roots=m, continuations_per_root=n, **kwargs)
-
-    @property
-    def max_active(self) -> int:
-        """Most prompts with a positive root count: the fixed-size baseline's prompts per batch."""
-        return self.roots // self.group_size
-
-    @property
-    def continuations(self) -> int:
-        """M * N: the batch's continuation units for a branching strategy."""
-        return self.roots * self.continuations_per_root
-
-    @property
-    def paper_units(self) -> float:
-        """M * (1 + N * continuation_cost)."""
-        return self.roots * (1.0 + self.continuations_per_root * self.continuation_cost)
-
-    @property
-    def root_exchange(self) -> int:
-        """Continuation units one extra root rollout costs (1 / continuation_cost, rounded)."""
-        return max(1, round(1.0 / self.continuation_cost))
-
-    @property
-    def flat_roots(self) -> int:
-        """Root rollouts a non-branching strategy spends for the same paper units."""
-        return self.roots + self.continuations // self.root_exchange
-
-    @property
-    def effective_root_cap(self) -> int:
-        return 4 * self.group_size if self.root_cap is None else self.root_cap
-
-    def prompt_continuations(self, roots: int) -> int:
-        """A prompt's continuation units: N per root rollout."""
-        return self.continuations_per_root * int(roots)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -396,30 +318,41 @@ def _exact_prefixes(request: ExpansionRequest, values: NDArray[np.float64],
 # strategies
 
 
+def _uniform(request: RootRequest) -> list[int]:
+    """Equal groups on the first ``max_active`` prompts of the request (:func:`uniform_roots`)."""
+    return uniform_roots(len(request.prompt_ids), request.root_budget, request.budget.max_active)
+
+
 @dataclass(frozen=True, kw_only=True)
-class GRPO:
-    """Fixed group size, no branching: the first ``max_active`` prompts of the pool, equal groups.
+class _Flat:
+    """A strategy that never branches: no continuations (its whole budget is ``budget.flat_roots`` roots)."""
 
-    Spends ``budget.flat_roots`` root rollouts (the paper units of the branching budget).
-    """
-
-    name: str = "grpo"
+    name: str
     branching: bool = False
     uses_predictor: bool = False
-
-    def allocate_roots(self, request: RootRequest) -> list[int]:
-        return uniform_roots(len(request.prompt_ids), request.root_budget, request.budget.max_active)
 
     def allocate_continuations(self, request: ExpansionRequest) -> dict[int, int]:
         return {}
 
 
 @dataclass(frozen=True, kw_only=True)
-class PCL:
+class GRPO(_Flat):
+    """Fixed group size, no branching: the first ``max_active`` prompts of the pool, equal groups.
+
+    Spends ``budget.flat_roots`` root rollouts (the paper units of the branching budget).
+    """
+
+    name: str = "grpo"
+
+    def allocate_roots(self, request: RootRequest) -> list[int]:
+        return _uniform(request)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PCL(_Flat):
     """Prompt filtering by the predictor: keep the ``max_active`` prompts with v-hat nearest 1/2, fixed n each."""
 
     name: str = "pcl"
-    branching: bool = False
     uses_predictor: bool = True
 
     def allocate_roots(self, request: RootRequest) -> list[int]:
@@ -432,9 +365,6 @@ class PCL:
             out[int(idx)] = k
         return out
 
-    def allocate_continuations(self, request: ExpansionRequest) -> dict[int, int]:
-        return {}
-
 
 @dataclass(frozen=True, kw_only=True)
 class TreePO:
@@ -445,7 +375,7 @@ class TreePO:
     uses_predictor: bool = False
 
     def allocate_roots(self, request: RootRequest) -> list[int]:
-        return uniform_roots(len(request.prompt_ids), request.root_budget, request.budget.max_active)
+        return _uniform(request)
 
     def allocate_continuations(self, request: ExpansionRequest) -> dict[int, int]:
         alloc = random_prefixes(request.candidates, request.budget, request.rng, cap=request.prefix_cap)
@@ -488,7 +418,7 @@ class TRACE:
 
     def allocate_roots(self, request: RootRequest) -> list[int]:
         if not self.roots:
-            return uniform_roots(len(request.prompt_ids), request.root_budget, request.budget.max_active)
+            return _uniform(request)
         return allocate_roots(self._root_values(request), request.root_budget,
                               cap=request.budget.effective_root_cap, max_active=request.budget.max_active,
                               objective=self.root_objective)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trace_agent.config import OBJECTIVE_NAMES, STRATEGIES, TrainConfig, config_to_dict, load_config
+from trace_agent.success import success_rate
 
 __all__ = [
     "EvalResult",
@@ -95,7 +96,8 @@ def evaluate_heldout(policy: Any, config: TrainConfig, *, seed: int = 12345,
 
     Episodes run in waves of ``policy.max_batch_size`` side by side (one env each, reused across
     waves): one batched ``policy.generate`` per turn over the wave's live episodes, whatever
-    task they belong to.
+    task they belong to (:func:`~trace_agent.policy.episodes.play_episodes`). An episode
+    succeeds when :func:`~trace_agent.success.is_success` says so (reward >= 0.5).
     The draw is fixed by ``seed`` (same seed, same weights: same episodes).
     ``on_episode(task_id, sample, reward, messages)`` is called as each episode ends, with a copy
     of the env's chat messages (e.g. to keep transcripts). ``progress`` shows a bar over the
@@ -103,7 +105,7 @@ def evaluate_heldout(policy: Any, config: TrainConfig, *, seed: int = 12345,
     """
     from tqdm import tqdm
 
-    from trace_agent.policy.demo import observation_messages
+    from trace_agent.policy.episodes import EpisodeStart, play_episodes
     from trace_agent.wiring import make_env_factory, task_ids
 
     e, s = config.eval, config.sampling
@@ -119,32 +121,18 @@ def evaluate_heldout(policy: Any, config: TrainConfig, *, seed: int = 12345,
                leave=False)
     try:
         for w0 in range(0, len(episodes), wave):
-            batch = list(range(w0, min(w0 + wave, len(episodes))))
-            contexts = {}
-            for j, i in enumerate(batch):
-                t, k = episodes[i]
-                envs[j].reset(seed=seed + 1000 * t + k, options={"task_id": ids[t]})
-                contexts[i] = policy.render(envs[j].messages, envs[j].tools)
-            alive = list(batch)
-            turn = 0
-            while alive:
-                gens = policy.generate([contexts[i] for i in alive], max_new_tokens=s.max_new_tokens,
-                                       temperature=e.temperature, top_p=s.top_p, seed=seed + 7919 * turn + w0)
-                still = []
-                for i, g in zip(alive, gens):
-                    env = envs[i - w0]
-                    _, reward, terminated, truncated, _ = env.step(g.text)
-                    rewards[i] = float(reward)
-                    if terminated or truncated:
-                        bar.update(1)
-                    if (terminated or truncated) and on_episode is not None:
-                        t, k = episodes[i]
-                        on_episode(ids[t], k, float(reward), [dict(m) for m in env.messages])
-                    if not (terminated or truncated):
-                        contexts[i] = policy.extend(contexts[i], g, observation_messages(env.messages))
-                        still.append(i)
-                alive = still
-                turn += 1
+            batch = episodes[w0:w0 + wave]
+
+            def ended(j: int, reward: float, env: Any, batch: list[tuple[int, int]] = batch) -> None:
+                bar.update(1)
+                if on_episode is not None:
+                    t, k = batch[j]
+                    on_episode(ids[t], k, reward, [dict(m) for m in env.messages])
+
+            starts = [EpisodeStart(task_id=ids[t], seed=seed + 1000 * t + k) for t, k in batch]
+            rewards[w0:w0 + len(batch)] = play_episodes(
+                policy, envs, starts, turn_seed=lambda turn, w0=w0: seed + 7919 * turn + w0,
+                max_new_tokens=s.max_new_tokens, temperature=e.temperature, top_p=s.top_p, on_end=ended)
     finally:
         bar.close()
         for env in envs:
@@ -152,11 +140,11 @@ def evaluate_heldout(policy: Any, config: TrainConfig, *, seed: int = 12345,
     per: dict[str, list[float]] = {}
     for (t, _), r in zip(episodes, rewards):
         per.setdefault(ids[t], []).append(r)
-    per_task = {k: float(sum(r > 0 for r in v) / len(v)) for k, v in per.items()}
+    per_task = {k: success_rate(v) for k, v in per.items()}
     rates = list(per_task.values())
     se = (math.sqrt(sum((r - sum(rates) / len(rates)) ** 2 for r in rates) / (len(rates) - 1) / len(rates))
           if len(rates) > 1 else 0.0)
-    return EvalResult(success=float(sum(r > 0 for r in rewards) / max(len(rewards), 1)), success_se=se,
+    return EvalResult(success=success_rate(rewards) if rewards else 0.0, success_se=se,
                       tasks=len(ids),
                       samples=e.samples, episodes=len(rewards), solved_tasks=sum(v > 0 for v in per_task.values()),
                       seconds=time.perf_counter() - t0, per_task=per_task)

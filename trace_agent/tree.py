@@ -11,34 +11,44 @@ starts at some node (the root for a fresh rollout, a visited prefix for a
 continuation) and adds one node per turn until its leaf.
 
 Node ids are assigned in creation order, so a parent's id is always smaller
-than its children's: the id order is a topological order, which the bottom-up
-computations rely on.
+than its children's: the id order is a topological order, which the one bottom-up
+walk (:func:`bottom_up_targets`: leaf means and counts; also the predictor's second
+moments) relies on. :func:`path_token_ids` is the one reconstruction of a token path
+from the recorded ids (the collector's contexts, the objectives' segment contexts).
 
-Contexts. The predictor reads a *context*: the serialised prompt plus the
-interaction history up to a node, joined by :data:`CONTEXT_SEPARATOR` so a
-reader can split them and truncate the history but never the prompt
-(:func:`make_context` / :func:`split_context`).
-
-Storage. :func:`save_jsonl` writes one JSON object per tree; :func:`save_parquet`
-writes one row per node (tree-level fields repeated). Snapshots are dropped in
-both; everything else round-trips exactly. A tree also carries what a re-render
-or an export needs: the env's ``tools`` (the JSON schemas the prompt was rendered
-with) and the task's ``ground_truth`` (files written before these fields existed
-load with ``()`` and None).
+Around the tree, one module each, re-exported here: contexts for the predictor
+(:mod:`trace_agent.contexts`: :data:`CONTEXT_SEPARATOR`, :func:`make_context`,
+:func:`split_context`), statistics (:mod:`trace_agent.tree_stats`: :class:`TreeStats`,
+:class:`BatchStats`, :func:`batch_stats`) and files (:mod:`trace_agent.tree_io`:
+:func:`save_jsonl` writes one JSON object per tree, :func:`save_parquet` one row per
+node; snapshots are dropped, everything else round-trips exactly). A tree also carries
+what a re-render or an export needs: the env's ``tools`` (the JSON schemas the prompt
+was rendered with) and the task's ``ground_truth`` (files written before these fields
+existed load with ``()`` and None).
 """
 
 from __future__ import annotations
 
-import json
 import math
-from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+
+from trace_agent.contexts import CONTEXT_SEPARATOR, format_messages, make_context, split_context
+from trace_agent.errors import TreeError
+from trace_agent.success import SUCCESS_THRESHOLD, is_success
+from trace_agent.tree_io import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    load_jsonl,
+    load_parquet,
+    save_jsonl,
+    save_parquet,
+)
+from trace_agent.tree_stats import BatchStats, TreeStats, batch_stats, tree_stats
 
 __all__ = [
     "CONTEXT_SEPARATOR",
@@ -51,6 +61,7 @@ __all__ = [
     "BatchStats",
     "TreeError",
     "bottom_up_targets",
+    "path_token_ids",
     "batch_stats",
     "format_messages",
     "make_context",
@@ -62,19 +73,8 @@ __all__ = [
     "load_parquet",
 ]
 
-#: Joins the serialised prompt and the history in a context string.
-CONTEXT_SEPARATOR = "\n<|trace-history|>\n"
-#: A leaf with reward >= this is a success, below it a failure.
-SUCCESS_THRESHOLD = 0.5
-#: Version of the JSONL / Parquet layout.
-FORMAT_VERSION = 1
-_FORMAT_NAME = "trace-gym/rollout-tree"
 
 Message = dict[str, Any]
-
-
-class TreeError(ValueError):
-    """A tree operation that would break the tree's invariants (the message says which)."""
 
 
 #: Task data keys that hold a task's reference answer, in the order they are looked up.
@@ -91,44 +91,6 @@ def ground_truth_of(task_data: Any) -> Any:
         if value is not None:
             return value
     return None
-
-
-# --------------------------------------------------------------------------------------------------
-# contexts
-
-
-def format_messages(messages: Sequence[Message]) -> str:
-    """Serialise chat messages as ``<|role|>\\ncontent`` blocks (non-text content as JSON).
-
-    Extra keys (``tool_calls``, ``name``, ...) are appended as a JSON line so nothing a
-    message carries is lost to the predictor.
-    """
-    parts = []
-    for msg in messages:
-        role = str(msg.get("role", "unknown"))
-        content = msg.get("content", "")
-        text = content if isinstance(content, str) else json.dumps(content, sort_keys=True, default=str)
-        extra = {k: v for k, v in msg.items() if k not in ("role", "content")}
-        if extra:
-            text = f"{text}\n{json.dumps(extra, sort_keys=True, default=str)}"
-        parts.append(f"<|{role}|>\n{text}")
-    return "\n".join(parts)
-
-
-def make_context(prompt: str, history: str = "") -> str:
-    """The context string for a node: ``prompt + CONTEXT_SEPARATOR + history``.
-
-    The prompt must not contain the separator (it would make the split ambiguous).
-    """
-    if CONTEXT_SEPARATOR in prompt:
-        raise ValueError("the prompt text contains CONTEXT_SEPARATOR; it cannot be split back")
-    return f"{prompt}{CONTEXT_SEPARATOR}{history}"
-
-
-def split_context(context: str) -> tuple[str, str]:
-    """(prompt, history) of a context; a string without the separator is all prompt."""
-    prompt, sep, history = context.partition(CONTEXT_SEPARATOR)
-    return (prompt, history) if sep else (context, "")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -181,8 +143,8 @@ class Node:
 
     @property
     def is_success(self) -> bool:
-        """True for a leaf whose reward is >= SUCCESS_THRESHOLD."""
-        return self.reward is not None and self.reward >= SUCCESS_THRESHOLD
+        """True for a leaf whose reward is a success (:func:`trace_agent.success.is_success`)."""
+        return is_success(self.reward)
 
     def path(self) -> list[Node]:
         """The nodes from the root down to this node, both included."""
@@ -229,66 +191,6 @@ class Rollout:
     observation_tokens: int
 
 
-@dataclass(frozen=True, kw_only=True)
-class TreeStats:
-    """Per-tree statistics (see :meth:`RolloutTree.stats`)."""
-
-    prompt_id: str
-    nodes: int
-    leaves: int
-    successes: int
-    failures: int
-    mixed: bool
-    contrast_pairs: int
-    root_rollouts: int
-    continuations: int
-    max_depth: int
-    branch_depths: dict[int, int]
-    continuation_depths: dict[int, int]
-    generated_tokens: int
-    observation_tokens: int
-    env_steps: int
-    paper_units: float
-
-
-@dataclass(frozen=True, kw_only=True)
-class BatchStats:
-    """Per-batch statistics (see :func:`batch_stats`).
-
-    ``effective_ratio`` = mixed trees / active prompts (trees with at least one leaf),
-    NaN when no prompt is active.
-    """
-
-    trees: int
-    active_prompts: int
-    mixed_trees: int
-    effective_ratio: float
-    contrast_pairs: int
-    leaves: int
-    successes: int
-    root_rollouts: int
-    continuations: int
-    branch_depths: dict[int, int]
-    continuation_depths: dict[int, int]
-    generated_tokens: int
-    observation_tokens: int
-    env_steps: int
-    paper_units: float
-
-    def as_dict(self) -> dict[str, float]:
-        """Flat scalar metrics (histograms as ``branch_depth_<d>`` / ``continuation_depth_<d>``)."""
-        out: dict[str, float] = {}
-        for name in (
-            "trees", "active_prompts", "mixed_trees", "effective_ratio", "contrast_pairs", "leaves",
-            "successes", "root_rollouts", "continuations", "generated_tokens", "observation_tokens",
-            "env_steps", "paper_units",
-        ):
-            out[name] = float(getattr(self, name))
-        out.update({f"branch_depth_{d}": float(c) for d, c in sorted(self.branch_depths.items())})
-        out.update({f"continuation_depth_{d}": float(c) for d, c in sorted(self.continuation_depths.items())})
-        return out
-
-
 def bottom_up_targets(
     parent_ids: Sequence[int], rewards: Sequence[float | None]
 ) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
@@ -314,6 +216,24 @@ def bottom_up_targets(
     with np.errstate(invalid="ignore", divide="ignore"):
         targets = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
     return targets, counts
+
+
+def path_token_ids(node: Node | None, *, prompt_ids: Sequence[int] | None = None) -> list[int]:
+    """Every token id from the prompt through the end of ``node``'s turn (generated + appended ids).
+
+    The root contributes its ``observation_ids`` (the rendered prompt), or ``prompt_ids``
+    when given; every later node its generated ids, then its observation ids. ``None``
+    (the parent of the root) gives ``[]``. This is exactly the context the policy
+    continued from after ``node`` (the ids are recorded, never re-encoded).
+    """
+    ids: list[int] = []
+    for n in node.path() if node is not None else ():
+        if n.is_root and prompt_ids is not None:
+            ids.extend(int(t) for t in prompt_ids)
+        else:
+            ids.extend(n.generated_ids)
+            ids.extend(n.observation_ids)
+    return ids
 
 
 class RolloutTree:
@@ -416,6 +336,15 @@ class RolloutTree:
         self._rollout_tips[rollout_id] = node.node_id
         return node
 
+    def set_value(self, node: Node, value: float | None) -> None:
+        """Record ``node``'s predicted success probability (in [0, 1], or None), the one way a value is written.
+
+        The constructor and :meth:`add_turn` store theirs through the same check; scoring
+        (:func:`trace_agent.predictor.score_nodes`) calls this. Raises :class:`TreeError` for a
+        value outside [0, 1] (NaN included) or a node of another tree.
+        """
+        self._own(node).value = _check_value(value)
+
     def finish(self, node: Node, reward: float) -> None:
         """Mark ``node`` as the end of its episode with ``reward`` (it becomes a leaf)."""
         node = self._own(node)
@@ -457,10 +386,13 @@ class RolloutTree:
         """All finished leaves, in creation order."""
         return [n for n in self.nodes if n.is_leaf]
 
+    def parent_ids(self) -> list[int]:
+        """Each node's parent id (-1 for the root), indexed by node id (parents come first)."""
+        return [-1 if n.parent is None else n.parent.node_id for n in self.nodes]
+
     def targets(self) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
         """(mean leaf reward below each node, leaf count below each node), indexed by node id."""
-        parents = [-1 if n.parent is None else n.parent.node_id for n in self.nodes]
-        return bottom_up_targets(parents, [n.reward for n in self.nodes])
+        return bottom_up_targets(self.parent_ids(), [n.reward for n in self.nodes])
 
     def target(self, node: Node) -> float:
         """Mean reward of the leaves below ``node`` (NaN if none)."""
@@ -513,22 +445,10 @@ class RolloutTree:
         """Counts, outcome mix, contrast pairs, branch-point depth histogram and costs of this tree.
 
         ``paper_units`` charges 1 per rollout from the root and ``continuation_cost`` per
-        continuation (use :class:`~trace_agent.allocation.BudgetAccount` for other rules).
+        continuation (:func:`~trace_agent.budget.spent_units`; use
+        :class:`~trace_agent.budget.BudgetAccount` for other rules).
         """
-        s, f = self.outcome_counts()
-        rollouts = self.rollouts()
-        roots = sum(1 for r in rollouts if r.start_depth == 0)
-        conts = len(rollouts) - roots
-        return TreeStats(
-            prompt_id=self.prompt_id, nodes=len(self.nodes), leaves=s + f, successes=s, failures=f,
-            mixed=s > 0 and f > 0, contrast_pairs=s * f, root_rollouts=roots, continuations=conts,
-            max_depth=max(n.depth for n in self.nodes),
-            branch_depths=dict(sorted(Counter(n.depth for n in self.branch_points()).items())),
-            continuation_depths=dict(sorted(Counter(r.start_depth for r in rollouts if r.start_depth > 0).items())),
-            generated_tokens=sum(r.generated_tokens for r in rollouts),
-            observation_tokens=sum(r.observation_tokens for r in rollouts),
-            env_steps=len(self.nodes) - 1, paper_units=roots + continuation_cost * conts,
-        )
+        return tree_stats(self, continuation_cost=continuation_cost)
 
     def render(self, *, show_text: int = 0) -> str:
         """A text drawing of the tree: one line per node with tokens, v-hat, target and outcome.
@@ -572,7 +492,7 @@ class RolloutTree:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of the tree (snapshots dropped)."""
         return {
-            "format": _FORMAT_NAME,
+            "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
             "prompt_id": self.prompt_id,
             "task_id": self.task_id,
@@ -586,8 +506,8 @@ class RolloutTree:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RolloutTree:
         """Rebuild a tree written by :meth:`to_dict` (validates the format and the structure)."""
-        if data.get("format") != _FORMAT_NAME or data.get("version") != FORMAT_VERSION:
-            raise TreeError(f"not a {_FORMAT_NAME} v{FORMAT_VERSION} record: {data.get('format')!r} "
+        if data.get("format") != FORMAT_NAME or data.get("version") != FORMAT_VERSION:
+            raise TreeError(f"not a {FORMAT_NAME} v{FORMAT_VERSION} record: {data.get('format')!r} "
                             f"v{data.get('version')!r}")
         nodes = data["nodes"]
         if not nodes or nodes[0]["parent_id"] is not None:
@@ -640,134 +560,3 @@ def _node_dict(n: Node) -> dict[str, Any]:
         "reward": n.reward,
         "info": n.info,
     }
-
-
-def batch_stats(trees: Iterable[RolloutTree], *, continuation_cost: float = 0.5) -> BatchStats:
-    """Batch statistics: effective ratio (mixed trees / active prompts), contrast pairs, depth histograms, costs."""
-    per = [t.stats(continuation_cost=continuation_cost) for t in trees]
-    active = sum(1 for s in per if s.leaves > 0)
-    mixed = sum(1 for s in per if s.mixed)
-    branch: Counter[int] = Counter()
-    cont: Counter[int] = Counter()
-    for s in per:
-        branch.update(s.branch_depths)
-        cont.update(s.continuation_depths)
-    return BatchStats(
-        trees=len(per), active_prompts=active, mixed_trees=mixed,
-        effective_ratio=mixed / active if active else math.nan,
-        contrast_pairs=sum(s.contrast_pairs for s in per), leaves=sum(s.leaves for s in per),
-        successes=sum(s.successes for s in per), root_rollouts=sum(s.root_rollouts for s in per),
-        continuations=sum(s.continuations for s in per), branch_depths=dict(sorted(branch.items())),
-        continuation_depths=dict(sorted(cont.items())),
-        generated_tokens=sum(s.generated_tokens for s in per),
-        observation_tokens=sum(s.observation_tokens for s in per),
-        env_steps=sum(s.env_steps for s in per), paper_units=sum(s.paper_units for s in per),
-    )
-
-
-# --------------------------------------------------------------------------------------------------
-# files
-
-
-def save_jsonl(trees: Iterable[RolloutTree], path: str | Path) -> Path:
-    """Write one JSON object per tree (snapshots dropped); returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as fh:
-        for tree in trees:
-            fh.write(json.dumps(tree.to_dict(), ensure_ascii=False, allow_nan=False))
-            fh.write("\n")
-    return path
-
-
-def load_jsonl(path: str | Path) -> list[RolloutTree]:
-    """Read trees written by :func:`save_jsonl`."""
-    with Path(path).open(encoding="utf-8") as fh:
-        return [RolloutTree.from_dict(json.loads(line)) for line in fh if line.strip()]
-
-
-_PARQUET_COLUMNS = (
-    "tree_index", "prompt_id", "task_id", "tree_metadata", "rollout_starts", "node_id", "parent_id", "depth",
-    "rollout_id", "generated_ids", "generated_logprobs", "observation_ids", "messages", "value", "reward", "info",
-    "tools", "ground_truth",
-)
-
-
-def save_parquet(trees: Iterable[RolloutTree], path: str | Path) -> Path:
-    """Write one row per node (tree fields repeated; messages, info, metadata as JSON text).
-
-    Columns: tree_index, prompt_id, task_id, tree_metadata, rollout_starts, node_id,
-    parent_id, depth, rollout_id, generated_ids (list<int64>), generated_logprobs
-    (list<float64>, null when not recorded), observation_ids, messages, value, reward, info,
-    tools and ground_truth (JSON text, tree-level, repeated).
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    cols: dict[str, list[Any]] = {c: [] for c in _PARQUET_COLUMNS}
-    for t_index, tree in enumerate(trees):
-        meta = json.dumps(tree.metadata, sort_keys=True, allow_nan=False)
-        tools = json.dumps(tree.tools, ensure_ascii=False, allow_nan=False)
-        truth = json.dumps(tree.ground_truth, ensure_ascii=False, allow_nan=False)
-        for n in tree.nodes:
-            rec = _node_dict(n)
-            cols["tree_index"].append(t_index)
-            cols["prompt_id"].append(tree.prompt_id)
-            cols["task_id"].append(tree.task_id)
-            cols["tree_metadata"].append(meta)
-            cols["rollout_starts"].append(tree._rollout_starts if n.is_root else None)
-            for key in ("node_id", "parent_id", "depth", "rollout_id", "generated_ids", "generated_logprobs",
-                        "observation_ids", "value", "reward"):
-                cols[key].append(rec[key])
-            cols["messages"].append(json.dumps(n.messages, ensure_ascii=False, allow_nan=False))
-            cols["info"].append(json.dumps(n.info, ensure_ascii=False, allow_nan=False))
-            cols["tools"].append(tools)
-            cols["ground_truth"].append(truth)
-    schema = pa.schema([
-        ("tree_index", pa.int64()), ("prompt_id", pa.string()), ("task_id", pa.string()),
-        ("tree_metadata", pa.string()), ("rollout_starts", pa.list_(pa.int64())), ("node_id", pa.int64()),
-        ("parent_id", pa.int64()), ("depth", pa.int64()), ("rollout_id", pa.int64()),
-        ("generated_ids", pa.list_(pa.int64())), ("generated_logprobs", pa.list_(pa.float64())),
-        ("observation_ids", pa.list_(pa.int64())), ("messages", pa.string()), ("value", pa.float64()),
-        ("reward", pa.float64()), ("info", pa.string()), ("tools", pa.string()), ("ground_truth", pa.string()),
-    ])
-    table = pa.table(cols, schema=schema).replace_schema_metadata(
-        {"format": _FORMAT_NAME, "version": str(FORMAT_VERSION)}
-    )
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path)
-    return path
-
-
-def load_parquet(path: str | Path) -> list[RolloutTree]:
-    """Read trees written by :func:`save_parquet`."""
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(path)
-    meta = table.schema.metadata or {}
-    if meta.get(b"format") != _FORMAT_NAME.encode() or meta.get(b"version") != str(FORMAT_VERSION).encode():
-        raise TreeError(f"{path} is not a {_FORMAT_NAME} v{FORMAT_VERSION} Parquet file")
-    rows = table.to_pylist()
-    grouped: dict[int, list[dict[str, Any]]] = {}
-    for row in rows:
-        grouped.setdefault(row["tree_index"], []).append(row)
-    trees = []
-    for t_index in sorted(grouped):
-        recs = sorted(grouped[t_index], key=lambda r: r["node_id"])
-        first = recs[0]
-        nodes = []
-        for r in recs:
-            rec = {k: r[k] for k in ("node_id", "parent_id", "depth", "rollout_id", "generated_ids",
-                                     "generated_logprobs", "observation_ids", "value", "reward")}
-            rec["messages"] = json.loads(r["messages"])
-            rec["info"] = json.loads(r["info"])
-            nodes.append(rec)
-        trees.append(RolloutTree.from_dict({
-            "format": _FORMAT_NAME, "version": FORMAT_VERSION, "prompt_id": first["prompt_id"],
-            "task_id": first["task_id"], "metadata": json.loads(first["tree_metadata"]),
-            "rollout_starts": first["rollout_starts"] or [], "nodes": nodes,
-            "tools": json.loads(first["tools"]) if first.get("tools") else [],
-            "ground_truth": json.loads(first["ground_truth"]) if first.get("ground_truth") else None,
-        }))
-    return trees

@@ -11,13 +11,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from trace_agent.config import ObjectiveConfig, OptimConfig
-from trace_agent.objectives import PackedSequence, Segment, loss_normalizer, pack_segments, policy_loss
+from trace_agent.loss import (
+    LOSS_TERMS,
+    LossMeans,
+    PackedSequence,
+    loss_normalizer,
+    pack_segments,
+    policy_loss,
+)
+from trace_agent.objectives import Segment
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -28,40 +36,31 @@ __all__ = ["UpdateStats", "update_policy", "segment_logprobs", "batch_loss", "sy
 
 
 @dataclass(frozen=True, kw_only=True)
-class UpdateStats:
+class UpdateStats(LossMeans):
     """What one :func:`update_policy` call did.
 
-    ``loss``, ``policy_loss`` and ``kl`` are means over optimiser steps of each mini-batch's
-    aggregated loss; the fractions, ``ratio_mean`` and ``approx_kl_behaviour`` are means per
-    trained token. ``samples``: full-path samples trained (GRPO / Tree-GRPO: leaves; TreeRPO:
-    turns); ``zero_advantage_share``: share of the token weight (tokens x samples) whose
-    advantage is 0 (they add no gradient but, with ``token-mean``, count in the denominator).
+    The :class:`~trace_agent.loss.LossMeans` fields: ``loss``, ``policy_loss`` and ``kl`` are
+    means over optimiser steps of each mini-batch's aggregated loss; the fractions,
+    ``ratio_mean`` and ``approx_kl_behaviour`` are means per trained token. ``samples``:
+    full-path samples trained (GRPO / Tree-GRPO: leaves; TreeRPO: turns);
+    ``zero_advantage_share``: share of the token weight (tokens x samples) whose advantage is
+    0 (they add no gradient but, with ``token-mean``, count in the denominator).
     """
 
     segments: int
     sequences: int
     tokens: int
     optimizer_steps: int
-    loss: float
-    policy_loss: float
-    kl: float
-    clip_fraction: float
-    ratio_mean: float
-    approx_kl_behaviour: float
     grad_norm: float
-    dual_clip_fraction: float = 0.0
     samples: float = 0.0
     zero_advantage_share: float = math.nan
 
     def as_dict(self) -> dict[str, float]:
-        return {k: float(v) for k, v in self.__dict__.items()}
+        return {f.name: float(getattr(self, f.name)) for f in fields(self)}
 
 
-#: the :class:`~trace_agent.objectives.LossStats` fields that :class:`UpdateStats` reports as token-weighted means
-_LOSS_MEANS: tuple[str, ...] = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean", "approx_kl_behaviour",
-                                "dual_clip_fraction")
-#: of those, the loss terms: already divided by their mini-batch's denominator, so averaged over optimiser steps
-_PER_STEP: tuple[str, ...] = ("loss", "policy_loss", "kl")
+#: the :class:`~trace_agent.loss.LossMeans` fields, averaged over a step's mini-batches
+_LOSS_MEANS: tuple[str, ...] = tuple(f.name for f in fields(LossMeans))
 
 
 def _padded(values: Sequence[Sequence[float]], width: int, fill: float, dtype: Any) -> torch.Tensor:
@@ -176,7 +175,7 @@ def update_policy(
                                           num_tokens=total)
                     loss.backward()
                     for k in _LOSS_MEANS:  # loss terms are already per `total`, diagnostics per token
-                        sums[k] += getattr(st, k) * (1.0 if k in _PER_STEP else n)
+                        sums[k] += getattr(st, k) * (1.0 if k in LOSS_TERMS else n)
                     tokens_seen += n
                 limit = optim.max_grad_norm if optim.max_grad_norm > 0 else math.inf
                 grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, limit)))
@@ -186,7 +185,7 @@ def update_policy(
         model.eval()
     optimizer.zero_grad(set_to_none=True)
     t = max(tokens_seen, 1)
-    means = {k: v / (max(steps, 1) if k in _PER_STEP else t) for k, v in sums.items()}
+    means = {k: v / (max(steps, 1) if k in LOSS_TERMS else t) for k, v in sums.items()}
     return UpdateStats(segments=len(segments), sequences=len(packed), tokens=sum(s.num_tokens for s in packed),
                        optimizer_steps=steps, grad_norm=float(np.mean(grad_norms)), **means,
                        samples=sum(s.samples for s in packed), zero_advantage_share=_zero_share(packed))

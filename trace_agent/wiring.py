@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trace_agent.config import PolicyConfig, PredictorSettings
+from trace_agent.errors import EnvSetupError
 
 if TYPE_CHECKING:  # pragma: no cover
     from trace_agent.policy.hf import HFPolicy
@@ -80,10 +81,6 @@ def build_predictor(config: PredictorSettings, *, seed: int = 0) -> Any:
 
 #: Split names that mean "every task" of an env that has no single task file.
 ALL_TASKS = ("all", "default")
-
-
-class EnvSetupError(ValueError):
-    """An env id, split or env argument that cannot be used (the message says what to do)."""
 
 
 def check_env_id(env_id: str) -> None:

@@ -76,3 +76,19 @@ def test_checkpoint_of_another_featurizer_or_with_pickles_is_refused(tmp_path):
                                                           "arrays": ["_x"]}))
     with pytest.raises(ValueError):
         load_predictor(EmbeddingPredictor(HashedNGramFeaturizer()), tmp_path / "b")
+
+
+def test_the_proxy_hands_out_and_takes_back_the_shared_state():
+    from trace_agent.predictor import SuccessPredictor
+
+    service = PredictorService(kind="hashed")
+    proxy = PredictorProxy(service)
+    assert isinstance(proxy, SuccessPredictor)
+    batch = trees()
+    proxy.add_trees(batch)
+    state = proxy.state_dict()  # refreshes first: the pending trees are in it
+    assert service.refreshes == 1 and state["state"]["_theta"] is not None
+    other = PredictorService(kind="hashed")
+    PredictorProxy(other).load_state_dict(state)
+    probe = [t.context(n) for t in batch for n in t.nodes if not n.is_leaf]
+    assert service.predict(probe) == other.predict(probe)

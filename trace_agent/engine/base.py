@@ -23,8 +23,9 @@ from enum import IntEnum
 
 import numpy as np
 
+from trace_agent.errors import CollectionError, EnvWorkerError
 from trace_agent.policy.base import TokenContext
-from trace_agent.tree import Node, RolloutTree
+from trace_agent.tree import Node, RolloutTree, path_token_ids
 
 __all__ = [
     "PromptSpec",
@@ -37,14 +38,6 @@ __all__ = [
     "node_context",
     "path_token_ids",
 ]
-
-
-class CollectionError(ValueError):
-    """A strategy returned an allocation the collector cannot honour (the message says which rule it broke)."""
-
-
-class EnvWorkerError(RuntimeError):
-    """An env worker (a Ray actor or a local env) died or stopped answering; the message names the prompt."""
 
 
 class Phase(IntEnum):
@@ -94,11 +87,6 @@ def request_seed(*parts: int) -> int:
     rollout_id, turn[, call])``; distinct part tuples give independent streams.
     """
     return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1)[0])
-
-
-def path_token_ids(node: Node) -> list[int]:
-    """Every token id from the root's prompt to the end of ``node``'s turn (generated + appended)."""
-    return [t for n in node.path() for t in (*n.generated_ids, *n.observation_ids)]
 
 
 def node_context(tree: RolloutTree, node: Node) -> TokenContext:

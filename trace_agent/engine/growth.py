@@ -46,6 +46,7 @@ from trace_agent.engine.envs import EnvHost, EnvSession, StepItem
 from trace_agent.engine.scheduler import Agent, GenerationEngine, TurnRequest
 from trace_agent.policy.base import Policy, TokenContext
 from trace_agent.strategies import Budget, ExpansionRequest, RootRequest, Strategy
+from trace_agent.success import success_mask
 from trace_agent.tree import Node, RolloutTree, ground_truth_of
 
 __all__ = ["Growth", "run_prompts", "in_thread", "check_roots", "check_continuations"]
@@ -188,7 +189,7 @@ class Growth:
         if not anchors:
             return np.zeros(0)
         rewards = np.asarray([live.reward for live in lives], dtype=np.float64).reshape(len(anchors), r)
-        return (rewards >= 0.5).mean(axis=1)
+        return success_mask(rewards).mean(axis=1)
 
     # ---------------------------------------------------------------- one prompt
     async def oracle_root(self, agent: Agent, session: EnvSession, prompt: PromptSpec, *, index: int) -> float:

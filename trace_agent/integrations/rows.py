@@ -41,6 +41,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from trace_agent.errors import TreeRowError
 from trace_agent.objectives import EPS, ObjectiveName, node_advantages
 from trace_agent.tree import Node, RolloutTree
 
@@ -58,10 +59,6 @@ __all__ = [
 
 SharedSegments = Literal["repeat", "split"]
 _KEY_SEPARATOR = "/"
-
-
-class TreeRowError(ValueError):
-    """A tree or a batch of rows cannot be turned into rows / advantages (the message says which rule broke)."""
 
 
 @dataclass(frozen=True, kw_only=True)

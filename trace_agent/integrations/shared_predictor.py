@@ -79,6 +79,14 @@ class PredictorService:
     def predict(self, contexts: Sequence[str]) -> list[float]:
         return [float(v) for v in self.predictor.predict(list(contexts))]
 
+    def state_dict(self) -> dict[str, Any]:
+        """The shared predictor's ``state_dict`` (trees still pending are trained on first)."""
+        self.refresh()
+        return self.predictor.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.predictor.load_state_dict(state)
+
     def save(self, directory: str) -> str:
         self.refresh()
         return str(save_predictor(self.predictor, directory, extra={"refreshes": self.refreshes}))
@@ -110,15 +118,22 @@ class PredictorProxy:
     def refresh(self) -> dict[str, float]:
         return dict(self._call("refresh"))
 
+    def state_dict(self) -> dict[str, Any]:
+        """The service's predictor state (as data: it travels from the actor like the trees do)."""
+        return dict(self._call("state_dict"))
 
-_ARRAYS = ("_x", "_y", "_w", "_theta", "_mean", "_scale")
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._call("load_state_dict", dict(state))
 
 
 def save_predictor(predictor: Any, directory: str | Path, *, extra: Mapping[str, Any] | None = None) -> Path:
-    """Write an ``EmbeddingPredictor``'s learned state as data: ``arrays.npz`` + ``meta.json`` (no pickle)."""
+    """Write an ``EmbeddingPredictor``'s learned arrays (its ``state_dict()["state"]``) as ``arrays.npz`` + ``meta.json``.
+
+    No pickle; the embedding cache is not written (it is rebuilt on demand).
+    """
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    arrays = {k: getattr(predictor, k) for k in _ARRAYS if getattr(predictor, k, None) is not None}
+    arrays = {k: v for k, v in predictor.state_dict()["state"].items() if v is not None}
     np.savez(out / "arrays.npz", **{k: np.asarray(v, dtype=np.float64) for k, v in arrays.items()})
     meta = {"kind": "embedding", "featurizer": predictor.featurizer_name, "arrays": sorted(arrays),
             **dict(extra or {})}
@@ -134,5 +149,5 @@ def load_predictor(predictor: Any, directory: str | Path) -> None:
         raise ValueError(f"predictor checkpoint in {src} used featurizer {meta.get('featurizer')!r}, "
                          f"this predictor uses {predictor.featurizer_name!r}")
     with np.load(src / "arrays.npz", allow_pickle=False) as data:
-        for k in _ARRAYS:
-            setattr(predictor, k, np.array(data[k]) if k in meta["arrays"] else getattr(predictor, k))
+        arrays = {k: np.array(data[k]) for k in meta["arrays"]}
+    predictor.load_state_dict({"state": arrays, "cache": None})

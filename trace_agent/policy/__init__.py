@@ -36,11 +36,11 @@ if TYPE_CHECKING:
         collect_demonstrations,
         evaluate_policy,
         load_demo_policy,
-        observation_messages,
         register_demonstrator,
         success_histogram,
         tiny_policy,
     )
+    from trace_agent.policy.episodes import EpisodeStart, observation_messages, play_episodes
     from trace_agent.policy.hf import HFPolicy
     from trace_agent.policy.vllm_async import AsyncVLLMPolicy
     from trace_agent.policy.vllm_backend import VLLMPolicy
@@ -72,6 +72,8 @@ __all__ = [
     "tiny_policy",
     "evaluate_policy",
     "observation_messages",
+    "EpisodeStart",
+    "play_episodes",
     "success_histogram",
 ]
 
@@ -85,7 +87,8 @@ _LAZY = {
     **{name: "trace_agent.policy.demo" for name in (
         "DemoModelConfig", "DemoTrainConfig", "DemoBuildReport", "Demonstrator", "Demonstration",
         "register_demonstrator", "collect_demonstrations", "build_demo_policy", "load_demo_policy",
-        "tiny_policy", "evaluate_policy", "observation_messages", "success_histogram")},
+        "tiny_policy", "evaluate_policy", "success_histogram")},
+    **{name: "trace_agent.policy.episodes" for name in ("EpisodeStart", "observation_messages", "play_episodes")},
 }
 
 

@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from trace_agent.errors import PolicyError
+
 __all__ = [
     "Message",
     "FinishReason",
@@ -39,10 +41,6 @@ __all__ = [
 
 Message = Mapping[str, Any]
 FinishReason = Literal["stop", "length"]
-
-
-class PolicyError(RuntimeError):
-    """A policy was used in a way it cannot honour (bad context, missing template, unknown stop token...)."""
 
 
 @dataclass(frozen=True, slots=True)

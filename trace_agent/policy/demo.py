@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trace_agent.policy.base import Message, PolicyError
+from trace_agent.policy.base import PolicyError
 from trace_agent.policy.chat import END_OF_TURN, QWEN3_CHAT_TEMPLATE, QWEN3_SPECIAL_TOKENS, ChatRenderer
 from trace_agent.policy.demonstrators import (
     BFCLDemonstrator,
@@ -50,6 +50,8 @@ from trace_agent.policy.demonstrators import (
     register_demonstrator,
     short_program,
 )
+from trace_agent.policy.episodes import EpisodeStart, observation_messages, play_episodes
+from trace_agent.success import is_success, success_rate
 
 if TYPE_CHECKING:
     from trace_agent.policy.hf import HFPolicy
@@ -221,41 +223,18 @@ def demonstration_tokens(chat: ChatRenderer, demo: Demonstration) -> tuple[list[
 
 # --------------------------------------------------------------------------- tokenizer and model
 def _wrap_tokenizer(backend: Any) -> Any:
-    from transformers import PreTrainedTokenizerFast
+    from trace_agent.tiny_models import fast_tokenizer
 
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        clean_up_tokenization_spaces=False,
-        model_max_length=32768,
-    )
-    tok.chat_template = QWEN3_CHAT_TEMPLATE
-    return tok
+    return fast_tokenizer(backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                          chat_template=QWEN3_CHAT_TEMPLATE, clean_up_tokenization_spaces=False,
+                          model_max_length=32768)
 
 
 def _bpe_backend(vocab_size: int, texts: Sequence[str] | None) -> Any:
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from trace_agent.tiny_models import QWEN_SPLIT_PATTERN, train_byte_bpe
 
-    backend = Tokenizer(models.BPE())
-    # Qwen2/3's split: letters runs, single digits, punctuation runs, newlines, spaces.
-    pattern = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    backend.decoder = decoders.ByteLevel()
-    special = list(QWEN3_SPECIAL_TOKENS[:3])
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - (len(QWEN3_SPECIAL_TOKENS) - len(special)),
-        special_tokens=special,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    backend.train_from_iterator(list(texts or []), trainer=trainer)
-    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN3_SPECIAL_TOKENS[3:]])
-    return backend
+    return train_byte_bpe(texts or [], vocab_size=vocab_size, special_tokens=QWEN3_SPECIAL_TOKENS[:3],
+                          split_pattern=QWEN_SPLIT_PATTERN, added_tokens=QWEN3_SPECIAL_TOKENS[3:])
 
 
 def train_demo_tokenizer(
@@ -276,27 +255,17 @@ def train_demo_tokenizer(
 
 
 def make_demo_model(tokenizer: Any, config: DemoModelConfig, *, seed: int = 0) -> Any:
-    """A freshly initialised ``Qwen3ForCausalLM`` (``AutoModelForCausalLM.from_config``) for ``tokenizer``."""
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    """A freshly initialised ``Qwen3ForCausalLM`` (``AutoModelForCausalLM.from_config``) for ``tokenizer``.
 
-    qwen = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_layers,
-        num_attention_heads=config.num_heads,
-        num_key_value_heads=config.num_kv_heads,
-        head_dim=config.head_dim,
-        max_position_embeddings=config.max_position_embeddings,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(qwen, dtype=torch.float32)
-    return model
+    Seeds torch's global RNG with ``seed`` (:func:`trace_agent.tiny_models.tiny_qwen3`,
+    ``fork_rng=False``): the demo's training loop continues from that stream.
+    """
+    from trace_agent.tiny_models import tiny_qwen3
+
+    return tiny_qwen3(tokenizer, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+                      num_layers=config.num_layers, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
+                      head_dim=config.head_dim, max_position_embeddings=config.max_position_embeddings,
+                      causal_lm=True, seed=seed, fork_rng=False, tie_word_embeddings=True, bos_token_id=None)
 
 
 _TINY_CORPUS = (
@@ -352,7 +321,7 @@ def build_demo_policy(
                                         max_turns=cfg.max_turns)
     t_demo = time.perf_counter()
     say(f"{len(demos)} demonstrations in {t_demo - t0:.1f}s "
-        f"({sum(d.flawed for d in demos)} flawed, {sum(d.reward > 0 for d in demos)} successful)")
+        f"({sum(d.flawed for d in demos)} flawed, {sum(is_success(d.reward) for d in demos)} successful)")
 
     tokenizer = train_demo_tokenizer(demos, vocab_size=cfg.model.vocab_size)
     chat = ChatRenderer(tokenizer)
@@ -565,14 +534,6 @@ def load_demo_policy(path: str | Path = SHIPPED_DEMO_POLICY, *, device: str = "c
 
 
 # --------------------------------------------------------------------------- evaluation
-def observation_messages(messages: Sequence[Message]) -> list[Message]:
-    """The messages after the last assistant turn: what ``Policy.extend`` appends after a step."""
-    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
-    if last < 0:
-        raise PolicyError("no assistant turn in the messages")
-    return [dict(m) for m in messages[last + 1:]]
-
-
 def evaluate_policy(
     policy: Any,
     env_id: str,
@@ -589,36 +550,19 @@ def evaluate_policy(
     """Rewards of ``samples`` episodes per task, played through the real env with ``policy``.
 
     The ``samples`` episodes of one task run side by side (one env each, one batched
-    ``generate`` per turn). Returns task id -> rewards.
+    ``generate`` per turn; :func:`~trace_agent.policy.episodes.play_episodes`). Returns task
+    id -> rewards.
     """
-    import gymnasium as gym
+    from trace_agent.wiring import make_env_factory
 
-    import trace_envs  # noqa: F401
-
-    envs = [gym.make(env_id, max_turns=max_turns, **dict(env_kwargs or {})).unwrapped for _ in range(samples)]
+    make = make_env_factory(env_id, None, max_turns=max_turns, env_kwargs=dict(env_kwargs or {}))
+    envs = [make() for _ in range(samples)]
     results: dict[str, list[float]] = {}
     try:
         for t, task_id in enumerate(task_ids):
-            contexts = []
-            for k, env in enumerate(envs):
-                env.reset(seed=seed + 1000 * t + k, options={"task_id": task_id})
-                contexts.append(policy.render(env.messages, env.tools))
-            rewards = [0.0] * samples
-            alive = list(range(samples))
-            turn = 0
-            while alive:
-                gens = policy.generate([contexts[k] for k in alive], max_new_tokens=max_new_tokens,
-                                       temperature=temperature, top_p=top_p, seed=seed + 7919 * t + turn)
-                still = []
-                for k, g in zip(alive, gens):
-                    obs, reward, terminated, truncated, _ = envs[k].step(g.text)
-                    rewards[k] = float(reward)
-                    if not (terminated or truncated):
-                        contexts[k] = policy.extend(contexts[k], g, observation_messages(envs[k].messages))
-                        still.append(k)
-                alive = still
-                turn += 1
-            results[task_id] = rewards
+            starts = [EpisodeStart(task_id=task_id, seed=seed + 1000 * t + k) for k in range(samples)]
+            results[task_id] = play_episodes(policy, envs, starts, turn_seed=lambda turn, t=t: seed + 7919 * t + turn,
+                                             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     finally:
         for env in envs:
             env.close()
@@ -626,8 +570,11 @@ def evaluate_policy(
 
 
 def success_histogram(results: Mapping[str, Sequence[float]], *, bins: int = 5) -> dict[str, Any]:
-    """Per-task success rates summarised: histogram over [0, 1], all-fail / mixed / all-success counts."""
-    rates = [float(np.mean([r > 0 for r in rewards])) for rewards in results.values() if rewards]
+    """Per-task success rates summarised: histogram over [0, 1], all-fail / mixed / all-success counts.
+
+    Success is :func:`trace_agent.success.is_success` (reward >= 0.5; the suite's rewards are 0 or 1).
+    """
+    rates = [success_rate(rewards) for rewards in results.values() if rewards]
     edges = np.linspace(0.0, 1.0, bins + 1)
     counts, _ = np.histogram(rates, bins=edges)
     return {

@@ -6,6 +6,10 @@ one private loop. A synchronous ``generate`` from any thread submits a coroutine
 for it (:meth:`LoopThread.run`); ``agenerate``, awaited on the caller's own loop, awaits the same
 coroutine's future (:meth:`LoopThread.wrap`). Concurrent callers therefore land in one scheduler
 (vLLM's, or the servers'), whatever thread or loop they come from.
+
+:class:`LoopBackedPolicy` is the part of the :class:`~trace_agent.policy.base.Policy` face those
+two backends share, written once: ``generate`` / ``agenerate`` / ``logprobs`` /
+``update_weights`` run the backend's own coroutines on its loop.
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
-from trace_agent.policy.base import PolicyError
+from trace_agent.policy.base import Generation, PolicyError, TokenContext
+from trace_agent.policy.weights import save_safetensors
 
-__all__ = ["LoopThread"]
+__all__ = ["LoopThread", "LoopBackedPolicy"]
 
 T = TypeVar("T")
 
@@ -85,3 +91,82 @@ class LoopThread:
         self._thread.join(timeout)
         if not self._thread.is_alive():
             self._loop.close()
+
+
+class LoopBackedPolicy:
+    """``generate`` / ``agenerate`` / ``logprobs`` / ``update_weights`` of a backend that works on a :class:`LoopThread`.
+
+    A subclass sets ``_loop`` (its :class:`LoopThread`) and, optionally, ``request_timeout_s``
+    (the most seconds a synchronous ``generate`` or ``logprobs`` waits; None: no limit), and
+    implements the coroutines ``_generate(contexts, max_new_tokens, temperature, top_p, seed,
+    seeds, sessions)``, ``_logprobs(contexts, targets)`` (prompt log-probs, temperature 1) and
+    ``_reload(weights_path)``, and ``_weights_dir()`` (where :meth:`update_weights` writes).
+    """
+
+    _loop: LoopThread
+    request_timeout_s: float | None = None
+
+    def generate(
+        self,
+        contexts: Sequence[TokenContext],
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        seeds: Sequence[int] | None = None,
+        sessions: Sequence[str] | None = None,
+    ) -> list[Generation]:
+        """One assistant turn per context, in order; callable from any thread (requests join one scheduler)."""
+        coro = self._generate(contexts, max_new_tokens, temperature, top_p, seed, seeds, sessions)
+        return self._loop.run(coro, timeout=self.request_timeout_s)
+
+    async def agenerate(
+        self,
+        contexts: Sequence[TokenContext],
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seeds: Sequence[int],
+        sessions: Sequence[str],
+    ) -> list[Generation]:
+        """:meth:`generate`, awaited from any event loop."""
+        return await self._loop.wrap(self._generate(contexts, max_new_tokens, temperature, top_p, None, seeds,
+                                                    sessions))
+
+    def logprobs(
+        self,
+        contexts: Sequence[TokenContext],
+        targets: Sequence[Sequence[int]],
+        *,
+        temperature: float = 1.0,
+    ) -> list[tuple[float, ...]]:
+        """Teacher-forced log-probs of ``targets`` after ``contexts`` (prompt log-probs; temperature 1 only)."""
+        if len(contexts) != len(targets):
+            raise ValueError(f"{len(contexts)} contexts but {len(targets)} targets")
+        if temperature != 1.0:
+            raise PolicyError(f"{type(self).__name__}.logprobs supports temperature 1 only "
+                              "(prompt log-probs are unscaled)")
+        return self._loop.run(self._logprobs(contexts, targets), timeout=self.request_timeout_s)
+
+    def update_weights(self, state_dict: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        """Write ``state_dict`` (HF names) as safetensors into :meth:`_weights_dir` and have the engine reload it."""
+        path = save_safetensors(state_dict, self._weights_dir())
+        self._loop.run(self._reload(str(path.parent.resolve())))
+
+    # ------------------------------------------------------------- what a backend provides
+    def _weights_dir(self) -> Path:
+        raise NotImplementedError
+
+    async def _generate(self, contexts: Sequence[TokenContext], max_new_tokens: int, temperature: float,
+                        top_p: float, seed: int | None, seeds: Sequence[int] | None,
+                        sessions: Sequence[str] | None) -> list[Generation]:
+        raise NotImplementedError
+
+    async def _logprobs(self, contexts: Sequence[TokenContext], targets: Sequence[Sequence[int]]
+                        ) -> list[tuple[float, ...]]:
+        raise NotImplementedError
+
+    async def _reload(self, weights_path: str) -> None:
+        raise NotImplementedError

@@ -27,27 +27,28 @@ import asyncio
 import itertools
 import tempfile
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, TokenContext
 from trace_agent.policy.chat import ChatRenderer, ChatTemplated
-from trace_agent.policy.loop_thread import LoopThread
+from trace_agent.policy.loop_thread import LoopBackedPolicy, LoopThread
 from trace_agent.policy.vllm_backend import (
     check_contexts,
     check_sessions,
     completion_to_generation,
     engine_defaults,
+    logprob_requests,
     request_seeds,
     sampling_params,
+    target_logprobs,
 )
-from trace_agent.policy.weights import save_safetensors
 
 __all__ = ["AsyncVLLMPolicy"]
 
 
-class AsyncVLLMPolicy(ChatTemplated):
+class AsyncVLLMPolicy(LoopBackedPolicy, ChatTemplated):
     """vLLM's ``AsyncLLM`` as a :class:`~trace_agent.policy.base.Policy` and
     :class:`~trace_agent.policy.base.AsyncPolicy` (see the module docstring).
 
@@ -106,57 +107,12 @@ class AsyncVLLMPolicy(ChatTemplated):
             self._loop.close()
             raise
 
-    # ------------------------------------------------------------- protocol
-    def generate(
-        self,
-        contexts: Sequence[TokenContext],
-        *,
-        max_new_tokens: int = 256,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        seeds: Sequence[int] | None = None,
-        sessions: Sequence[str] | None = None,
-    ) -> list[Generation]:
-        """One assistant turn per context, in order; callable from any thread (requests join the engine's batch)."""
-        coro = self._generate(contexts, max_new_tokens, temperature, top_p, seed, seeds, sessions)
-        return self._loop.run(coro, timeout=self.request_timeout_s)
-
-    async def agenerate(
-        self,
-        contexts: Sequence[TokenContext],
-        *,
-        max_new_tokens: int = 256,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        seeds: Sequence[int],
-        sessions: Sequence[str],
-    ) -> list[Generation]:
-        """:meth:`generate`, awaited from any event loop."""
-        return await self._loop.wrap(self._generate(contexts, max_new_tokens, temperature, top_p, None, seeds,
-                                                    sessions))
-
-    def logprobs(
-        self,
-        contexts: Sequence[TokenContext],
-        targets: Sequence[Sequence[int]],
-        *,
-        temperature: float = 1.0,
-    ) -> list[tuple[float, ...]]:
-        """Teacher-forced log-probs of ``targets`` after ``contexts`` (prompt log-probs; temperature 1 only)."""
-        if len(contexts) != len(targets):
-            raise ValueError(f"{len(contexts)} contexts but {len(targets)} targets")
-        if temperature != 1.0:
-            raise PolicyError("AsyncVLLMPolicy.logprobs supports temperature 1 only (prompt log-probs are unscaled)")
-        return self._loop.run(self._logprobs(contexts, targets), timeout=self.request_timeout_s)
-
     # ------------------------------------------------------------- weights
-    def update_weights(self, state_dict: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
-        """Load trained weights (HF names) into the engine through a safetensors file, then reset the prefix cache."""
+    def _weights_dir(self) -> Path:
+        """``weights_dir``, or a temporary directory made on first use."""
         if self.weights_dir is None:
             self.weights_dir = Path(tempfile.mkdtemp(prefix="trace-vllm-weights-"))
-        path = save_safetensors(state_dict, self.weights_dir)
-        self._loop.run(self._reload(str(path.parent.resolve())))
+        return self.weights_dir
 
     def reset_prefix_cache(self) -> None:
         self._loop.run(self.engine.reset_prefix_cache())
@@ -207,24 +163,9 @@ class AsyncVLLMPolicy(ChatTemplated):
 
     async def _logprobs(self, contexts: Sequence[TokenContext], targets: Sequence[Sequence[int]]
                         ) -> list[tuple[float, ...]]:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=1.0)
-        outputs = await asyncio.gather(*(
-            self._one(TokensPrompt(prompt_token_ids=list(c.token_ids) + [int(t) for t in tgt]), params)
-            for c, tgt in zip(contexts, targets)))
-        result = []
-        for out, ctx, tgt in zip(outputs, contexts, targets):
-            entries = out.prompt_logprobs or []
-            values = []
-            for j, token in enumerate(tgt):
-                entry = entries[len(ctx) + j]
-                if entry is None or int(token) not in entry:
-                    raise PolicyError("vLLM returned no prompt log-prob for a target token")
-                values.append(float(entry[int(token)].logprob))
-            result.append(tuple(values))
-        return result
+        prompts, params = logprob_requests(contexts, targets)
+        outputs = await asyncio.gather(*(self._one(prompt, params) for prompt in prompts))
+        return target_logprobs(outputs, contexts, targets)
 
     async def _reload(self, weights_path: str) -> None:
         await self.engine.pause_generation(mode="wait")

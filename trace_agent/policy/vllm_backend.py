@@ -60,6 +60,8 @@ __all__ = [
     "check_contexts",
     "sampling_params",
     "completion_to_generation",
+    "logprob_requests",
+    "target_logprobs",
     "engine_defaults",
 ]
 
@@ -158,6 +160,35 @@ def completion_to_generation(completion: Any, chat: ChatRenderer) -> Generation:
                       finish_reason="stop" if stopped else "length")
 
 
+def logprob_requests(contexts: Sequence[TokenContext], targets: Sequence[Sequence[int]]) -> tuple[list[Any], Any]:
+    """The prompts (context + target ids) and the sampling parameters that score ``targets`` by prompt log-probs."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompts = [TokensPrompt(prompt_token_ids=list(c.token_ids) + [int(t) for t in tgt])
+               for c, tgt in zip(contexts, targets, strict=True)]
+    return prompts, SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=1.0)
+
+
+def target_logprobs(outputs: Sequence[Any], contexts: Sequence[TokenContext],
+                    targets: Sequence[Sequence[int]]) -> list[tuple[float, ...]]:
+    """Each target token's log-prob, read from the prompt log-probs of :func:`logprob_requests`' outputs.
+
+    Raises :class:`PolicyError` when vLLM returned no log-prob for a target token.
+    """
+    result = []
+    for out, ctx, tgt in zip(outputs, contexts, targets):
+        entries = out.prompt_logprobs or []
+        values = []
+        for j, token in enumerate(tgt):
+            entry = entries[len(ctx) + j]
+            if entry is None or int(token) not in entry:
+                raise PolicyError("vLLM returned no prompt log-prob for a target token")
+            values.append(float(entry[int(token)].logprob))
+        result.append(tuple(values))
+    return result
+
+
 class VLLMPolicy(ChatTemplated):
     """A vLLM engine as a :class:`~trace_agent.policy.base.Policy`, callable from any thread.
 
@@ -241,28 +272,14 @@ class VLLMPolicy(ChatTemplated):
         vLLM computes prompt log-probs before any sampling processor, so only ``temperature == 1``
         is supported here; train with the transformers backend's ``score``.
         """
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
         if len(contexts) != len(targets):
             raise ValueError(f"{len(contexts)} contexts but {len(targets)} targets")
         if temperature != 1.0:
             raise PolicyError("VLLMPolicy.logprobs supports temperature 1 only (prompt log-probs are unscaled)")
-        prompts = [TokensPrompt(prompt_token_ids=list(c.token_ids) + list(t)) for c, t in zip(contexts, targets)]
-        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=1.0)
+        prompts, params = logprob_requests(contexts, targets)
         with self._engine_lock:
             outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        result = []
-        for out, ctx, tgt in zip(outputs, contexts, targets):
-            entries = out.prompt_logprobs or []
-            values = []
-            for j, token in enumerate(tgt):
-                entry = entries[len(ctx) + j]
-                if entry is None or int(token) not in entry:
-                    raise PolicyError("vLLM returned no prompt log-prob for a target token")
-                values.append(float(entry[int(token)].logprob))
-            result.append(tuple(values))
-        return result
+        return target_logprobs(outputs, contexts, targets)
 
     # ------------------------------------------------------------- weights
     def update_weights(self, state_dict: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:

@@ -53,15 +53,14 @@ import asyncio
 import hashlib
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, TokenContext
 from trace_agent.policy.chat import ChatRenderer, ChatTemplated
-from trace_agent.policy.loop_thread import LoopThread
-from trace_agent.policy.weights import save_safetensors
+from trace_agent.policy.loop_thread import LoopBackedPolicy, LoopThread
 
 __all__ = ["ServerSettings", "VLLMServerPolicy", "rank_servers", "parse_prefix_cache_metrics"]
 
@@ -138,7 +137,7 @@ class _Retryable(Exception):
     """A server-side failure: try the request on another server."""
 
 
-class VLLMServerPolicy(ChatTemplated):
+class VLLMServerPolicy(LoopBackedPolicy, ChatTemplated):
     """``vllm serve`` servers as a :class:`~trace_agent.policy.base.Policy` and
     :class:`~trace_agent.policy.base.AsyncPolicy` (see the module docstring).
 
@@ -189,51 +188,6 @@ class VLLMServerPolicy(ChatTemplated):
         self._client = self._loop.run(make_client())
         self._model = s.model
 
-    # ------------------------------------------------------------- protocol
-    def generate(
-        self,
-        contexts: Sequence[TokenContext],
-        *,
-        max_new_tokens: int = 256,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        seeds: Sequence[int] | None = None,
-        sessions: Sequence[str] | None = None,
-    ) -> list[Generation]:
-        """One assistant turn per context, in order; all requests in flight at once (from any thread)."""
-        return self._loop.run(self._generate(contexts, max_new_tokens, temperature, top_p, seed, seeds, sessions))
-
-    async def agenerate(
-        self,
-        contexts: Sequence[TokenContext],
-        *,
-        max_new_tokens: int = 256,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        seeds: Sequence[int],
-        sessions: Sequence[str],
-    ) -> list[Generation]:
-        """:meth:`generate`, awaited from any event loop."""
-        return await self._loop.wrap(self._generate(contexts, max_new_tokens, temperature, top_p, None, seeds,
-                                                    sessions))
-
-    def logprobs(
-        self,
-        contexts: Sequence[TokenContext],
-        targets: Sequence[Sequence[int]],
-        *,
-        temperature: float = 1.0,
-    ) -> list[tuple[float, ...]]:
-        """Teacher-forced log-probs of ``targets`` after ``contexts`` (the servers' prompt log-probs;
-        temperature 1 only, as :class:`~trace_agent.policy.vllm_backend.VLLMPolicy`)."""
-        if len(contexts) != len(targets):
-            raise ValueError(f"{len(contexts)} contexts but {len(targets)} targets")
-        if temperature != 1.0:
-            raise PolicyError("VLLMServerPolicy.logprobs supports temperature 1 only (prompt log-probs are unscaled)")
-        return self._loop.run(self._logprobs(contexts, targets))
-
-    # ------------------------------------------------------------- servers
     def health(self) -> dict[str, bool]:
         """Whether each server answers ``GET /health`` with 200 (within the connect timeout)."""
         return self._loop.run(self._health())
@@ -254,13 +208,12 @@ class VLLMServerPolicy(ChatTemplated):
         """Per server: prefix-cache ``queries`` and ``hits`` (tokens) from its ``/metrics``."""
         return self._loop.run(self._metrics())
 
-    def update_weights(self, state_dict: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
-        """Write ``state_dict`` (HF names) as safetensors into ``weights_dir`` and make every server reload it
-        (drain, ``reload_weights``, reset its prefix cache, resume); see the module docstring."""
+    def _weights_dir(self) -> Path:
+        """``weights_dir``: :meth:`update_weights` writes there and every server reloads from it (drain,
+        ``reload_weights``, reset its prefix cache, resume); see the module docstring."""
         if self.weights_dir is None:
             raise PolicyError("VLLMServerPolicy.update_weights needs weights_dir= (a directory the servers can read)")
-        path = save_safetensors(state_dict, self.weights_dir)
-        self._loop.run(self._reload(str(path.parent.resolve())))
+        return self.weights_dir
 
     def close(self) -> None:
         """Close the HTTP client and the client's loop (the servers keep running)."""

@@ -1,7 +1,8 @@
 """A worker process that runs calls of BFCL's stateless backends (MathAPI) away from the host.
 
 Run as a script by :class:`trace_envs.function_calling.backends.IsolatedCalls`; stdlib and
-bfcl-eval only, no trace_envs. Frames on stdin/stdout are 4-byte big-endian length + JSON:
+bfcl-eval only, no trace_envs (the host imports :func:`format_result` from here, so the
+rendering of a result is written once). Frames on stdin/stdout are 4-byte big-endian length + JSON:
 ``{"cls", "name", "args", "kwargs"}`` in, ``{"result": str, "error": bool}`` out. Each call
 gets a fresh instance; ``mpmath.mp`` and the ``decimal`` context are put back after every call,
 so a precision argument never outlives its call. Limits: address space and CPU time (rlimits);
@@ -35,8 +36,8 @@ def _frame_out(obj: dict) -> None:
     sys.stdout.buffer.flush()
 
 
-def _format(value: object) -> str:
-    """As BFCL's executor renders a result (see backends.format_result)."""
+def format_result(value: object) -> str:
+    """A call's return value as BFCL's executor renders it (the host's ``backends`` uses this one too)."""
     if type(value) is str:
         return value
     if type(value) is dict:
@@ -69,7 +70,7 @@ def main() -> None:
             if name not in classes:
                 classes[name] = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[name]), name)
             method = getattr(classes[name](), msg["name"])
-            text, error = _format(method(*msg["args"], **msg["kwargs"]))[:RESULT_CHARS], False
+            text, error = format_result(method(*msg["args"], **msg["kwargs"]))[:RESULT_CHARS], False
         except Exception as exc:  # noqa: BLE001 - a failure is the model's observation, as in BFCL
             try:
                 text = f"Error during execution: {exc}"[:RESULT_CHARS]

@@ -53,6 +53,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trace_envs.function_calling._isolated import format_result
 from trace_envs.tasks.bfcl import INSTALL_HINT, BFCLUnavailableError
 
 __all__ = ["CallOutcome", "Backends", "IsolatedCalls", "backend_class", "format_result", "public_state",
@@ -207,18 +208,6 @@ def _error_text(exc: BaseException) -> str:
         return f"Error during execution: {exc}"
     except Exception:  # noqa: BLE001 - an exception whose str() fails (e.g. a huge int in its args)
         return f"Error during execution: {type(exc).__name__}"
-
-
-def format_result(value: Any) -> str:
-    """A call's return value as BFCL's executor renders it."""
-    if type(value) is str:
-        return value
-    if type(value) is dict:
-        try:
-            return json.dumps(value)
-        except (TypeError, ValueError):
-            return str(value)
-    return str(value)
 
 
 def public_state(instance: Any) -> dict[str, Any]:

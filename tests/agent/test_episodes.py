@@ -1,0 +1,89 @@
+"""The one episode player: every episode ends once, with the env's reward; the env saw exactly what the policy wrote."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.envs.counter_env import CounterEnv
+from trace_agent.policy.base import PolicyError
+from trace_agent.policy.demo import tiny_policy
+from trace_agent.policy.episodes import EpisodeStart, observation_messages, play_episodes
+
+
+class Recording:
+    """Delegates to a real policy and keeps every text it generated, per call."""
+
+    def __init__(self, policy) -> None:  # type: ignore[no-untyped-def]
+        self.policy = policy
+        self.calls: list[list[str]] = []
+        self.seeds: list[int | None] = []
+
+    def render(self, messages, tools=None):  # type: ignore[no-untyped-def]
+        return self.policy.render(messages, tools)
+
+    def extend(self, context, generation, observation):  # type: ignore[no-untyped-def]
+        return self.policy.extend(context, generation, observation)
+
+    def generate(self, contexts, **kwargs):  # type: ignore[no-untyped-def]
+        gens = self.policy.generate(contexts, **kwargs)
+        self.calls.append([g.text for g in gens])
+        self.seeds.append(kwargs.get("seed"))
+        return gens
+
+
+@pytest.fixture(scope="module")
+def policy():  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    return tiny_policy(seed=0)
+
+
+def _play(policy, n: int = 3, seed: int = 5):  # type: ignore[no-untyped-def]
+    envs = [CounterEnv(max_turns=3) for _ in range(n + 1)]  # one env more than episodes: it stays unused
+    starts = [EpisodeStart(task_id=f"t{j % 3}", seed=seed + j) for j in range(n)]
+    ended: list[tuple[int, float, list[dict]]] = []
+    rec = Recording(policy)
+    try:
+        rewards = play_episodes(rec, envs, starts, turn_seed=lambda t: 100 + t, max_new_tokens=8, temperature=1.0,
+                                top_p=1.0, on_end=lambda j, r, env: ended.append((j, r, [dict(m) for m in env.messages])))
+    finally:
+        for env in envs:
+            env.close()
+    return rewards, ended, rec
+
+
+def test_every_episode_ends_once_with_its_reward_and_transcript(policy) -> None:  # type: ignore[no-untyped-def]
+    rewards, ended, rec = _play(policy)
+    assert sorted(j for j, _, _ in ended) == [0, 1, 2]
+    turns = {j: sum(m["role"] == "assistant" for m in messages) for j, _, messages in ended}
+    assert len(rec.calls) == max(turns.values())  # one batched call per turn, while any episode runs
+    for j, r, messages in ended:
+        assert rewards[j] == r and 1 <= turns[j] <= 3
+        # the env saw exactly the texts the policy generated for this episode, turn by turn
+        alive = [[k for k in sorted(turns) if turns[k] > t] for t in range(len(rec.calls))]
+        mine = [rec.calls[t][alive[t].index(j)] for t in range(turns[j])]
+        assert mine == [m["content"] for m in messages if m["role"] == "assistant"]
+    assert rec.seeds == [100 + t for t in range(len(rec.calls))]
+
+
+def test_same_seeds_same_episodes(policy) -> None:  # type: ignore[no-untyped-def]
+    a, b = _play(policy), _play(policy)
+    assert a[0] == b[0] and [e[2] for e in a[1]] == [e[2] for e in b[1]]
+
+
+def test_more_episodes_than_envs_is_refused(policy) -> None:  # type: ignore[no-untyped-def]
+    env = CounterEnv()
+    try:
+        with pytest.raises(ValueError, match="2 episodes for 1 envs"):
+            play_episodes(policy, [env], [EpisodeStart(task_id="t0", seed=0)] * 2, turn_seed=lambda t: t,
+                          max_new_tokens=4, temperature=1.0, top_p=1.0)
+    finally:
+        env.close()
+
+
+def test_observation_messages_are_what_follows_the_last_assistant_turn() -> None:
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+            {"role": "tool", "content": "t"}, {"role": "user", "content": "u"}]
+    assert observation_messages(msgs) == msgs[2:]
+    assert observation_messages(msgs[:2]) == []
+    with pytest.raises(PolicyError):
+        observation_messages(msgs[:1])
