@@ -114,6 +114,10 @@ def _add_common(p: argparse.ArgumentParser, claim: str) -> None:
     p.add_argument("--raw", default=None, help="also keep the bench's own outputs (bench.json, trees.jsonl...) here")
     if claim in DEFAULT_STRATEGIES:
         p.add_argument("--strategies", default=DEFAULT_STRATEGIES[claim], help="comma-separated strategy names")
+    if claim in ("ratio", "ablation", "budget"):
+        p.add_argument("--bench-json", default=None,
+                       help="analyse the rows of an existing bench.json (trace-gym bench, or a --raw dir) instead of "
+                            "running the bench; --strategies picks among its strategies")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,7 +168,27 @@ def _strategies(args: argparse.Namespace) -> list[str]:
     return [s.strip() for s in args.strategies.split(",") if s.strip()]
 
 
+def load_bench(path: str | Path, strategies: Sequence[str]) -> BenchResult:
+    """The rows of a saved ``bench.json`` for ``strategies`` (those it holds, in the order asked), re-summarised."""
+    from trace_agent.bench import summarize
+
+    data = json.loads(Path(path).read_text())
+    cfg = dict(data["config"])
+    rollout = {k: v for k, v in cfg.pop("rollout").items() if k != "ray"}
+    chosen = [s for s in strategies if s in cfg["strategies"]]
+    if not chosen:
+        raise SystemExit(f"paper_claims: {path} holds none of {', '.join(strategies)} (it has "
+                         f"{', '.join(cfg['strategies'])})")
+    config = BenchConfig(**{**cfg, "strategies": tuple(chosen), "budget": Budget(**cfg["budget"]),
+                            "rollout": RolloutConfig(**rollout)})
+    rows = tuple(r for name in chosen for r in data["rows"] if r["strategy"] == name)
+    rows = tuple(sorted(rows, key=lambda r: (r["seed"], chosen.index(r["strategy"]))))
+    return BenchResult(config=config, rows=rows, summary=summarize(rows), predictor=data.get("predictor", {}))
+
+
 def _bench(args: argparse.Namespace, policy: Any, config: BenchConfig, **kwargs: Any) -> BenchResult:
+    if getattr(args, "bench_json", None):
+        return load_bench(args.bench_json, config.strategies)
     result = run_bench(config, policy=policy, log=lambda m: print(m, file=sys.stderr, flush=True), **kwargs)
     if args.raw:
         result.write(args.raw)
@@ -185,9 +209,12 @@ def _pm(s: dict[str, float], digits: int = 3) -> str:
 
 def _header(claim: str, args: argparse.Namespace, config: BenchConfig | None) -> list[str]:
     lines = [f"### {claim}", "", f"Paper: {PAPER[claim]}.", "", f"Command: `{args.command_line}`", ""]
+    if getattr(args, "bench_json", None) and config is not None:
+        lines += [f"Rows from `{args.bench_json}`, measured by: `{config.command}`", ""]
     if config is not None:
         b = config.budget
-        lines += [f"Env `{config.env_id}`, policy `{args.policy}`, {config.seeds} seeds (0..{config.seeds - 1}), pool of "
+        policy = "" if getattr(args, "bench_json", None) else f"policy `{args.policy}`, "
+        lines += [f"Env `{config.env_id}`, {policy}{config.seeds} seeds (0..{config.seeds - 1}), pool of "
                   f"{config.prompts} candidate prompts, budget (M, N) = ({b.roots}, {b.continuations_per_root}), group "
                   f"{b.group_size} (at most {b.max_active} active prompts), {b.paper_units:g} paper units per batch; "
                   f"predictor warmed up on {config.warmup_prompts} other tasks; max {config.max_turns} turns, "
@@ -279,8 +306,8 @@ def _rows_data(result: BenchResult) -> dict[str, Any]:
 
 
 def run_ratio(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
-    config = bench_config(args, strategies=_strategies(args))
-    result = _bench(args, policy, config)
+    result = _bench(args, policy, bench_config(args, strategies=_strategies(args)))
+    config = result.config
     md = "\n".join([*_header("ratio", args, config), *_ratio_table(result)]) + "\n"
     write_claim(args.out, "ratio", _rows_data(result), md, [lambda out: _bars(
         out / "ratio.png", _per_seed(result), "effective ratio (mixed / active)",
@@ -289,8 +316,8 @@ def run_ratio(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
 
 
 def run_ablation(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
-    config = bench_config(args, strategies=_strategies(args))
-    result = _bench(args, policy, config)
+    result = _bench(args, policy, bench_config(args, strategies=_strategies(args)))
+    config = result.config
     md = "\n".join([*_header("ablation", args, config), *_ratio_table(result, lambda n: STAGES.get(n, n))]) + "\n"
     data = _rows_data(result)
     write_claim(args.out, "ablation", data, md, [lambda out: _bars(
@@ -349,8 +376,9 @@ def run_shape(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
 def run_budget(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
     budget = _budget(_setting(args, "budget"), _setting(args, "group_size"))
     prompts = args.prompts if args.prompts is not None else args.pool_factor * budget.max_active
-    config = bench_config(args, strategies=_strategies(args), budget=budget, prompts=prompts)
-    result = _bench(args, policy, config)
+    result = _bench(args, policy, bench_config(args, strategies=_strategies(args), budget=budget, prompts=prompts))
+    config = result.config
+    budget, prompts = config.budget, config.prompts
     profile = budget_profile(result.rows, prompts=prompts, budget=budget)
     lines = _header("budget", args, config)
     lines += [f"Every strategy may activate at most {budget.max_active} of the {prompts} candidates, so at least "
@@ -421,11 +449,13 @@ def run_predictor(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
     depth_rows = error_by_depth(anchors)
     ranks = rank_correlations(anchors)
     lines = [*_header("predictor", args, config), *_probe_note(config, k, anchors),
-             "| depth | anchors | mean truth | MSE vs MC | MC noise | MSE vs true V (MSE - noise) | ratio to prompts "
-             "| MAE | Spearman | prompt's MC rate as forecast: MSE |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| depth | anchors | mean truth | MSE vs MC | ratio to prompts | MC noise | MSE vs true V (MSE - noise) "
+             "| ratio to prompts | MAE | Spearman | prompt's MC rate as forecast: MSE |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in depth_rows:
         lines.append(f"| {int(r['depth'])} | {int(r['anchors'])} | {_f(r['mean_truth'], 2)} | {_f(r['mse'])} "
-                     f"| {_f(r['noise'])} | {_f(r['mse_vs_true'])} | {_f(r['ratio_to_prompt'], 2)} | {_f(r['mae'])} "
+                     f"| {_f(r['raw_ratio_to_prompt'], 2)} | {_f(r['noise'])} | {_f(r['mse_vs_true'])} "
+                     f"| {_f(r['ratio_to_prompt'], 2)} | {_f(r['mae'])} "
                      f"| {_f(r['spearman'], 2)} | {_f(r['prompt_rate_mse'])} |")
     pooled, over = ranks["pooled"], ranks["over_seeds"]
     lines += ["", f"Spearman of v-hat vs Monte-Carlo truth: prompts {_f(pooled['root'], 2)} "
@@ -578,7 +608,8 @@ def main(argv: Sequence[str] | None = None, *, policy: Any = None) -> dict[str, 
     rest = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(rest)
     args.command_line = " ".join(["python scripts/paper_claims.py", *(shlex.quote(a) for a in rest)])
-    if args.claim != "train" and policy is None and not (args.claim == "contrast" and args.trees):
+    offline = (args.claim == "contrast" and args.trees) or getattr(args, "bench_json", None)
+    if args.claim != "train" and policy is None and not offline:
         from trace_agent.bench import load_policy
         from trace_agent.wiring import check_env_id
 

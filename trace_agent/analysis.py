@@ -267,7 +267,8 @@ def error_by_depth(anchors: Sequence[Anchor]) -> list[dict[str, float]]:
     Columns: ``depth``, ``anchors``, ``mse`` (mean (p - t)^2), ``mae``, ``noise`` (the Monte-Carlo
     share of ``mse``: mean t(1 - t)/(K - 1)), ``mse_vs_true`` (``mse - noise``, an unbiased
     estimate of mean (p - V)^2; may dip below 0 by chance), ``ratio_to_prompt`` (``mse_vs_true``
-    over depth 0's; NaN without depth 0 or when that is <= 0), ``spearman`` (p vs t at that
+    over depth 0's; NaN without depth 0 or when that is <= 0), ``raw_ratio_to_prompt`` (the same on
+    ``mse``, noise included), ``spearman`` (p vs t at that
     depth), ``prompt_rate_mse`` (the prompt's own Monte-Carlo rate used as the forecast: what a
     predictor that ignores the history could do at best, with both estimates' noise) and
     ``mean_truth``.
@@ -287,8 +288,10 @@ def error_by_depth(anchors: Sequence[Anchor]) -> list[dict[str, float]]:
                      "prompt_rate_mse": float(np.mean((np.asarray([a.prompt_truth for a in mine]) - t) ** 2)),
                      "mean_truth": float(t.mean())})
     base = next((r["mse_vs_true"] for r in rows if r["depth"] == 0.0), math.nan)
+    raw = next((r["mse"] for r in rows if r["depth"] == 0.0), math.nan)
     for r in rows:
         r["ratio_to_prompt"] = r["mse_vs_true"] / base if base > 0 else math.nan
+        r["raw_ratio_to_prompt"] = r["mse"] / raw if raw > 0 else math.nan
     return rows
 
 
