@@ -144,6 +144,7 @@ def test_error_by_depth_is_hand_computed_with_the_monte_carlo_noise_removed() ->
     assert d1["mse"] == 0.0 and d1["noise"] == pytest.approx((0.25 / 3 + 0.0) / 2)
     assert d1["prompt_rate_mse"] == pytest.approx((0.25**2 + 0.25**2) / 2)
     assert d0["prompt_rate_mse"] == 0.0
+    assert d0["raw_ratio_to_prompt"] == 1.0 and d1["raw_ratio_to_prompt"] == 0.0
 
 
 def test_error_ratio_to_prompts_and_the_noise_estimate_is_unbiased() -> None:
