@@ -318,17 +318,26 @@ def _outputs(out: Path, claim: str) -> dict:
 
 
 @pytest.mark.slow
-def test_ratio_and_ablation_small(claims, demo_policy, tmp_path) -> None:
-    data = claims.main(["ratio", "--small", "--strategies", "grpo,trace", "--out", str(tmp_path / "r")],
-                       policy=demo_policy)
+def test_ratio_small_and_ablation_from_its_bench_json(claims, demo_policy, tmp_path) -> None:
+    raw = tmp_path / "raw"
+    data = claims.main(["ratio", "--small", "--strategies", "grpo,trace-root,trace", "--raw", str(raw),
+                        "--out", str(tmp_path / "r")], policy=demo_policy)
     on_disk = _outputs(tmp_path / "r", "ratio")
     assert on_disk["rows"] == json.loads(json.dumps(data["rows"]))  # JSON round trip
-    assert [r["strategy"] for r in on_disk["rows"]] == ["grpo", "trace"] * 2
+    assert [r["strategy"] for r in on_disk["rows"]] == ["grpo", "trace-root", "trace"] * 2
     assert all(r["paper_units"] == 16.0 for r in on_disk["rows"])
     assert all(0.0 <= r["effective_ratio"] <= 1.0 for r in on_disk["rows"])
-    data = claims.main(["ablation", "--small", "--seeds", "1", "--out", str(tmp_path / "a")], policy=demo_policy)
-    assert list(data["summary"]) == ["treepo", "trace-root", "trace-prefix", "trace"]
-    assert "root allocation only" in (tmp_path / "a" / "ablation.md").read_text()
+    assert (raw / "bench.json").is_file() and (raw / "trees.jsonl").is_file()
+    # the ablation reads the same rows back (no policy needed): the stages it names that the bench ran
+    again = claims.main(["ablation", "--bench-json", str(raw / "bench.json"), "--out", str(tmp_path / "a")])
+    assert list(again["summary"]) == ["trace-root", "trace"]
+    assert again["rows"] == [r for r in on_disk["rows"] if r["strategy"] != "grpo"]
+    assert again["summary"]["trace"]["effective_ratio"] == on_disk["summary"]["trace"]["effective_ratio"]
+    md = (tmp_path / "a" / "ablation.md").read_text()
+    assert "root allocation only" in md and "measured by: `python scripts/paper_claims.py ratio --small" in md
+    with pytest.raises(SystemExit, match="holds none of"):
+        claims.main(["ablation", "--bench-json", str(raw / "bench.json"), "--strategies", "pcl",
+                     "--out", str(tmp_path / "x")])
 
 
 @pytest.mark.slow
