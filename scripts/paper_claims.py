@@ -402,6 +402,7 @@ def run_budget(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
         for j, n in enumerate(names):
             ax.bar([d - 0.4 + (j + 0.5) * w for d in depths],
                    [profile[n]["continuation_depths"].get(str(d), 0.0) for d in depths], width=w, label=n)
+        ax.set_xticks(depths)
         ax.set_xlabel("turn a continuation starts after (depth)", fontsize=9)
         ax.set_ylabel("share of continuations", fontsize=9)
         ax.set_title(f"{config.env_id.split('/')[-1]}: where continuations start", fontsize=9)
