@@ -107,6 +107,11 @@ class ComparisonResult:
                            "seeds": list(self.seeds), "base": self.base, "rows": list(self.rows),
                            "summary": self.summary()}, indent=1, default=str)
 
+    def _base_text(self) -> str:
+        se = float(self.base.get("success_se", math.nan))
+        text = f"{self.base['success']:.3f}"
+        return f"{text} ± {se:.3f} (s.e.)" if math.isfinite(se) else text
+
     def to_markdown(self) -> str:
         r, c, e = self.config["rollout"], self.config, self.config["eval"]
         units = r["roots"] * (1 + r["continuations_per_root"] * r["continuation_cost"])
@@ -115,7 +120,7 @@ class ComparisonResult:
                  f"per run; budget per step {units:g} paper units (M = {r['roots']}, N = {r['continuations_per_root']}, "
                  f"group {r['group_size']}, {r['prompts_per_step']} candidate prompts); objective "
                  f"{c['objective']['name']}; held-out: {self.base['tasks']} `{e['split']}` tasks x {self.base['samples']} "
-                 f"samples; starting policy {self.base['success']:.3f} ± {self.base['success_se']:.3f} (s.e.).", "",
+                 f"samples; starting policy {self._base_text()}.", "",
                  "| strategy | held-out success after (mean ± sd over seeds) [min, max] | per seed | vs "
                  f"{self.reference or '-'} (paired, mean ± sd; wins) | effective ratio | train rollout success "
                  "| paper units | generated tokens | predictor share | wall s/run |",
