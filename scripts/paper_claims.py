@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="claim", required=True)
     for claim in ("ratio", "ablation", "shape", "budget", "predictor", "contrast"):
-        p = sub.add_parser(claim, help=PAPER[claim][:70])
+        p = sub.add_parser(claim, help=PAPER[claim][:70].replace("%", "%%"))
         _add_common(p, claim)
     shape = sub.choices["shape"]
     shape.add_argument("--wide", default=None, help="M,N of the wide shape (default: --budget's M with N = 2)")
@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.choices["budget"].add_argument("--pool-factor", type=int, default=3,
                                        help="candidate pool = this many times the most active prompts (unless --prompts)")
     sub.choices["contrast"].add_argument("--trees", default=None, help="probe trees.jsonl of a `predictor --raw` run")
-    t = sub.add_parser("train", help=PAPER["train"][:70])
+    t = sub.add_parser("train", help=PAPER["train"][:70].replace("%", "%%"))
     t.add_argument("--small", action="store_true", help="one step, a handful of held-out episodes")
     t.add_argument("--config", default=None, help="training YAML (default docs/configs/demo.yaml)")
     t.add_argument("--env", default=None, help="env id (config: env_id)")

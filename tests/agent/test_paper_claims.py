@@ -298,6 +298,15 @@ def _script():
     return module
 
 
+def test_every_subcommand_has_help(capsys) -> None:
+    module = _script()
+    for argv in (["--help"], *([c, "--help"] for c in module.RUNNERS)):
+        with pytest.raises(SystemExit) as exit_:
+            module.main(argv)
+        assert exit_.value.code == 0
+    assert "contrast" in capsys.readouterr().out
+
+
 @pytest.fixture(scope="module")
 def claims():
     return _script()
