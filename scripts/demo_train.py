@@ -138,55 +138,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def compare(config: TrainConfig, strategies: list[str], seeds: list[int]) -> int:
-    """Train each (strategy, seed) from the same policy at equal budget; print a Markdown table."""
-    import json
-    import statistics
+    """Train each (strategy, seed) from the same policy at equal budget; write compare.json/.md, print the table.
 
-    from trace_agent.train_cli import evaluate_heldout, run_training
-    from trace_agent.wiring import build_policies
+    The comparison itself is :func:`trace_agent.compare.compare_training` (any env; also behind
+    ``scripts/paper_claims.py train``).
+    """
+    import shlex
 
-    out = Path(config.out_dir)
-    base_policy, _ = build_policies(config.policy, seed=0, env_id=config.env_id)
-    base = evaluate_heldout(base_policy, config)
-    del base_policy
-    print(f"starting policy: held-out success {base.success:.3f} ({base.tasks} tasks x {base.samples} samples)",
-          flush=True)
-    rows = []
-    for seed in seeds:
-        for strategy in strategies:
-            cfg = replace(config, seed=seed, out_dir=str(out / f"{strategy}_s{seed}"),
-                          rollout=replace(config.rollout, strategy=strategy), eval=replace(config.eval, every=0))
-            t = time.perf_counter()
-            rep = run_training(cfg, evaluate="after", log=lambda m: None)
-            assert rep.after is not None
-            eff = [x for x in rep.effective_ratio if not math.isnan(x)]
-            rows.append({"strategy": strategy, "seed": seed, "after": rep.after.success,
-                         "effective_ratio": sum(eff) / len(eff) if eff else math.nan,
-                         "train_success": statistics.fmean(x for x in rep.train_success if not math.isnan(x)),
-                         "paper_units": rep.paper_units, "generated_tokens": rep.generated_tokens,
-                         "predictor_share": rep.predictor_share, "seconds": time.perf_counter() - t})
-            print(json.dumps(rows[-1]), flush=True)
-    (out / "compare.json").write_text(json.dumps({"base": base.success, "tasks": base.tasks,
-                                                   "samples": base.samples, "rows": rows}, indent=1))
-    r = config.rollout
-    print(f"\n{len(seeds)} seeds x {config.steps} steps; budget per step {r.paper_budget:g} paper units "
-          f"(M={r.roots}, N={r.continuations_per_root}, group {r.group_size}); objective {config.objective.name}; "
-          f"held-out: {base.tasks} test tasks x {base.samples} samples; starting policy {base.success:.3f}\n")
-    print("| strategy | held-out success after (mean ± sd over seeds) | per seed | effective ratio | "
-          "train rollout success | paper units | generated tokens | predictor share | wall s/run |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for strategy in strategies:
-        rs = [x for x in rows if x["strategy"] == strategy]
-        after = [x["after"] for x in rs]
-        sd = statistics.stdev(after) if len(after) > 1 else 0.0
+    from trace_agent.compare import compare_training
 
-        def mean(key: str, rs: list = rs) -> float:
-            return statistics.fmean(x[key] for x in rs)
-
-        print(f"| {strategy} | {statistics.fmean(after):.3f} ± {sd:.3f} | "
-              f"{' / '.join(f'{a:.3f}' for a in after)} | {mean('effective_ratio'):.2f} | "
-              f"{mean('train_success'):.2f} | {mean('paper_units'):.0f} | {mean('generated_tokens'):.0f} | "
-              f"{mean('predictor_share'):.1%} | {mean('seconds'):.0f} |")
+    command = " ".join(["scripts/demo_train.py", *(shlex.quote(a) for a in sys.argv[1:])])
+    result = compare_training(config, strategies, seeds, log=lambda m: print(m, flush=True), command=command)
+    result.write(config.out_dir)
+    print("\n" + result.to_markdown())
     return 0
 
 

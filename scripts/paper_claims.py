@@ -1,0 +1,624 @@
+"""The paper's claims in miniature: one subcommand per claim, each writing JSON + Markdown (+ PNG) and printing its table.
+
+    python scripts/paper_claims.py ratio     --out docs/paper/math/ratio       # effective ratio per strategy
+    python scripts/paper_claims.py ablation  --out docs/paper/math/ablation    # root-only / prefix-only / both
+    python scripts/paper_claims.py shape     --out docs/paper/math/shape       # wide (M, 2) vs deep (M/2, 6)
+    python scripts/paper_claims.py budget    --out docs/paper/math/budget      # where TRACE's budget goes
+    python scripts/paper_claims.py predictor --out docs/paper/math/predictor   # error by depth, Spearman
+    python scripts/paper_claims.py contrast  --out docs/paper/math/contrast    # contrast capture curves
+    python scripts/paper_claims.py train     --out runs/claims/train           # held-out success after training
+
+Every subcommand takes ``--small`` (the tests' mode: seconds to a minute) and the bench's options
+(``--env``, ``--env-kwargs``, ``--policy``, ``--seeds``, ``--prompts``, ``--budget``, ``--group-size``,
+``--warmup-prompts``, ``--max-turns``, ``--max-new-tokens``, ``--oracle-samples``, ``--workers``);
+``--raw DIR`` also keeps the underlying bench outputs (bench.json, trees.jsonl, plots) there.
+
+``ratio``, ``ablation``, ``shape`` and ``budget`` are layers over :func:`trace_agent.bench.run_bench`
+(strategies at equal budget, common random numbers per seed, the predictor warmed up on TreePO-style
+trees of other tasks). ``predictor`` and ``contrast`` run :class:`trace_agent.analysis.MonteCarloProbe`
+through the same bench: every candidate prompt gets ``--group-size`` root rollouts and every anchor
+(the prompt and each visited prefix) is scored by the warmed-up predictor and estimated by
+``--oracle-samples`` fresh continuations from its snapshot (the Monte-Carlo truth; see
+:mod:`trace_agent.analysis`). ``contrast --trees FILE`` reuses the probe trees a ``predictor --raw DIR``
+run kept (``DIR/trees.jsonl``). ``train`` is :func:`trace_agent.compare.compare_training` on a
+training config (``--config``, default docs/configs/demo.yaml; ``--set`` overrides).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trace_agent.analysis import (  # noqa: E402
+    FRACTIONS,
+    SHARES,
+    MonteCarloProbe,
+    anchors_from_trees,
+    budget_profile,
+    contrast_summary,
+    error_by_depth,
+    rank_correlations,
+    shape_costs,
+    spread,
+)
+from trace_agent.bench import BenchConfig, BenchResult, run_bench  # noqa: E402
+from trace_agent.rollout import RolloutConfig  # noqa: E402
+from trace_agent.strategies import Budget  # noqa: E402
+
+#: The paper's figures (from /work/shared/reference/trace-blog.txt and trace-summary.txt).
+PAPER: dict[str, str] = {
+    "ratio": "effective sample ratio on DeepScaleR math, GRPO 26.8% -> TRACE 60.6% (Qwen3-8B), 34.7% -> 59.7% "
+             "(Qwen3-14B); TRACE lifts the effective ratio ~10 points over random branching (TreePO) at every budget",
+    "ablation": "Qwen3-8B multi-hop QA: effective ratio 42.8 with neither stage (uniform roots, random prefixes), "
+                "49.1 root allocation only, 47.3 prefix allocation only, both highest",
+    "shape": "at the same budget of 2048, (M, N) = (1024, 2) (wider root coverage) beats (512, 6) (deeper branching)",
+    "budget": "BFCL: 65-71% of candidate prompts skipped, 5-7 rollouts per active prompt, replays spread along the "
+              "trajectory (largest share at the earliest turns, meaningful budget up to turn 15)",
+    "predictor": "Qwen3-8B HotpotQA: group-success error falls to about a third of its prompt-level value by turn 4; "
+                 "rank correlation positive at prompts and at prefixes",
+    "contrast": "many prompts and prefixes sit near 0% or 100%; ranking anchors by V(1-V) lets a small fraction of the "
+                "budget capture most of the available pairwise contrast",
+    "train": "equal budget: TRACE's average above GRPO, PCL and TreePO (Qwen3-14B: math 73.5 -> 74.9, multi-hop QA "
+             "51.2 -> 54.0, function calling 46.1 -> 48.0)",
+}
+
+#: ``--small``: the tests' sizes (a minute or less with the demo policy on PythonMath-v0).
+SMALL: dict[str, Any] = {"seeds": 2, "prompts": 4, "budget": "8,2", "group_size": 2, "warmup_prompts": 4,
+                         "oracle_samples": 4, "max_new_tokens": 200}
+#: Defaults otherwise (the sizes of docs/benchmarks.md's strategies bench).
+FULL: dict[str, Any] = {"seeds": 5, "prompts": 12, "budget": "24,2", "group_size": 4, "warmup_prompts": 96,
+                        "oracle_samples": 8, "max_new_tokens": 200}
+
+DEFAULT_STRATEGIES: dict[str, str] = {"ratio": "grpo,pcl,treepo,trace,oracle", "ablation": "treepo,trace-root,trace-prefix,trace",
+                                      "shape": "treepo,trace", "budget": "grpo,treepo,trace"}
+STAGES = {"treepo": "neither (uniform roots, random prefixes)", "trace-root": "root allocation only",
+          "trace-prefix": "prefix allocation only", "trace": "both"}
+
+
+# --------------------------------------------------------------------------------------------------
+# options
+
+
+def _setting(args: argparse.Namespace, key: str) -> Any:
+    value = getattr(args, key)
+    if value is not None:
+        return value
+    return (SMALL if args.small else FULL)[key]
+
+
+def _add_common(p: argparse.ArgumentParser, claim: str) -> None:
+    p.add_argument("--small", action="store_true", help="the tests' sizes (seconds to a minute)")
+    p.add_argument("--env", default="trace_envs/PythonMath-v0", help="registered env id")
+    p.add_argument("--env-kwargs", default="{}", help="extra gym.make arguments as JSON")
+    p.add_argument("--max-turns", type=int, default=4)
+    p.add_argument("--policy", default="demo", help='"demo" (the env\'s shipped demo policy) or a policy directory')
+    p.add_argument("--seeds", type=int, default=None, help=f"bench seeds (default {FULL['seeds']}, small {SMALL['seeds']})")
+    p.add_argument("--prompts", type=int, default=None, help="candidate pool per batch")
+    p.add_argument("--budget", default=None, help="M,N: root rollouts per batch, continuations per root")
+    p.add_argument("--group-size", type=int, default=None, help="baseline rollouts per prompt")
+    p.add_argument("--warmup-prompts", type=int, default=None, help="tasks the predictor is warmed up on")
+    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--oracle-samples", type=int, default=None, help="Monte-Carlo continuations per anchor")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--out", default=f"artifacts/paper/{claim}", help="output directory")
+    p.add_argument("--raw", default=None, help="also keep the bench's own outputs (bench.json, trees.jsonl...) here")
+    if claim in DEFAULT_STRATEGIES:
+        p.add_argument("--strategies", default=DEFAULT_STRATEGIES[claim], help="comma-separated strategy names")
+    if claim in ("ratio", "ablation", "budget"):
+        p.add_argument("--bench-json", default=None,
+                       help="analyse the rows of an existing bench.json (trace-gym bench, or a --raw dir) instead of "
+                            "running the bench; --strategies picks among its strategies")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="claim", required=True)
+    for claim in ("ratio", "ablation", "shape", "budget", "predictor", "contrast"):
+        p = sub.add_parser(claim, help=PAPER[claim][:70].replace("%", "%%"))
+        _add_common(p, claim)
+    shape = sub.choices["shape"]
+    shape.add_argument("--wide", default=None, help="M,N of the wide shape (default: --budget's M with N = 2)")
+    shape.add_argument("--deep", default=None, help="M,N of the deep shape (default: M/2 with N = 6)")
+    sub.choices["budget"].add_argument("--pool-factor", type=int, default=3,
+                                       help="candidate pool = this many times the most active prompts (unless --prompts)")
+    sub.choices["contrast"].add_argument("--trees", default=None, help="probe trees.jsonl of a `predictor --raw` run")
+    t = sub.add_parser("train", help=PAPER["train"][:70].replace("%", "%%"))
+    t.add_argument("--small", action="store_true", help="one step, a handful of held-out episodes")
+    t.add_argument("--config", default=None, help="training YAML (default docs/configs/demo.yaml)")
+    t.add_argument("--env", default=None, help="env id (config: env_id)")
+    t.add_argument("--strategies", default="trace,grpo,treepo", help="the second one is the paired reference")
+    t.add_argument("--seeds", default="0,1,2")
+    t.add_argument("--steps", type=int, default=None)
+    t.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    t.add_argument("--out", default="artifacts/paper/train")
+    return parser
+
+
+def _budget(text: str, group: int) -> Budget:
+    return Budget.parse(text, group_size=group)
+
+
+def bench_config(args: argparse.Namespace, *, strategies: Sequence[str], budget: Budget | None = None,
+                 prompts: int | None = None) -> BenchConfig:
+    """The :class:`BenchConfig` of a claim's options (``--small`` presets fill what is not given)."""
+    group = _setting(args, "group_size")
+    return BenchConfig(
+        env_id=args.env, env_kwargs=json.loads(args.env_kwargs), max_turns=args.max_turns,
+        strategies=tuple(strategies), seeds=_setting(args, "seeds"),
+        prompts=prompts if prompts is not None else _setting(args, "prompts"),
+        budget=budget if budget is not None else _budget(_setting(args, "budget"), group),
+        warmup_prompts=_setting(args, "warmup_prompts"),
+        rollout=RolloutConfig(max_new_tokens=_setting(args, "max_new_tokens"), temperature=args.temperature,
+                              workers=args.workers, oracle_samples=_setting(args, "oracle_samples")),
+        command=args.command_line,
+    )
+
+
+def _strategies(args: argparse.Namespace) -> list[str]:
+    return [s.strip() for s in args.strategies.split(",") if s.strip()]
+
+
+def load_bench(path: str | Path, strategies: Sequence[str]) -> BenchResult:
+    """The rows of a saved ``bench.json`` for ``strategies`` (those it holds, in the order asked), re-summarised."""
+    from trace_agent.bench import summarize
+
+    data = json.loads(Path(path).read_text())
+    cfg = dict(data["config"])
+    rollout = {k: v for k, v in cfg.pop("rollout").items() if k != "ray"}
+    chosen = [s for s in strategies if s in cfg["strategies"]]
+    if not chosen:
+        raise SystemExit(f"paper_claims: {path} holds none of {', '.join(strategies)} (it has "
+                         f"{', '.join(cfg['strategies'])})")
+    config = BenchConfig(**{**cfg, "strategies": tuple(chosen), "budget": Budget(**cfg["budget"]),
+                            "rollout": RolloutConfig(**rollout)})
+    rows = tuple(r for name in chosen for r in data["rows"] if r["strategy"] == name)
+    rows = tuple(sorted(rows, key=lambda r: (r["seed"], chosen.index(r["strategy"]))))
+    return BenchResult(config=config, rows=rows, summary=summarize(rows), predictor=data.get("predictor", {}))
+
+
+def _bench(args: argparse.Namespace, policy: Any, config: BenchConfig, **kwargs: Any) -> BenchResult:
+    if getattr(args, "bench_json", None):
+        return load_bench(args.bench_json, config.strategies)
+    result = run_bench(config, policy=policy, log=lambda m: print(m, file=sys.stderr, flush=True), **kwargs)
+    if args.raw:
+        result.write(args.raw)
+    return result
+
+
+# --------------------------------------------------------------------------------------------------
+# output
+
+
+def _f(x: float, digits: int = 3) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
+
+
+def _pm(s: dict[str, float], digits: int = 3) -> str:
+    return f"{_f(s['mean'], digits)} ± {_f(s['std'], digits)} [{_f(s['min'], 2)}, {_f(s['max'], 2)}]"
+
+
+def _header(claim: str, args: argparse.Namespace, config: BenchConfig | None) -> list[str]:
+    lines = [f"### {claim}", "", f"Paper: {PAPER[claim]}.", "", f"Command: `{args.command_line}`", ""]
+    if getattr(args, "bench_json", None) and config is not None:
+        lines += [f"Rows from `{args.bench_json}`, measured by: `{config.command}`", ""]
+    if config is not None:
+        b = config.budget
+        policy = "" if getattr(args, "bench_json", None) else f"policy `{args.policy}`, "
+        lines += [f"Env `{config.env_id}`, {policy}{config.seeds} seeds (0..{config.seeds - 1}), pool of "
+                  f"{config.prompts} candidate prompts, budget (M, N) = ({b.roots}, {b.continuations_per_root}), group "
+                  f"{b.group_size} (at most {b.max_active} active prompts), {b.paper_units:g} paper units per batch; "
+                  f"predictor warmed up on {config.warmup_prompts} other tasks; max {config.max_turns} turns, "
+                  f"{config.rollout.max_new_tokens} new tokens, temperature {config.rollout.temperature:g}. "
+                  "Mean ± sample sd over seeds [min, max].", ""]
+    return lines
+
+
+def write_claim(out: str | Path, claim: str, data: dict[str, Any], markdown: str,
+                figures: Sequence[Callable[[Path], Path]] = ()) -> list[Path]:
+    """``<claim>.json``, ``<claim>.md`` and each figure under ``out``; prints the Markdown; returns the paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{claim}.json", out / f"{claim}.md"]
+    paths[0].write_text(json.dumps({"claim": claim, "paper": PAPER[claim], **data}, indent=1, default=_jsonable,
+                                   allow_nan=True))
+    paths[1].write_text(markdown)
+    paths += [make(out) for make in figures]
+    print(markdown)
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return paths
+
+
+def _jsonable(obj: Any) -> Any:
+    if hasattr(obj, "item"):
+        return obj.item()
+    return str(obj)
+
+
+def _figure(width: float = 7.0, height: float = 4.0) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _bars(path: Path, groups: dict[str, list[float]], ylabel: str, title: str) -> Path:
+    """Bars at the mean of each group, an error bar of one sd, every value as a dot."""
+    fig = _figure(max(6.0, 1.1 * len(groups) + 2.0))
+    ax = fig.add_subplot(1, 1, 1)
+    names = list(groups)
+    for i, n in enumerate(names):
+        s = spread(groups[n])
+        ax.bar(i, 0.0 if math.isnan(s["mean"]) else s["mean"], yerr=0.0 if math.isnan(s["std"]) else s["std"],
+               color="#5b8cc0", capsize=4, alpha=0.85)
+        ax.scatter([i] * len(groups[n]), groups[n], color="black", s=10, zorder=3)
+    ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=9)
+    ax.set_ylim(0, 1.05)
+    ax.set_title(title, fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _per_seed(result: BenchResult, key: str = "effective_ratio") -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for r in result.rows:
+        out.setdefault(r["strategy"], []).append(float(r[key]))
+    return out
+
+
+def _ratio_table(result: BenchResult, label: Callable[[str], str] | None = None) -> list[str]:
+    seeds = _per_seed(result)
+    head = "| strategy |" + (" stage |" if label else "") + " effective ratio | per seed | mixed / active | skipped | " \
+        "contrast pairs | paper units | gen. tokens |"
+    lines = [head, "|---|" + ("---|" if label else "") + "---|---|---:|---:|---:|---:|---:|"]
+    for name, s in result.summary.items():
+        lines.append(f"| {name} |" + (f" {label(name)} |" if label else "")
+                     + f" {_pm(s['effective_ratio'])} | {' / '.join(_f(x, 2) for x in seeds[name])} "
+                     f"| {s['mixed_trees']['mean']:.1f} / {s['active_prompts']['mean']:.1f} | {s['skipped']['mean']:.1f} "
+                     f"| {s['contrast_pairs']['mean']:.1f} | {s['paper_units']['mean']:.1f} "
+                     f"| {s['generated_tokens']['mean']:.0f} |")
+    comp = result.comparisons()
+    if comp:
+        lines += ["", "On mean effective ratio: " + ", ".join(f"{k} = {_f(v, 2)}" for k, v in comp.items())]
+    return lines
+
+
+def _rows_data(result: BenchResult) -> dict[str, Any]:
+    return {"config": json.loads(result.to_json())["config"], "rows": list(result.rows), "summary": result.summary,
+            "comparisons": result.comparisons(), "predictor": result.predictor.get("measured", {})}
+
+
+# --------------------------------------------------------------------------------------------------
+# claims over the bench
+
+
+def run_ratio(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
+    result = _bench(args, policy, bench_config(args, strategies=_strategies(args)))
+    config = result.config
+    md = "\n".join([*_header("ratio", args, config), *_ratio_table(result)]) + "\n"
+    write_claim(args.out, "ratio", _rows_data(result), md, [lambda out: _bars(
+        out / "ratio.png", _per_seed(result), "effective ratio (mixed / active)",
+        f"{config.env_id.split('/')[-1]}: effective ratio at equal budget (dots = seeds)")])
+    return _rows_data(result)
+
+
+def run_ablation(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
+    result = _bench(args, policy, bench_config(args, strategies=_strategies(args)))
+    config = result.config
+    md = "\n".join([*_header("ablation", args, config), *_ratio_table(result, lambda n: STAGES.get(n, n))]) + "\n"
+    data = _rows_data(result)
+    write_claim(args.out, "ablation", data, md, [lambda out: _bars(
+        out / "ablation.png", _per_seed(result), "effective ratio (mixed / active)",
+        f"{config.env_id.split('/')[-1]}: stage ablation (dots = seeds)")])
+    return data
+
+
+def _shapes(args: argparse.Namespace) -> tuple[Budget, Budget]:
+    group = _setting(args, "group_size")
+    m = _budget(_setting(args, "budget"), group).roots
+    wide = _budget(args.wide or f"{m},2", group)
+    deep = _budget(args.deep or f"{m // 2},6", group)
+    if not math.isclose(wide.paper_units, deep.paper_units):
+        raise SystemExit(f"paper_claims shape: the shapes cost {wide.paper_units:g} and {deep.paper_units:g} paper "
+                         "units; choose M,N pairs with equal M(1 + N/2)")
+    return wide, deep
+
+
+def run_shape(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
+    wide, deep = _shapes(args)
+    results: dict[str, tuple[Budget, BenchResult]] = {}
+    raw = args.raw
+    for label, budget in (("wide", wide), ("deep", deep)):
+        config = bench_config(args, strategies=_strategies(args), budget=budget)
+        args.raw = None if raw is None else str(Path(raw) / label)
+        results[label] = (budget, _bench(args, policy, config))
+    args.raw = raw
+    costs = shape_costs({k: (b, r.rows) for k, (b, r) in results.items()})
+    lines = _header("shape", args, bench_config(args, strategies=_strategies(args), budget=wide))
+    lines += [f"Shapes: wide (M, N) = ({wide.roots}, {wide.continuations_per_root}) on at most {wide.max_active} prompts, "
+              f"deep ({deep.roots}, {deep.continuations_per_root}) on at most {deep.max_active}; planned paper units "
+              f"{wide.paper_units:g} and {deep.paper_units:g}, measured per batch "
+              + ", ".join(f"{k} {v['measured_min']:g}-{v['measured_max']:g}" for k, v in costs["shapes"].items())
+              + f": **{'equal' if costs['equal'] else 'NOT equal'}**. Each shape's predictor is warmed up on the same "
+              "tasks, collected TreePO-style in that shape; pools and seeds are the same.", "",
+              "| shape | strategy | effective ratio | per seed | mixed / active | contrast pairs | paper units "
+              "| gen. tokens |", "|---|---|---|---|---:|---:|---:|---:|"]
+    for label, (budget, result) in results.items():
+        seeds = _per_seed(result)
+        for name, s in result.summary.items():
+            lines.append(f"| {label} ({budget.roots}, {budget.continuations_per_root}) | {name} "
+                         f"| {_pm(s['effective_ratio'])} | {' / '.join(_f(x, 2) for x in seeds[name])} "
+                         f"| {s['mixed_trees']['mean']:.1f} / {s['active_prompts']['mean']:.1f} "
+                         f"| {s['contrast_pairs']['mean']:.1f} | {s['paper_units']['mean']:.1f} "
+                         f"| {s['generated_tokens']['mean']:.0f} |")
+    data = {"costs": costs, "shapes": {k: _rows_data(r) for k, (_, r) in results.items()}}
+    groups = {f"{k} {n}": v for k, (_, r) in results.items() for n, v in _per_seed(r).items()}
+    write_claim(args.out, "shape", data, "\n".join(lines) + "\n", [lambda out: _bars(
+        out / "shape.png", groups, "effective ratio (mixed / active)",
+        f"wide ({wide.roots},{wide.continuations_per_root}) vs deep ({deep.roots},{deep.continuations_per_root}) at "
+        f"{wide.paper_units:g} paper units (dots = seeds)")])
+    return data
+
+
+def run_budget(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
+    budget = _budget(_setting(args, "budget"), _setting(args, "group_size"))
+    prompts = args.prompts if args.prompts is not None else args.pool_factor * budget.max_active
+    result = _bench(args, policy, bench_config(args, strategies=_strategies(args), budget=budget, prompts=prompts))
+    config = result.config
+    budget, prompts = config.budget, config.prompts
+    profile = budget_profile(result.rows, prompts=prompts, budget=budget)
+    lines = _header("budget", args, config)
+    lines += [f"Every strategy may activate at most {budget.max_active} of the {prompts} candidates, so at least "
+              f"{next(iter(profile.values()))['skip_floor']:.0%} are skipped by the budget rules alone.", "",
+              "| strategy | skipped share of candidates | roots per active prompt | rollouts (roots + continuations) "
+              "per active prompt | paper units per active prompt | continuation start depth: share | deepest |",
+              "|---|---|---|---|---|---|---:|"]
+    for name, p in profile.items():
+        depths = " ".join(f"{d}:{c:.0%}" for d, c in p["continuation_depths"].items()) or "-"
+        lines.append(f"| {name} | {_pm(p['skipped_share'], 2)} | {_pm(p['roots_per_active'], 1)} "
+                     f"| {_pm(p['rollouts_per_active'], 1)} | {_pm(p['units_per_active'], 1)} | {depths} "
+                     f"| {p['deepest_continuation']} |")
+    data = {**_rows_data(result), "profile": profile, "prompts": prompts}
+
+    def plot(out: Path) -> Path:
+        fig = _figure()
+        ax = fig.add_subplot(1, 1, 1)
+        names = [n for n, p in profile.items() if p["continuation_depths"]]
+        depths = sorted({int(d) for n in names for d in profile[n]["continuation_depths"]})
+        w = 0.8 / max(1, len(names))
+        for j, n in enumerate(names):
+            ax.bar([d - 0.4 + (j + 0.5) * w for d in depths],
+                   [profile[n]["continuation_depths"].get(str(d), 0.0) for d in depths], width=w, label=n)
+        ax.set_xticks(depths)
+        ax.set_xlabel("turn a continuation starts after (depth)", fontsize=9)
+        ax.set_ylabel("share of continuations", fontsize=9)
+        ax.set_title(f"{config.env_id.split('/')[-1]}: where continuations start", fontsize=9)
+        if names:
+            ax.legend(fontsize=8)
+        fig.savefig(out / "budget.png", dpi=110)
+        return out / "budget.png"
+
+    write_claim(args.out, "budget", data, "\n".join(lines) + "\n", [plot])
+    return data
+
+
+# --------------------------------------------------------------------------------------------------
+# claims over the Monte-Carlo probe
+
+
+def probe_trees(args: argparse.Namespace, policy: Any) -> tuple[list[Any], int, BenchConfig]:
+    """Run :class:`MonteCarloProbe` through the bench: every candidate is an anchor, as is every visited prefix."""
+    group = _setting(args, "group_size")
+    prompts = _setting(args, "prompts")
+    cont = _budget(_setting(args, "budget"), group).continuations_per_root
+    budget = Budget(roots=group * prompts, continuations_per_root=max(1, cont), group_size=group)
+    config = bench_config(args, strategies=("probe",), budget=budget, prompts=prompts)
+    result = run_bench(config, policy=policy, strategies=[MonteCarloProbe()],
+                       log=lambda m: print(m, file=sys.stderr, flush=True))
+    k = config.rollout.oracle_samples
+    for tree in result.trees:
+        tree.metadata["oracle_samples"] = k
+    if args.raw:
+        result.write(args.raw)
+    return list(result.trees), k, config
+
+
+def _probe_note(config: BenchConfig, k: int, anchors: Sequence[Any]) -> list[str]:
+    roots = sum(a.depth == 0 for a in anchors)
+    return [f"Truth: each anchor's Monte-Carlo success rate from K = {k} fresh continuations from its snapshot "
+            f"(binomial noise sd = sqrt(V(1-V)/{k}), up to {0.5 / math.sqrt(k):.2f}); anchors: {roots} prompts (every "
+            f"candidate, {config.budget.group_size} root rollouts each) and {len(anchors) - roots} visited prefixes. "
+            "Predictor: the bench's EmbeddingPredictor after its TreePO-style warm-up, not updated while measured.", ""]
+
+
+def run_predictor(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
+    trees, k, config = probe_trees(args, policy)
+    anchors = anchors_from_trees(trees, samples=k)
+    depth_rows = error_by_depth(anchors)
+    ranks = rank_correlations(anchors)
+    lines = [*_header("predictor", args, config), *_probe_note(config, k, anchors),
+             "| depth | anchors | mean truth | MSE vs MC | ratio to prompts | MC noise | MSE vs true V (MSE - noise) "
+             "| ratio to prompts | MAE | Spearman | prompt's MC rate as forecast: MSE |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in depth_rows:
+        lines.append(f"| {int(r['depth'])} | {int(r['anchors'])} | {_f(r['mean_truth'], 2)} | {_f(r['mse'])} "
+                     f"| {_f(r['raw_ratio_to_prompt'], 2)} | {_f(r['noise'])} | {_f(r['mse_vs_true'])} "
+                     f"| {_f(r['ratio_to_prompt'], 2)} | {_f(r['mae'])} "
+                     f"| {_f(r['spearman'], 2)} | {_f(r['prompt_rate_mse'])} |")
+    pooled, over = ranks["pooled"], ranks["over_seeds"]
+    lines += ["", f"Spearman of v-hat vs Monte-Carlo truth: prompts {_f(pooled['root'], 2)} "
+              f"({int(pooled['roots'])} anchors; per seed {_pm(over['root'], 2)}), prefixes {_f(pooled['prefix'], 2)} "
+              f"({int(pooled['prefixes'])} anchors; per seed {_pm(over['prefix'], 2)})."]
+    data = {"oracle_samples": k, "error_by_depth": depth_rows, "rank_correlations": ranks, "anchors": len(anchors),
+            "config": json.loads(BenchResult(config=config, rows=(), summary={}, predictor={}).to_json())["config"]}
+
+    def plot(out: Path) -> Path:
+        fig = _figure()
+        ax = fig.add_subplot(1, 1, 1)
+        d = [r["depth"] for r in depth_rows]
+        ax.plot(d, [r["mse_vs_true"] for r in depth_rows], "o-", label="predictor: MSE vs true V (noise removed)")
+        ax.plot(d, [r["mse"] for r in depth_rows], "s--", alpha=0.6, label="predictor: MSE vs MC rate")
+        ax.plot(d, [r["prompt_rate_mse"] for r in depth_rows], "^:", label="prompt's MC rate as forecast")
+        ax.set_xlabel("anchor depth (turns from the prompt)", fontsize=9)
+        ax.set_ylabel("squared error", fontsize=9)
+        ax.set_xticks(d)
+        ax.legend(fontsize=8)
+        ax.set_title(f"{config.env_id.split('/')[-1]}: predictor error by depth (K = {k})", fontsize=9)
+        fig.savefig(out / "predictor.png", dpi=110)
+        return out / "predictor.png"
+
+    write_claim(args.out, "predictor", data, "\n".join(lines) + "\n", [plot])
+    return data
+
+
+def run_contrast(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
+    if args.trees:
+        from trace_agent.tree import load_jsonl
+
+        trees = load_jsonl(args.trees)
+        ks = {int(t.metadata.get("oracle_samples", 0)) for t in trees}
+        if len(ks) != 1 or 0 in ks:
+            raise SystemExit(f"paper_claims contrast: {args.trees} holds no probe trees (oracle_samples {sorted(ks)})")
+        k, config = ks.pop(), None
+    else:
+        trees, k, config = probe_trees(args, policy)
+    anchors = anchors_from_trees(trees, samples=k)
+    levels = {"all anchors": anchors, "prompts": [a for a in anchors if a.depth == 0],
+              "prefixes": [a for a in anchors if a.depth > 0]}
+    summaries: dict[str, Any] = {}
+    for level, sel in levels.items():
+        try:
+            summaries[level] = contrast_summary(sel)
+        except ValueError as exc:
+            summaries[level] = {"anchors": len(sel), "error": str(exc)}
+    seeds = sorted({a.seed for a in anchors})
+    per_seed: dict[str, dict[str, float]] = {}
+    for s in seeds:
+        try:
+            summ = contrast_summary([a for a in anchors if a.seed == s])
+        except ValueError:
+            continue
+        per_seed[str(s)] = {name: summ[name]["at"]["0.2"] for name in ("oracle", "predicted", "random")}
+    lines = _header("contrast", args, config)
+    if config is not None:
+        lines += _probe_note(config, k, anchors)
+    else:
+        lines += [f"Trees: `{args.trees}` (K = {k}).", ""]
+    lines += [f"Available contrast of an anchor: s(K - s) (success, failure) pairs among its K = {k} continuations "
+              "(unbiased for K(K-1)V(1-V)). Rankings: oracle (by that contrast itself: the best any ranking can do), "
+              "predicted (v-hat(1 - v-hat), TRACE's score), random (the exact expectation: the diagonal). Share of the "
+              "total contrast captured by the top fraction of anchors:", "",
+              "| anchors | ranking | " + " | ".join(f"top {f:.0%}" for f in FRACTIONS) + " | "
+              + " | ".join(f"anchors for {s:.0%}" for s in SHARES) + " | AUC |",
+              "|---|---|" + "---:|" * (len(FRACTIONS) + len(SHARES) + 1)]
+    for level, summ in summaries.items():
+        if "error" in summ:
+            lines.append(f"| {level} ({summ['anchors']}) | - | {summ['error']} |")
+            continue
+        for name in ("oracle", "predicted", "random"):
+            r = summ[name]
+            lines.append(f"| {level} ({summ['anchors']}; {summ['degenerate_share']:.0%} all-alike) | {name} | "
+                         + " | ".join(f"{r['at'][f'{f:g}']:.0%}" for f in FRACTIONS) + " | "
+                         + " | ".join(f"{r['fraction_for'][f'{s:g}']:.0%}" for s in SHARES) + f" | {r['auc']:.2f} |")
+    if per_seed:
+        lines += ["", "Share captured by the top 20% of anchors, over seeds: " + ", ".join(
+            f"{name} {_pm(spread(v[name] for v in per_seed.values()), 2)}" for name in ("oracle", "predicted", "random"))]
+    data = {"oracle_samples": k, "levels": summaries, "per_seed_top20": per_seed}
+
+    def plot(out: Path) -> Path:
+        fig = _figure(7.5, 4.2)
+        ax = fig.add_subplot(1, 1, 1)
+        summ = summaries["all anchors"]
+        if "error" not in summ:
+            for name, style in (("oracle", "-"), ("predicted", "--"), ("random", ":")):
+                y = summ[name]["curve"]
+                ax.plot([i / (len(y) - 1) for i in range(len(y))], y, style, label=f"{name} (AUC {summ[name]['auc']:.2f})")
+        ax.set_xlabel("top-ranked fraction of anchors", fontsize=9)
+        ax.set_ylabel("share of available contrast captured", fontsize=9)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.set_title(f"contrast capture, {summ['anchors']} anchors (K = {k})", fontsize=9)
+        fig.savefig(out / "contrast.png", dpi=110)
+        return out / "contrast.png"
+
+    write_claim(args.out, "contrast", data, "\n".join(lines) + "\n", [plot])
+    return data
+
+
+# --------------------------------------------------------------------------------------------------
+# training
+
+
+def train_config(args: argparse.Namespace) -> Any:
+    """The comparison's TrainConfig: ``--config`` (default docs/configs/demo.yaml), ``--small`` sizes, flags, ``--set``."""
+    from trace_agent.config import load_config
+
+    path = args.config or str(Path(__file__).resolve().parents[1] / "docs" / "configs" / "demo.yaml")
+    flags = [f"out_dir={json.dumps(args.out)}", "log.progress=false"]
+    if args.small:
+        flags += ["steps=1", "rollout.prompts_per_step=4", "rollout.roots=8", "rollout.continuations_per_root=1",
+                  "rollout.group_size=4", "eval.tasks=2", "eval.samples=1", "eval.every=0", "optim.minibatches=1"]
+    if args.env:
+        flags.append(f"env_id={json.dumps(args.env)}")
+    if args.steps is not None:
+        flags.append(f"steps={args.steps}")
+    return load_config(path, [*flags, *args.overrides])
+
+
+def run_train(args: argparse.Namespace, policy: Any = None) -> dict[str, Any]:
+    from trace_agent.compare import compare_training
+
+    config = train_config(args)
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    result = compare_training(config, strategies, seeds, log=lambda m: print(m, file=sys.stderr, flush=True),
+                              command=args.command_line)
+    result.write(args.out)
+    md = "\n".join(["### train", "", f"Paper: {PAPER['train']}.", "", result.to_markdown()])
+    data = json.loads(result.to_json())
+    write_claim(args.out, "train", data, md, [lambda out: _bars(
+        out / "train.png", {n: [r["after"] for r in result.rows if r["strategy"] == n] for n in strategies},
+        "held-out success after training", f"{config.env_id.split('/')[-1]}: equal budget (dots = seeds)")])
+    return data
+
+
+RUNNERS: dict[str, Callable[[argparse.Namespace, Any], dict[str, Any]]] = {
+    "ratio": run_ratio, "ablation": run_ablation, "shape": run_shape, "budget": run_budget,
+    "predictor": run_predictor, "contrast": run_contrast, "train": run_train,
+}
+
+
+def main(argv: Sequence[str] | None = None, *, policy: Any = None) -> dict[str, Any]:
+    """Run one claim; ``policy`` (tests) replaces loading ``--policy``. Returns the claim's data."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    rest = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(rest)
+    args.command_line = " ".join(["python scripts/paper_claims.py", *(shlex.quote(a) for a in rest)])
+    offline = (args.claim == "contrast" and args.trees) or getattr(args, "bench_json", None)
+    if args.claim != "train" and policy is None and not offline:
+        from trace_agent.bench import load_policy
+        from trace_agent.wiring import check_env_id
+
+        check_env_id(args.env)
+        policy = load_policy(args.policy, env_id=args.env, log=lambda m: print(m, file=sys.stderr))
+    return RUNNERS[args.claim](args, policy)
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

@@ -1,0 +1,188 @@
+"""Equal-budget training comparison on any env: strategies x seeds from one starting policy, held-out success.
+
+::
+
+    from trace_agent.compare import compare_training
+    result = compare_training(config, ["trace", "grpo", "treepo"], [0, 1, 2])
+    result.write("runs/compare")        # compare.json + compare.md
+    print(result.to_markdown())
+
+Every (strategy, seed) run is ``config`` with ``rollout.strategy`` and ``seed`` replaced, trained
+with :func:`~trace_agent.train_cli.run_training` into ``<config.out_dir>/<strategy>_s<seed>``
+(no evaluation before training and none in between: every run starts from the same policy,
+which is evaluated once). Equal budget is the config's (M, N) for all: a branching strategy
+spends M roots and N continuations per root, a flat one (GRPO, PCL) the same paper units as
+M + M*N/2 root rollouts (:class:`~trace_agent.strategies.Budget`). Held-out success is
+:func:`~trace_agent.train_cli.evaluate_heldout` on the first ``eval.tasks`` tasks of the
+held-out split, ``eval.samples`` episodes each, with the same episode seeds for every run.
+
+The summary per strategy: held-out success after training (mean, sample std over seeds, min,
+max, per seed), mean effective ratio over steps, train-rollout success, paper units, generated
+tokens, predictor share of step time and wall time; and, against a reference strategy (the
+second one named, e.g. GRPO), the per-seed paired difference (same seed, same start, same
+held-out episodes): mean, std and wins.
+
+``scripts/demo_train.py --compare`` (PythonMath-v0) and ``scripts/paper_claims.py train`` (any env)
+both run through :func:`compare_training`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from trace_agent.config import TrainConfig, config_to_dict
+
+__all__ = ["ComparisonResult", "compare_training"]
+
+_ROW_MEANS = ("effective_ratio", "train_success", "paper_units", "generated_tokens", "predictor_share", "seconds")
+
+
+def _finite_mean(values: Sequence[float]) -> float:
+    vals = [float(x) for x in values if not math.isnan(float(x))]
+    return statistics.fmean(vals) if vals else math.nan
+
+
+def _stats(values: Sequence[float]) -> dict[str, float]:
+    vals = [float(x) for x in values if not math.isnan(float(x))]
+    if not vals:
+        return {"mean": math.nan, "std": math.nan, "min": math.nan, "max": math.nan}
+    return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+            "min": min(vals), "max": max(vals)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComparisonResult:
+    """What :func:`compare_training` measured.
+
+    Attributes:
+        config: the base config as a dict (the per-run strategy and seed replace its own).
+        strategies: in table order; the second (when there are two or more) is the reference.
+        seeds: the training seeds.
+        base: held-out result of the starting policy (``success``, ``success_se``, ``tasks``,
+            ``samples``, ``episodes``).
+        rows: one per (strategy, seed): ``after`` (held-out success), ``after_se``,
+            ``effective_ratio`` (mean over steps), ``train_success``, ``paper_units``,
+            ``generated_tokens``, ``predictor_share``, ``seconds``, ``out_dir``.
+        command: the command line, recorded in the outputs.
+    """
+
+    config: dict[str, Any]
+    strategies: tuple[str, ...]
+    seeds: tuple[int, ...]
+    base: dict[str, float]
+    rows: tuple[dict[str, Any], ...]
+    command: str = ""
+
+    @property
+    def reference(self) -> str | None:
+        return self.strategies[1] if len(self.strategies) > 1 else None
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        """Per strategy: ``after`` stats, ``per_seed``, means of the other row keys, and ``vs_reference``."""
+        out: dict[str, dict[str, Any]] = {}
+        ref = self.reference
+        ref_after = {r["seed"]: r["after"] for r in self.rows if r["strategy"] == ref}
+        for name in self.strategies:
+            mine = [r for r in self.rows if r["strategy"] == name]
+            entry: dict[str, Any] = {"after": _stats([r["after"] for r in mine]),
+                                     "per_seed": {str(r["seed"]): r["after"] for r in mine}}
+            for key in _ROW_MEANS:
+                entry[key] = _finite_mean([r[key] for r in mine])
+            if ref is not None and name != ref:
+                diffs = [r["after"] - ref_after[r["seed"]] for r in mine if r["seed"] in ref_after]
+                entry["vs_reference"] = {**_stats(diffs), "wins": sum(d > 0 for d in diffs),
+                                         "ties": sum(d == 0 for d in diffs), "seeds": len(diffs)}
+            out[name] = entry
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps({"command": self.command, "config": self.config, "strategies": list(self.strategies),
+                           "seeds": list(self.seeds), "base": self.base, "rows": list(self.rows),
+                           "summary": self.summary()}, indent=1, default=str)
+
+    def _base_text(self) -> str:
+        se = float(self.base.get("success_se", math.nan))
+        text = f"{self.base['success']:.3f}"
+        return f"{text} ± {se:.3f} (s.e.)" if math.isfinite(se) else text
+
+    def to_markdown(self) -> str:
+        r, c, e = self.config["rollout"], self.config, self.config["eval"]
+        units = r["roots"] * (1 + r["continuations_per_root"] * r["continuation_cost"])
+        lines = [f"Command: `{self.command}`" if self.command else "", "",
+                 f"`{c['env_id']}`: {len(self.seeds)} seeds ({', '.join(map(str, self.seeds))}) x {c['steps']} steps "
+                 f"per run; budget per step {units:g} paper units (M = {r['roots']}, N = {r['continuations_per_root']}, "
+                 f"group {r['group_size']}, {r['prompts_per_step']} candidate prompts); objective "
+                 f"{c['objective']['name']}; held-out: {self.base['tasks']} `{e['split']}` tasks x {self.base['samples']} "
+                 f"samples; starting policy {self._base_text()}.", "",
+                 "| strategy | held-out success after (mean ± sd over seeds) [min, max] | per seed | vs "
+                 f"{self.reference or '-'} (paired, mean ± sd; wins) | effective ratio | train rollout success "
+                 "| paper units | generated tokens | predictor share | wall s/run |",
+                 "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+        for name, s in self.summary().items():
+            a = s["after"]
+            vs = s.get("vs_reference")
+            vs_text = (f"{vs['mean']:+.3f} ± {vs['std']:.3f}; {vs['wins']}/{vs['seeds']}" if vs and vs["seeds"]
+                       else "-")
+            lines.append(
+                f"| {name} | {a['mean']:.3f} ± {a['std']:.3f} [{a['min']:.3f}, {a['max']:.3f}] "
+                f"| {' / '.join(f'{x:.3f}' for x in s['per_seed'].values())} | {vs_text} "
+                f"| {s['effective_ratio']:.2f} | {s['train_success']:.2f} | {s['paper_units']:.0f} "
+                f"| {s['generated_tokens']:.0f} | {s['predictor_share']:.1%} | {s['seconds']:.0f} |")
+        return "\n".join(lines).strip() + "\n"
+
+    def write(self, out_dir: str | Path) -> list[Path]:
+        """``compare.json`` and ``compare.md`` under ``out_dir``; returns the paths."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = [out / "compare.json", out / "compare.md"]
+        paths[0].write_text(self.to_json())
+        paths[1].write_text(self.to_markdown())
+        return paths
+
+
+def compare_training(config: TrainConfig, strategies: Sequence[str], seeds: Sequence[int], *,
+                     log: Callable[[str], None] = print, command: str = "") -> ComparisonResult:
+    """Train every (strategy, seed) from ``config``'s policy at its equal budget; evaluate all on the same episodes.
+
+    Raises ValueError when no strategy or no seed is given, or a strategy is named twice.
+    """
+    from trace_agent.train_cli import evaluate_heldout, run_training
+    from trace_agent.wiring import build_policies
+
+    if not strategies or not seeds:
+        raise ValueError("name at least one strategy and one seed")
+    if len(set(strategies)) != len(strategies) or len(set(seeds)) != len(seeds):
+        raise ValueError(f"strategies and seeds must be distinct, got {list(strategies)} and {list(seeds)}")
+    out = Path(config.out_dir)
+    base_policy, _ = build_policies(config.policy, seed=0, env_id=config.env_id)
+    base_eval = evaluate_heldout(base_policy, config)
+    del base_policy
+    base = {"success": base_eval.success, "success_se": base_eval.success_se, "tasks": base_eval.tasks,
+            "samples": base_eval.samples, "episodes": base_eval.episodes}
+    log(f"starting policy: held-out success {base_eval.success:.3f} ({base_eval.tasks} tasks x "
+        f"{base_eval.samples} samples)")
+    rows: list[dict[str, Any]] = []
+    for seed in seeds:
+        for strategy in strategies:
+            run_dir = out / f"{strategy.replace(':', '_')}_s{seed}"
+            cfg = replace(config, seed=seed, out_dir=str(run_dir), rollout=replace(config.rollout, strategy=strategy),
+                          eval=replace(config.eval, every=0))
+            t = time.perf_counter()
+            rep = run_training(cfg, evaluate="after", log=lambda _m: None)
+            if rep.after is None:  # run_training(evaluate="after") always evaluates; guard the contract
+                raise RuntimeError(f"run {run_dir} returned no held-out evaluation")
+            rows.append({"strategy": strategy, "seed": seed, "after": rep.after.success,
+                         "after_se": rep.after.success_se, "effective_ratio": _finite_mean(rep.effective_ratio),
+                         "train_success": _finite_mean(rep.train_success), "paper_units": rep.paper_units,
+                         "generated_tokens": rep.generated_tokens, "predictor_share": rep.predictor_share,
+                         "seconds": time.perf_counter() - t, "out_dir": str(run_dir)})
+            log(json.dumps(rows[-1]))
+    return ComparisonResult(config=config_to_dict(config), strategies=tuple(strategies), seeds=tuple(seeds),
+                            base=base, rows=tuple(rows), command=command)
