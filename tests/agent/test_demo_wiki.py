@@ -192,3 +192,36 @@ def test_wiki_demo_config_trains_a_step(tmp_path: Path) -> None:
     assert main(["train", "--config", str(ROOT / "docs" / "configs" / "wiki_demo.yaml"), "--out", str(run),
                  *small]) == 0
     assert (run / "checkpoints" / "step_000001" / "manifest.json").is_file()
+
+
+# --------------------------------------------------------------------------------------------- prefix mixing
+def test_prefix_mixing_counts_mixed_branch_points_by_depth() -> None:
+    """scripts/bench/wiki_prefixes.py on a hand-built tree: one mixed depth-1 branch point, one pure depth-2 one."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+    try:
+        from wiki_prefixes import prefix_mixing
+    finally:
+        sys.path.remove(str(ROOT / "scripts" / "bench"))
+    from trace_agent.tree import RolloutTree
+
+    tree = RolloutTree(prompt_id="q", metadata={"strategy": "trace"})
+
+    def rollout(start, turns: int, reward: float):
+        rid = tree.start_rollout(start)
+        node, nodes = start, []
+        for _ in range(turns):
+            node = tree.add_turn(node, rollout_id=rid, generated_ids=[1])
+            nodes.append(node)
+        tree.finish(node, reward)
+        return nodes
+
+    first = rollout(tree.root, 3, 1.0)  # depth 1, 2, 3
+    rollout(first[0], 2, 0.0)  # from depth 1: a failure -> depth-1 branch point mixed
+    rollout(first[1], 1, 1.0)  # from depth 2: a success again -> depth-2 branch point pure
+    rollout(tree.root, 2, 0.0)  # a second root: the root is a branch point, but depth 0 is not counted
+    result = prefix_mixing([tree])["trace"]
+    assert result["by_depth"] == {"1": {"branch_points": 1, "mixed": 1}, "2": {"branch_points": 1, "mixed": 0}}
+    assert result["depth>=1"] == {"branch_points": 2, "mixed": 1, "share_mixed": 0.5}
+    assert result["continuations_vs_first_child"] == {"leaves": 2, "flipped": 1}
