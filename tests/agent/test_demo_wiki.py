@@ -225,3 +225,25 @@ def test_prefix_mixing_counts_mixed_branch_points_by_depth() -> None:
     assert result["by_depth"] == {"1": {"branch_points": 1, "mixed": 1}, "2": {"branch_points": 1, "mixed": 0}}
     assert result["depth>=1"] == {"branch_points": 2, "mixed": 1, "share_mixed": 0.5}
     assert result["continuations_vs_first_child"] == {"leaves": 2, "flipped": 1}
+
+
+def test_behaviour_of_scripted_episodes(wiki_env) -> None:
+    """scripts/bench/wiki_behaviour.py on transcripts of the demonstrator: clean ones copy every later query and
+    answer after the last hop; 'early' ones answer before it and fail."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+    try:
+        from wiki_behaviour import behaviour
+    finally:
+        sys.path.remove(str(ROOT / "scripts" / "bench"))
+    rows = []
+    for task_id in _sample_by_kind(default_wiki_tasks(), 1)[:4]:  # the four bridge kinds come first
+        for flaw in (None, "early"):
+            _, reward = _play(wiki_env, task_id, flaw=flaw)
+            rows.append({"task_id": task_id, "flaw": flaw, "reward": reward, "messages": list(wiki_env.messages)})
+    clean = behaviour([r for r in rows if r["flaw"] is None])
+    early = behaviour([r for r in rows if r["flaw"] == "early"])
+    assert clean["all"] == {"episodes": 4, "success": 1.0, "first_search_right": 1.0}
+    assert all(v["later_queries_copied"] == 1.0 and v["answered_early"] == 0.0 for k, v in clean.items() if k != "all")
+    assert early["all"]["success"] == 0.0 and all(v["answered_early"] == 1.0 for k, v in early.items() if k != "all")
