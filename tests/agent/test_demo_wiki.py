@@ -180,15 +180,19 @@ def test_shipped_policy_acts_on_held_out_questions() -> None:
     assert summary["all_success"] < len(_HELDOUT), summary
 
 
-@needs_policy
 @pytest.mark.slow
-def test_wiki_demo_config_trains_a_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", [pytest.param("demo", marks=needs_policy), "tiny"])
+def test_wiki_demo_config_trains_a_step(policy: str, tmp_path: Path) -> None:
+    """docs/configs/wiki_demo.yaml trains a step: with the shipped WikiQA policy, and (always, offline) with the
+    untrained tiny policy in its place."""
     from trace_agent.cli import main
 
     run = tmp_path / "run"
     small = ["--steps", "1", "--no-eval", "--no-progress", "--set", "rollout.prompts_per_step=2",
              "--set", "rollout.roots=4", "--set", "rollout.group_size=2", "--set", "sampling.max_turns=3",
-             "--set", "log.tensorboard=false", "--set", "log.wandb=false"]
+             "--set", "log.tensorboard=false", "--set", "log.wandb=false", "--set", f"policy.kind={policy}"]
+    if policy == "tiny":
+        small += ["--set", "sampling.max_new_tokens=8"]
     assert main(["train", "--config", str(ROOT / "docs" / "configs" / "wiki_demo.yaml"), "--out", str(run),
                  *small]) == 0
     assert (run / "checkpoints" / "step_000001" / "manifest.json").is_file()

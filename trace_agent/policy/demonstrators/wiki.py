@@ -361,7 +361,8 @@ class WikiQADemonstrator:
 
     #: DemoTrainConfig fields of WikiQA-v0's demo policy (see ``demo_train_config``). Episodes here are
     #: ~700 tokens (three passages per search), about ten times PythonMath's per-sequence suffix, so the
-    #: model is smaller (2 layers, width 64, a 1,024-token vocabulary: ~0.2M parameters) and the batch
+    #: model is smaller (2 layers, width 64: ~0.36M parameters, most of them the 4,096-token vocabulary, so
+    #: that most names are one or two tokens and copying one is short) and the batch
     #: half as large, which keeps the build in tens of minutes on a loaded 2-core machine.
     train_overrides: Mapping[str, Any] = {
         "steps": 1000,
@@ -369,7 +370,7 @@ class WikiQADemonstrator:
         "flawed_fraction": 0.35,
         "demos_per_task": 1,
         "max_turns": 5,
-        "model": {"vocab_size": 1024, "hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
+        "model": {"vocab_size": 4096, "hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
                   "head_dim": 32, "intermediate_size": 192},
     }
 
@@ -381,7 +382,7 @@ class WikiQADemonstrator:
         self.flaws = None if flaws is None else tuple(flaws)
         self._episode: _Episode | None = None
 
-    def demonstration_tasks(self, per_kind: int = 200, seed: int = 1) -> TaskSet:
+    def demonstration_tasks(self, per_kind: int = 500, seed: int = 1) -> TaskSet:
         """``per_kind`` questions of each of the seven kinds over the default corpus, none a test question."""
         from trace_envs.tasks.wiki import wiki_demonstration_tasks
 
