@@ -392,7 +392,7 @@ class WikiQADemonstrator:
         data = env.task.data
         turn = sum(1 for m in env.messages if m.get("role") == "assistant")
         kind = str(data.get("kind", ""))
-        if kind not in FLAWS:
+        if kind not in FLAWS or not data.get("queries") or not data.get("question"):
             return self._generic(data, env.task.prompt, turn, flawed)
         if turn == 0 or self._episode is None:
             choices = [f for f in FLAWS[kind] if self.flaws is None or f in self.flaws]
