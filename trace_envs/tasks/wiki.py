@@ -49,6 +49,7 @@ __all__ = [
     "WIKI_SPLITS",
     "HELDOUT_FRACTION",
     "wiki_split",
+    "wiki_demonstration_tasks",
     "default_wiki_index",
     "cache_root",
     "GENERATOR_VERSION",
@@ -285,7 +286,7 @@ class _Builder:
                       f"It was first published in {book['year']} in {self.cities[book['city']]}.")
 
     # -------------------------------------------------------------- questions
-    def questions(self) -> Iterator[Task]:
+    def questions(self, id_prefix: str = "") -> Iterator[Task]:
         cfg, rng = self.cfg, self.rng
         people, orgs, books = self.people, self.orgs, self.books
         n = cfg.n_questions
@@ -294,7 +295,7 @@ class _Builder:
                  supporting: list[str], queries: list[str]) -> Task:
             titles = [self.passages[self._index[d]]["title"] for d in supporting]
             return Task(
-                task_id=f"{kind}-{i:03d}",
+                task_id=f"{id_prefix}{kind}-{i:03d}",
                 prompt=question,
                 data={"question": question, "answers": [answer], "type": qtype, "kind": kind, "hops": hops,
                       "supporting_ids": supporting, "supporting_titles": titles, "queries": queries},
@@ -421,6 +422,33 @@ def wiki_split(split: str, config: SyntheticWikiConfig | None = None) -> TaskSet
         held.update(order[:math.ceil(HELDOUT_FRACTION * len(order))])
     chosen = [t for t in tasks.values() if (t.task_id in held) == (split == "test")]
     return TaskSet(chosen, name=f"{config.key}/{split}")
+
+
+def wiki_demonstration_tasks(per_kind: int = 200, *, seed: int = 1,
+                             config: SyntheticWikiConfig | None = None) -> TaskSet:
+    """Extra questions over the same corpus, for scripted demonstrations: none equal to a test question.
+
+    The corpus is rebuilt exactly as :func:`generate_encyclopedia` builds it (the passages do not depend
+    on ``n_questions``), then ``per_kind`` questions of each of the seven kinds are drawn with a generator
+    seeded by ``seed`` (ids ``demo<seed>-<kind>-<i>``). Questions whose text is a held-out (``"test"``)
+    question are dropped, so a policy warm-started on them has never seen a test question answered;
+    train questions may recur. The retriever of the default index answers them (same passages).
+    """
+    from dataclasses import replace
+
+    config = config or SyntheticWikiConfig()
+    builder = _Builder(replace(config, n_questions=per_kind))
+    builder.write()
+    builder._index = {p["id"]: k for k, p in enumerate(builder.passages)}
+    builder.rng = random.Random(f"trace-gym-synthetic-wiki-demo|{config.seed}|{seed}")
+    held = {t.prompt for t in wiki_split("test", config).values()}
+    seen: set[str] = set()
+    tasks = []
+    for t in builder.questions(id_prefix=f"demo{seed}-"):
+        if t.prompt not in held and t.prompt not in seen:
+            seen.add(t.prompt)
+            tasks.append(t)
+    return TaskSet(tasks, name=f"{config.key}/demo-{per_kind}-{seed}")
 
 
 def cache_root() -> Path:

@@ -63,7 +63,12 @@ def resolve_retriever(retriever: Any, *, cache_dir: str | Path | None = None) ->
 
 
 def resolve_tasks(tasks: str | Path | TaskSet | Sequence[Task]) -> TaskSet:
-    """"default" -> the synthetic questions; a TaskSet or list of Tasks; a path -> a QA file.
+    """"default" -> the synthetic questions; "train" / "test" -> their split; a TaskSet or list of Tasks;
+    a path -> a QA file.
+
+    The split names (:data:`trace_envs.tasks.wiki.WIKI_SPLITS`) are the synthetic encyclopedia's
+    splits (:func:`trace_envs.tasks.wiki.wiki_split`); a QA file of that name is passed as a ``Path``
+    (or as ``"./train"``).
 
     A path is a ``.parquet``, ``.json`` or ``.jsonl`` file (read by extension) in HotpotQA's
     layout or in Search-R1's (its ``nq_hotpotqa_train`` parquet, or verl's preprocessed copy);
@@ -75,13 +80,18 @@ def resolve_tasks(tasks: str | Path | TaskSet | Sequence[Task]) -> TaskSet:
         from trace_envs.tasks.wiki import default_wiki_tasks
 
         return default_wiki_tasks()
+    if isinstance(tasks, str):
+        from trace_envs.tasks.wiki import WIKI_SPLITS, wiki_split
+
+        if tasks in WIKI_SPLITS:
+            return wiki_split(tasks)
     if isinstance(tasks, (str, Path)):
         from trace_envs.tasks.search_r1 import load_qa_file
 
         return load_qa_file(tasks)
     if isinstance(tasks, Sequence) and all(isinstance(t, Task) for t in tasks):
         return TaskSet(list(tasks), name="wikiqa-custom")
-    raise TypeError(f"tasks must be 'default', a TaskSet, a list of Tasks or a path, got {type(tasks).__name__}")
+    raise TypeError(f"tasks must be 'default', 'train', 'test', a TaskSet, a list of Tasks or a path, got {type(tasks).__name__}")
 
 
 @dataclass(frozen=True)
@@ -144,7 +154,8 @@ class WikiQAEnv(BranchableEnv):
         retriever: None (the default synthetic corpus with a bm25s index, built once
             into ``$TRACE_GYM_CACHE`` or ``~/.cache/trace-gym``), a ``retrievers.Retriever``,
             an index directory, or a retrieval server URL (``http://host:port``).
-        tasks: "default", a TaskSet, a list of Tasks, or a path to a HotpotQA or Search-R1 file.
+        tasks: "default" (every synthetic question), "train" or "test" (their split), a TaskSet, a list
+            of Tasks, or a path to a HotpotQA or Search-R1 file.
         top_k: passages per search (1..20).
         max_turns: turns per episode.
         max_passage_chars: characters of passage text shown per hit.
