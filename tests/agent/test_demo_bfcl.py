@@ -207,6 +207,19 @@ def test_policy_settings_file_is_read_and_checked(tmp_path: Path) -> None:
         read_policy_settings(tmp_path)
 
 
+def test_save_pretrained_round_trips_the_settings(tmp_path: Path) -> None:
+    from trace_agent.policy.demo import tiny_policy
+    from trace_agent.policy.hf import HFPolicy
+
+    policy = tiny_policy(seed=0)
+    policy.save_pretrained(tmp_path / "plain")
+    assert not (tmp_path / "plain" / POLICY_SETTINGS_FILE).exists()
+    policy.tool_detail, policy.max_context_tokens = "names", 300
+    back = HFPolicy.from_pretrained(policy.save_pretrained(tmp_path / "named"))
+    assert (back.tool_detail, back.max_context_tokens, back.max_batch_tokens) == ("names", 300, policy.max_batch_tokens)
+    assert HFPolicy.from_pretrained(tmp_path / "named", tool_detail="full").tool_detail == "full"  # arguments win
+
+
 def test_names_rendering_matches_a_names_env() -> None:
     from trace_agent.policy.demo import tiny_policy
 
@@ -220,3 +233,51 @@ def test_names_rendering_matches_a_names_env() -> None:
     named = policy.render(messages, full)
     assert named == policy.chat.render(messages, [{"type": "function", "function": {"name": "cd"}}])
     assert len(named) < len(plain)
+
+
+# ----------------------------------------------------------------------------------------- the shipped policy
+SHIPPED = ROOT / "trace_agent" / "policy" / "assets" / "demo_policy_bfcl"
+#: the acting check: its first ACT_SAMPLE demonstrated entries, 4 episodes each (set from eval.json)
+ACT_SAMPLE, ACT_FLOOR, ACT_CEILING = 6, 0.05, 0.95
+
+
+def test_the_shipped_policy_is_small_and_renders_tools_by_name() -> None:
+    from trace_agent.policy.demo import load_demo_policy, shipped_demo_policy
+
+    assert shipped_demo_policy(ENV_ID) == SHIPPED and (SHIPPED / "config.json").is_file()
+    assert sum(p.stat().st_size for p in SHIPPED.rglob("*") if p.is_file()) < 5_000_000
+    report = json.loads((SHIPPED / "build_report.json").read_text())
+    assert report["config"]["env_ids"] == [ENV_ID] and report["num_flawed"] > 0
+    policy = load_demo_policy(SHIPPED)
+    assert policy.tool_detail == "names" and policy.max_context_tokens == 4096
+
+
+@needs_bfcl
+@pytest.mark.slow
+def test_the_shipped_policy_acts_on_demonstrated_entries() -> None:
+    """Success on a fixed sample of demonstrated train entries is above a floor and below a ceiling
+    (per-entry rates measured in docs/paper/bfcl/eval.json)."""
+    from trace_agent.policy.demo import evaluate_policy, load_demo_policy
+
+    policy = load_demo_policy(SHIPPED)
+    ids = BFCLDemonstrator().demonstration_tasks().ids()[:ACT_SAMPLE]
+    results = evaluate_policy(policy, ENV_ID, ids, samples=4, temperature=1.0, max_new_tokens=128, max_turns=20,
+                              seed=0, env_kwargs={"tasks": "train", "tool_detail": "names"})
+    rate = float(np.mean([r > 0 for rewards in results.values() for r in rewards]))
+    assert ACT_FLOOR < rate < ACT_CEILING, results
+    assert policy.context_cuts == 0
+
+
+@needs_bfcl
+@pytest.mark.slow
+def test_bfcl_demo_config_trains_a_step(tmp_path: Path) -> None:
+    """docs/configs/bfcl_demo.yaml trains one TRACE step with the shipped policy (small overrides)."""
+    from trace_agent.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(ROOT / "docs" / "configs" / "bfcl_demo.yaml"), "--out", str(run),
+                 "--no-eval", "--no-progress", "--steps", "1", "--set", "rollout.prompts_per_step=2",
+                 "--set", "rollout.roots=4", "--set", "rollout.group_size=2", "--set", "sampling.max_new_tokens=24",
+                 "--set", "sampling.max_turns=4", "--set", "predictor.kind=hashed", "--set", "log.tensorboard=false",
+                 "--set", "log.wandb=false"]) == 0
+    assert (run / "checkpoints" / "step_000001" / "manifest.json").is_file()

@@ -73,7 +73,8 @@ _TOOL_DETAILS = ("full", "compact", "names")  # trace_envs.function_calling.sche
 def length_grouped_chunks(lengths: Sequence[int], *, max_rows: int, max_tokens: int) -> list[list[int]]:
     """Indices of ``lengths`` sorted by length (stable) and cut into chunks of at most ``max_rows``
     rows whose padded size ``rows * longest`` stays within ``max_tokens`` (a single row longer than
-    ``max_tokens`` is a chunk of its own). Every index appears exactly once."""
+    ``max_tokens`` is a chunk of its own). Every index appears exactly once; inside a chunk the
+    indices are in input order (so inputs that fit one chunk form the same batch as without grouping)."""
     if max_rows < 1 or max_tokens < 1:
         raise ValueError(f"max_rows and max_tokens must be >= 1, got {max_rows} and {max_tokens}")
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
@@ -82,11 +83,11 @@ def length_grouped_chunks(lengths: Sequence[int], *, max_rows: int, max_tokens: 
     for i in order:
         # sorted ascending: the new row is the chunk's longest
         if current and (len(current) + 1 > max_rows or (len(current) + 1) * lengths[i] > max_tokens):
-            chunks.append(current)
+            chunks.append(sorted(current))
             current = []
         current.append(i)
     if current:
-        chunks.append(current)
+        chunks.append(sorted(current))
     return chunks
 
 
@@ -181,6 +182,25 @@ class HFPolicy(ChatTemplated):
         return cls(model, tokenizer, device=device, max_batch_size=max_batch_size, end_of_turn=end_of_turn,
                    template_kwargs=template_kwargs, **settings)
 
+    def save_pretrained(self, path: str | Path) -> Path:
+        """Save model, tokenizer and (when any differs from the default) ``trace_policy.json``, so
+        :meth:`from_pretrained` gives back a policy that renders and caps contexts the same way."""
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        settings: dict[str, Any] = {}
+        if self.tool_detail != "full":
+            settings["tool_detail"] = self.tool_detail
+        if self.max_batch_tokens != DEFAULT_MAX_BATCH_TOKENS:
+            settings["max_batch_tokens"] = self.max_batch_tokens
+        if self.max_context_tokens != getattr(getattr(self.model, "config", None), "max_position_embeddings", None):
+            settings["max_context_tokens"] = self.max_context_tokens
+        (out / POLICY_SETTINGS_FILE).unlink(missing_ok=True)
+        if settings:
+            (out / POLICY_SETTINGS_FILE).write_text(json.dumps(settings, indent=1) + "\n", encoding="utf-8")
+        return out
+
     def render(self, messages: Sequence[Any], tools: Sequence[Mapping[str, Any]] | None = None) -> TokenContext:
         """The root context (see :meth:`ChatRenderer.render`), tools cut to ``tool_detail`` (unless "full")."""
         if tools and self.tool_detail != "full":
@@ -248,7 +268,7 @@ class HFPolicy(ChatTemplated):
             warnings.warn(
                 f"a context of {length} tokens has reached the policy's max_context_tokens={self.max_context_tokens}: "
                 "its turn is cut (empty, finish_reason='length'); shorten the env's observations or tools "
-                "(BFCL-v0: tool_detail='compact'), lower sampling.max_turns, or raise max_context_tokens",
+                "(BFCL-v0: tool_detail='compact' or 'names'), lower sampling.max_turns, or raise max_context_tokens",
                 RuntimeWarning, stacklevel=3)
         self.context_cuts += 1
         return Generation(token_ids=(), logprobs=(), text="", finish_reason="length")

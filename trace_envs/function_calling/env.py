@@ -152,6 +152,8 @@ class BFCLEnv(BranchableEnv):
             :func:`trace_envs.tasks.bfcl.entry_to_task`), or a split name of the category:
             "train" / "test" (:func:`trace_envs.tasks.bfcl.bfcl_split`, 150 / 50 entries) or "all".
         tool_detail: "full" (default: BFCL's docs), "compact" (no description text) or "names" (see Tools).
+        task_ids: keep only these entries of ``tasks`` (in this order; an unknown id raises TaskNotFoundError naming it),
+            e.g. ``--env-kwargs '{"tasks": "train", "task_ids": [...]}'`` from the command line.
         max_steps_per_turn: BFCL's per-user-turn step limit (20).
         refuse_held_back: refuse calls to miss_func's held-back functions before their reveal
             (default False: run them, as BFCL does).
@@ -173,6 +175,7 @@ class BFCLEnv(BranchableEnv):
         category: str = "multi_turn_base",
         tasks: TaskSet | str | None = None,
         tool_detail: str = "full",
+        task_ids: Sequence[str] | None = None,
         max_steps_per_turn: int = MAX_STEPS_PER_TURN,
         refuse_held_back: bool = False,
         max_turns: int = 160,
@@ -190,8 +193,14 @@ class BFCLEnv(BranchableEnv):
                 raise ValueError(f"tasks={tasks!r}: give a TaskSet or a split name ({', '.join(BFCL_SPLITS)}, all)")
             tasks = bfcl_split(self.category, tasks) if tasks in BFCL_SPLITS else None
         self.tool_detail = tool_detail
+        tasks = tasks if tasks is not None else load_bfcl_tasks(self.category)
+        if task_ids is not None:
+            if isinstance(task_ids, str) or not task_ids:
+                raise ValueError("task_ids must be a non-empty list of entry ids")
+            tasks = TaskSet([tasks[str(t)] for t in dict.fromkeys(task_ids)],
+                            name=f"{tasks.name}/ids-{hashlib.sha256(' '.join(map(str, task_ids)).encode()).hexdigest()[:8]}")
         super().__init__(
-            tasks=tasks if tasks is not None else load_bfcl_tasks(self.category),
+            tasks=tasks,
             max_turns=max_turns,
             render_mode=render_mode,
             max_action_chars=max_action_chars,
