@@ -250,6 +250,7 @@ def test_the_shipped_policy_is_small_and_renders_tools_by_name() -> None:
     assert report["config"]["env_ids"] == [ENV_ID] and report["num_flawed"] > 0
     policy = load_demo_policy(SHIPPED)
     assert policy.tool_detail == "names" and policy.max_context_tokens == 4096
+    assert read_policy_settings(SHIPPED) == dict(BFCLDemonstrator.policy_settings)
 
 
 @needs_bfcl

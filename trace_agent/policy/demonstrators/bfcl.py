@@ -125,6 +125,9 @@ class BFCLDemonstrator:
     env_id = "trace_envs/BFCL-v0"
     #: ``gym.make`` arguments of the env the demos are played in (and the policy is meant for)
     env_kwargs: Mapping[str, Any] = {"tool_detail": "names"}
+    #: :class:`~trace_agent.policy.hf.HFPolicy` settings the built policy needs (its ``trace_policy.json``):
+    #: it renders any env's tools by name, as in its demonstrations
+    policy_settings: Mapping[str, Any] = {"tool_detail": "names"}
     #: :class:`~trace_agent.policy.demo.DemoTrainConfig` fields of BFCL-v0's demo policy
     train_overrides: Mapping[str, Any] = {
         "steps": 400,
