@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/bfcl_demo_report.py contexts --out docs/paper/bfcl/context_lengths.json
     .venv/bin/python scripts/bfcl_demo_report.py eval --out docs/paper/bfcl/eval.json [--tasks 20 --samples 4]
+    .venv/bin/python scripts/bfcl_demo_report.py turns --out docs/paper/bfcl/turns.json [--tasks 10 --samples 2]
     .venv/bin/python scripts/bfcl_demo_report.py prefixes --trees artifacts/bench-bfcl/trees.jsonl \\
         --out docs/paper/bfcl/prefixes.json
 
@@ -9,6 +10,8 @@
   PythonMath's shipped tokenizer (what ``--policy demo`` loaded on BFCL before it had its own) and BFCL's.
 * ``eval``: per-entry success rates of the shipped policy (``evaluate_policy``, temperature 1) on the
   demonstrated train entries, on undemonstrated train entries and on held-out test entries.
+* ``turns``: per user-turn index, the share of episodes whose turn passes BFCL's turn check (state and
+  results), and of episodes still valid through that turn, on demonstrated train entries.
 * ``prefixes``: from a ``trace-gym bench`` run's trees, per strategy, the branch points at depth >= 1 and the
   share whose continuations are mixed (a success and a failure below them), by depth.
 """
@@ -94,6 +97,48 @@ def evaluate(args: argparse.Namespace) -> dict:
     return out
 
 
+def turns(args: argparse.Namespace) -> dict:
+    import gymnasium as gym
+
+    import trace_envs  # noqa: F401
+    from trace_agent.policy.demo import load_demo_policy, observation_messages, shipped_demo_policy
+    from trace_agent.policy.demonstrators.bfcl import BFCLDemonstrator
+
+    policy = load_demo_policy(shipped_demo_policy(ENV_ID))
+    ids = BFCLDemonstrator().demonstration_tasks().ids()[:args.tasks]
+    envs = [gym.make(ENV_ID, tasks="train", tool_detail="names", max_turns=args.max_turns).unwrapped
+            for _ in range(len(ids) * args.samples)]
+    contexts, checks, parse_errors, steps = [], [], 0, 0
+    for k, env in enumerate(envs):
+        env.reset(seed=args.seed + k, options={"task_id": ids[k // args.samples]})
+        contexts.append(policy.render(env.messages, env.tools))
+        checks.append([])
+    alive, turn = list(range(len(envs))), 0
+    while alive:
+        gens = policy.generate([contexts[k] for k in alive], max_new_tokens=args.max_new_tokens, temperature=1.0,
+                               seeds=[args.seed * 7919 + 101 * k + turn for k in alive])
+        still = []
+        for k, g in zip(alive, gens):
+            _, _, terminated, truncated, info = envs[k].step(g.text)
+            steps += 1
+            parse_errors += "parse_error" in info
+            if "turn_checks" in info:
+                checks[k] = [bool(c["valid"]) for c in info["turn_checks"]]
+            if not (terminated or truncated):
+                contexts[k] = policy.extend(contexts[k], g, observation_messages(envs[k].messages))
+                still.append(k)
+        alive, turn = still, turn + 1
+    depth = max(len(c) for c in checks)
+    by_turn = {}
+    for t in range(depth):
+        have = [c for c in checks if len(c) > t]
+        by_turn[str(t)] = {"episodes": len(have), "turn_passes": round(sum(c[t] for c in have) / len(have), 3),
+                           "valid_through_turn": round(sum(all(c[:t + 1]) for c in have) / len(have), 3)}
+    return {"tasks": ids, "samples": args.samples, "temperature": 1.0, "seed": args.seed, "steps": steps,
+            "steps_with_parse_errors": parse_errors, "episodes_valid": sum(all(c) and bool(c) for c in checks),
+            "episodes": len(checks), "by_user_turn": by_turn}
+
+
 def prefixes(args: argparse.Namespace) -> dict:
     from trace_agent.tree import load_jsonl
 
@@ -126,11 +171,18 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--max-new-tokens", type=int, default=128)
     e.add_argument("--max-turns", type=int, default=20)
     e.add_argument("--seed", type=int, default=0)
+    t = sub.add_parser("turns")
+    t.add_argument("--out", required=True)
+    t.add_argument("--tasks", type=int, default=10)
+    t.add_argument("--samples", type=int, default=2)
+    t.add_argument("--max-new-tokens", type=int, default=96)
+    t.add_argument("--max-turns", type=int, default=16)
+    t.add_argument("--seed", type=int, default=0)
     p = sub.add_parser("prefixes")
     p.add_argument("--trees", required=True)
     p.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    result = {"contexts": contexts, "eval": evaluate, "prefixes": prefixes}[args.what](args)
+    result = {"contexts": contexts, "eval": evaluate, "turns": turns, "prefixes": prefixes}[args.what](args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1)[:3000])
