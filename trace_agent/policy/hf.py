@@ -15,6 +15,29 @@ need the same batch composition: the engine's deterministic mode, docs/engine.md
 With only ``seed`` one generator serves the whole call (reproducible for the same
 contexts, batch composition and device).
 
+Bounded batches. ``generate`` sorts its contexts by length and cuts them into
+forward passes of at most ``max_batch_size`` rows *and* ``max_batch_tokens`` padded
+tokens (rows x longest row), so one long context (a BFCL transcript with its tool
+schemas) never pads a batch of short ones, and a batch of long ones is split;
+results come back in input order. Per-request ``seeds`` make the tokens independent
+of that grouping; with a shared ``seed`` the grouping is a deterministic function
+of the contexts' lengths, so a call is still reproducible.
+
+Context cap. ``max_context_tokens`` (default: the model's ``max_position_embeddings``)
+bounds prompt + turn: a turn stops with ``finish_reason="length"`` when its context
+reaches the cap, and a context already at the cap is *cut*: it gets an empty turn
+(no tokens, ``finish_reason="length"``, no forward pass, so no memory), the first
+cut warns with the lengths and what to change, and ``context_cuts`` counts them.
+An env takes the empty turn as a turn without a call (BFCL-v0 ends the user turn,
+so the episode ends within its remaining user turns and fails). This is the
+``max_model_len`` contract of vLLM, without its error.
+
+Tools. ``tool_detail="compact"`` renders tool schemas without their description
+text, ``"names"`` only their names (:func:`trace_envs.function_calling.schemas.tool_schema`),
+so a policy trained on short schemas sees them from any env. A checkpoint directory
+may carry these settings in ``trace_policy.json`` (``{"tool_detail": "names"}``);
+:meth:`HFPolicy.from_pretrained` reads it, explicit arguments win.
+
 For training, :meth:`HFPolicy.score` returns differentiable per-token log-probs
 of the last tokens of each sequence (teacher forcing), and :meth:`HFPolicy.logprobs`
 the same as floats.
@@ -23,7 +46,9 @@ the same as floats.
 from __future__ import annotations
 
 import inspect
+import json
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +59,36 @@ from trace_agent.policy.chat import ChatRenderer, ChatTemplated
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["HFPolicy"]
+__all__ = ["HFPolicy", "POLICY_SETTINGS_FILE", "DEFAULT_MAX_BATCH_TOKENS", "length_grouped_chunks",
+           "read_policy_settings"]
+
+#: Name of the optional JSON file of :class:`HFPolicy` settings in a checkpoint directory.
+POLICY_SETTINGS_FILE = "trace_policy.json"
+#: Default bound on rows x padded width of one generation forward pass.
+DEFAULT_MAX_BATCH_TOKENS = 32_768
+_SETTINGS = ("tool_detail", "max_context_tokens", "max_batch_tokens")
+_TOOL_DETAILS = ("full", "compact", "names")  # trace_envs.function_calling.schemas.TOOL_DETAILS
+
+
+def length_grouped_chunks(lengths: Sequence[int], *, max_rows: int, max_tokens: int) -> list[list[int]]:
+    """Indices of ``lengths`` sorted by length (stable) and cut into chunks of at most ``max_rows``
+    rows whose padded size ``rows * longest`` stays within ``max_tokens`` (a single row longer than
+    ``max_tokens`` is a chunk of its own). Every index appears exactly once; inside a chunk the
+    indices are in input order (so inputs that fit one chunk form the same batch as without grouping)."""
+    if max_rows < 1 or max_tokens < 1:
+        raise ValueError(f"max_rows and max_tokens must be >= 1, got {max_rows} and {max_tokens}")
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        # sorted ascending: the new row is the chunk's longest
+        if current and (len(current) + 1 > max_rows or (len(current) + 1) * lengths[i] > max_tokens):
+            chunks.append(sorted(current))
+            current = []
+        current.append(i)
+    if current:
+        chunks.append(sorted(current))
+    return chunks
 
 
 class HFPolicy(ChatTemplated):
@@ -47,6 +101,10 @@ class HFPolicy(ChatTemplated):
         max_batch_size: contexts per forward pass in ``generate`` / ``score`` (larger inputs are chunked).
         end_of_turn: the token that ends an assistant turn.
         template_kwargs: extra chat-template variables (Qwen3: ``{"enable_thinking": False}``).
+        max_batch_tokens: most padded tokens (rows x longest context) in one generation forward pass.
+        max_context_tokens: most tokens of context + turn (None: the model's ``max_position_embeddings``,
+            or no cap when it has none); see the module docstring.
+        tool_detail: "full", "compact" (tool schemas without their description text) or "names" (names only).
     """
 
     def __init__(
@@ -58,11 +116,27 @@ class HFPolicy(ChatTemplated):
         max_batch_size: int = 32,
         end_of_turn: str = "<|im_end|>",
         template_kwargs: Mapping[str, Any] | None = None,
+        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        max_context_tokens: int | None = None,
+        tool_detail: str = "full",
     ) -> None:
         import torch
 
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+        if tool_detail not in _TOOL_DETAILS:
+            raise ValueError(f"tool_detail must be one of {', '.join(_TOOL_DETAILS)}, got {tool_detail!r}")
+        if max_context_tokens is None:
+            max_context_tokens = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        if max_context_tokens is not None and int(max_context_tokens) < 2:
+            raise ValueError(f"max_context_tokens must be >= 2 or None, got {max_context_tokens}")
+        self.max_batch_tokens = int(max_batch_tokens)
+        self.max_context_tokens = None if max_context_tokens is None else int(max_context_tokens)
+        self.tool_detail = tool_detail
+        #: contexts cut so far (given an empty turn because they had reached ``max_context_tokens``)
+        self.context_cuts = 0
         self.model = model if device is None else model.to(device)
         self.tokenizer = tokenizer
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -82,22 +156,58 @@ class HFPolicy(ChatTemplated):
         max_batch_size: int = 32,
         end_of_turn: str = "<|im_end|>",
         template_kwargs: Mapping[str, Any] | None = None,
+        max_batch_tokens: int | None = None,
+        max_context_tokens: int | None = None,
+        tool_detail: str | None = None,
         **model_kwargs: Any,
     ) -> HFPolicy:
         """Load model and tokenizer from a directory (or a hub name when the hub is reachable).
 
         ``dtype`` is a torch dtype name ("float32", "bfloat16"...); None keeps the checkpoint's.
+        ``max_batch_tokens``, ``max_context_tokens`` and ``tool_detail`` default to the directory's
+        ``trace_policy.json`` (:data:`POLICY_SETTINGS_FILE`), then to the constructor's defaults.
         """
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        settings = read_policy_settings(path_or_name)
+        given = {"max_batch_tokens": max_batch_tokens, "max_context_tokens": max_context_tokens,
+                 "tool_detail": tool_detail}
+        settings.update({k: v for k, v in given.items() if v is not None})
         kwargs = dict(model_kwargs)
         if dtype is not None:
             kwargs["dtype"] = getattr(torch, dtype)
         tokenizer = AutoTokenizer.from_pretrained(str(path_or_name))
         model = AutoModelForCausalLM.from_pretrained(str(path_or_name), **kwargs)
         return cls(model, tokenizer, device=device, max_batch_size=max_batch_size, end_of_turn=end_of_turn,
-                   template_kwargs=template_kwargs)
+                   template_kwargs=template_kwargs, **settings)
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        """Save model, tokenizer and (when any differs from the default) ``trace_policy.json``, so
+        :meth:`from_pretrained` gives back a policy that renders and caps contexts the same way."""
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        settings: dict[str, Any] = {}
+        if self.tool_detail != "full":
+            settings["tool_detail"] = self.tool_detail
+        if self.max_batch_tokens != DEFAULT_MAX_BATCH_TOKENS:
+            settings["max_batch_tokens"] = self.max_batch_tokens
+        if self.max_context_tokens != getattr(getattr(self.model, "config", None), "max_position_embeddings", None):
+            settings["max_context_tokens"] = self.max_context_tokens
+        (out / POLICY_SETTINGS_FILE).unlink(missing_ok=True)
+        if settings:
+            (out / POLICY_SETTINGS_FILE).write_text(json.dumps(settings, indent=1) + "\n", encoding="utf-8")
+        return out
+
+    def render(self, messages: Sequence[Any], tools: Sequence[Mapping[str, Any]] | None = None) -> TokenContext:
+        """The root context (see :meth:`ChatRenderer.render`), tools cut to ``tool_detail`` (unless "full")."""
+        if tools and self.tool_detail != "full":
+            from trace_envs.function_calling.schemas import tool_schema
+
+            tools = [tool_schema(t, self.tool_detail) for t in tools]
+        return self.chat.render(messages, tools)
 
     # ------------------------------------------------------------- protocol
     def generate(
@@ -124,25 +234,44 @@ class HFPolicy(ChatTemplated):
         if seeds is None:
             shared = torch.Generator(device=self.device)
             shared.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
-        results: list[Generation] = []
+        results: list[Generation | None] = [None] * len(contexts)
+        cap = self.max_context_tokens
+        live = [i for i, c in enumerate(contexts) if cap is None or len(c) < cap]
+        for i in sorted(set(range(len(contexts))) - set(live)):
+            results[i] = self._cut(len(contexts[i]))
+        chunks = length_grouped_chunks([len(contexts[i]) for i in live], max_rows=self.max_batch_size,
+                                       max_tokens=self.max_batch_tokens)
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.inference_mode():
-                for start in range(0, len(contexts), self.max_batch_size):
-                    chunk = [c.token_ids for c in contexts[start:start + self.max_batch_size]]
+                for chunk in chunks:
+                    rows = [live[j] for j in chunk]
                     if shared is not None:
                         generators: list[torch.Generator] | torch.Generator = shared
                     else:
                         generators = []
-                        for s in seeds[start:start + self.max_batch_size]:  # type: ignore[index]
+                        for i in rows:
                             g = torch.Generator(device=self.device)
-                            g.manual_seed(int(s) & 0xFFFFFFFFFFFFFFFF)
+                            g.manual_seed(int(seeds[i]) & 0xFFFFFFFFFFFFFFFF)  # type: ignore[index]
                             generators.append(g)
-                    results.extend(self._generate_batch(chunk, config, generators))
+                    for i, gen in zip(rows, self._generate_batch([contexts[i].token_ids for i in rows], config,
+                                                                 generators)):
+                        results[i] = gen
         finally:
             self.model.train(was_training)
-        return results
+        return [r for r in results if r is not None]
+
+    def _cut(self, length: int) -> Generation:
+        """The empty turn of a context that has reached ``max_context_tokens``."""
+        if self.context_cuts == 0:
+            warnings.warn(
+                f"a context of {length} tokens has reached the policy's max_context_tokens={self.max_context_tokens}: "
+                "its turn is cut (empty, finish_reason='length'); shorten the env's observations or tools "
+                "(BFCL-v0: tool_detail='compact' or 'names'), lower sampling.max_turns, or raise max_context_tokens",
+                RuntimeWarning, stacklevel=3)
+        self.context_cuts += 1
+        return Generation(token_ids=(), logprobs=(), text="", finish_reason="length")
 
     def logprobs(
         self,
@@ -256,6 +385,8 @@ class HFPolicy(ChatTemplated):
         input_ids, attention, positions = self._left_pad(prompts)
         logits, cache = self._forward(input_ids, attention, positions, None)
         next_pos = positions[:, -1] + 1
+        cap = self.max_context_tokens
+        limits = [config.max_new_tokens if cap is None else min(config.max_new_tokens, cap - len(p)) for p in prompts]
         alive = list(range(batch))  # original row of each row still in the batch
         tokens_out: list[list[int]] = [[] for _ in range(batch)]
         logps_out: list[list[float]] = [[] for _ in range(batch)]
@@ -271,7 +402,7 @@ class HFPolicy(ChatTemplated):
                     finish[row] = "stop"
             if step == config.max_new_tokens - 1:
                 break
-            keep = [j for j, s in enumerate(stop_list) if not s]
+            keep = [j for j, s in enumerate(stop_list) if not s and len(tokens_out[alive[j]]) < limits[alive[j]]]
             if not keep:
                 break
             if len(keep) < len(alive):
@@ -293,3 +424,28 @@ class HFPolicy(ChatTemplated):
             results.append(Generation(token_ids=ids, logprobs=lps, text=self.chat.turn_text(ids),
                                       finish_reason="stop" if finish[row] == "stop" else "length"))
         return results
+
+
+def read_policy_settings(path: str | Path) -> dict[str, Any]:
+    """The :class:`HFPolicy` settings in ``path``/``trace_policy.json`` ({} when there is none).
+
+    Only ``tool_detail``, ``max_context_tokens`` and ``max_batch_tokens`` are read (plain JSON, checked
+    here); any other key is an error, so a typo does not pass silently.
+    """
+    file = Path(path) / POLICY_SETTINGS_FILE
+    if not file.is_file():
+        return {}
+    try:
+        settings = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise PolicyError(f"cannot read {file}: {exc}") from None
+    if not isinstance(settings, dict) or set(settings) - set(_SETTINGS):
+        raise PolicyError(f"{file} must be a JSON object with keys among {', '.join(_SETTINGS)}, got {settings!r:.200}")
+    if "tool_detail" in settings and settings["tool_detail"] not in _TOOL_DETAILS:
+        raise PolicyError(f"{file}: tool_detail must be one of {', '.join(_TOOL_DETAILS)}, "
+                          f"got {settings['tool_detail']!r}")
+    for key in ("max_context_tokens", "max_batch_tokens"):
+        value = settings.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 2):
+            raise PolicyError(f"{file}: {key} must be an integer >= 2, got {value!r}")
+    return dict(settings)

@@ -20,9 +20,16 @@ from trace_envs.actions import (
 from trace_envs.core import BranchableEnv, Task, TaskSet, TurnResult
 from trace_envs.errors import InvalidTaskError
 from trace_envs.function_calling.backends import Backends, CallOutcome
-from trace_envs.function_calling.schemas import function_doc_to_tool
+from trace_envs.function_calling.schemas import TOOL_DETAILS, function_doc_to_tool, tool_schema
 from trace_envs.function_calling.scoring import GroundTruth, TurnCheck, check_turn
-from trace_envs.tasks.bfcl import entry_to_task, load_bfcl_tasks, load_function_docs, normalize_category
+from trace_envs.tasks.bfcl import (
+    BFCL_SPLITS,
+    bfcl_split,
+    entry_to_task,
+    load_bfcl_tasks,
+    load_function_docs,
+    normalize_category,
+)
 
 __all__ = ["BFCLEnv", "SYSTEM_PROMPT", "ADDED_FUNCTIONS_PROMPT", "MAX_STEPS_PER_TURN"]
 
@@ -84,6 +91,12 @@ class BFCLEnv(BranchableEnv):
     ``missed_function``; that turn's user message lists the new functions'
     schemas followed by BFCL's "I have updated some more functions ..." and
     ``info["new_tools"]`` names them, so an agent re-renders its tools.
+    With ``tool_detail="compact"`` the schemas (and the revealed ones) carry
+    no ``description`` / ``default`` text (:func:`~trace_envs.function_calling.schemas.compact_tool`:
+    names, parameter names, types, enums, required); with ``"names"`` only the
+    function names -- for small models whose context the descriptions would
+    fill (multi_turn_base: 14.8k characters of schemas per entry on average,
+    5.4k compact, 0.7k names); calls and grading are the same.
     As in BFCL's executor, a held-back function called before its reveal
     still runs (one ground truth, ``multi_turn_miss_func_49``, relies on it);
     ``refuse_held_back=True`` refuses such calls instead.
@@ -136,7 +149,11 @@ class BFCLEnv(BranchableEnv):
         category: "multi_turn_base" (default), "multi_turn_long_context",
             "multi_turn_miss_func" or "multi_turn_miss_param" ("base" etc. also accepted).
         tasks: a TaskSet to use instead of the category's 200 entries (tasks made by
-            :func:`trace_envs.tasks.bfcl.entry_to_task`).
+            :func:`trace_envs.tasks.bfcl.entry_to_task`), or a split name of the category:
+            "train" / "test" (:func:`trace_envs.tasks.bfcl.bfcl_split`, 150 / 50 entries) or "all".
+        tool_detail: "full" (default: BFCL's docs), "compact" (no description text) or "names" (see Tools).
+        task_ids: keep only these entries of ``tasks`` (in this order; an unknown id raises TaskNotFoundError naming it),
+            e.g. ``--env-kwargs '{"tasks": "train", "task_ids": [...]}'`` from the command line.
         max_steps_per_turn: BFCL's per-user-turn step limit (20).
         refuse_held_back: refuse calls to miss_func's held-back functions before their reveal
             (default False: run them, as BFCL does).
@@ -156,7 +173,9 @@ class BFCLEnv(BranchableEnv):
         self,
         *,
         category: str = "multi_turn_base",
-        tasks: TaskSet | None = None,
+        tasks: TaskSet | str | None = None,
+        tool_detail: str = "full",
+        task_ids: Sequence[str] | None = None,
         max_steps_per_turn: int = MAX_STEPS_PER_TURN,
         refuse_held_back: bool = False,
         max_turns: int = 160,
@@ -167,8 +186,21 @@ class BFCLEnv(BranchableEnv):
         self.category = normalize_category(category)
         if max_steps_per_turn < 1:
             raise ValueError(f"max_steps_per_turn must be >= 1, got {max_steps_per_turn}")
+        if tool_detail not in TOOL_DETAILS:
+            raise ValueError(f"tool_detail must be one of {', '.join(TOOL_DETAILS)}, got {tool_detail!r}")
+        if isinstance(tasks, str):
+            if tasks not in (*BFCL_SPLITS, "all"):
+                raise ValueError(f"tasks={tasks!r}: give a TaskSet or a split name ({', '.join(BFCL_SPLITS)}, all)")
+            tasks = bfcl_split(self.category, tasks) if tasks in BFCL_SPLITS else None
+        self.tool_detail = tool_detail
+        tasks = tasks if tasks is not None else load_bfcl_tasks(self.category)
+        if task_ids is not None:
+            if isinstance(task_ids, str) or not task_ids:
+                raise ValueError("task_ids must be a non-empty list of entry ids")
+            tasks = TaskSet([tasks[str(t)] for t in dict.fromkeys(task_ids)],
+                            name=f"{tasks.name}/ids-{hashlib.sha256(' '.join(map(str, task_ids)).encode()).hexdigest()[:8]}")
         super().__init__(
-            tasks=tasks if tasks is not None else load_bfcl_tasks(self.category),
+            tasks=tasks,
             max_turns=max_turns,
             render_mode=render_mode,
             max_action_chars=max_action_chars,
@@ -195,14 +227,14 @@ class BFCLEnv(BranchableEnv):
     @property
     def config_key(self) -> str:
         return (f"{super().config_key}|category={self.category}|max_steps_per_turn={self.max_steps_per_turn}"
-                f"|refuse_held_back={self.refuse_held_back}")
+                f"|refuse_held_back={self.refuse_held_back}|tool_detail={self.tool_detail}")
 
     @property
     def tools(self) -> list[dict[str, Any]]:
         """JSON schemas (OpenAI function format) of the functions available now; [] before reset."""
         if self._task is None:
             return []
-        return [function_doc_to_tool(doc) for doc in self._available_docs()]
+        return [self._tool(doc) for doc in self._available_docs()]
 
     @property
     def user_turn(self) -> int:
@@ -230,6 +262,11 @@ class BFCLEnv(BranchableEnv):
                                             style=style))
             actions.append(end_text)
         return actions
+
+    def keyword_calls(self, calls: Sequence[PythonCall]) -> list[PythonCall]:
+        """``calls`` with positional arguments turned into keywords (as the JSON call format needs them),
+        by the current task's backends' signatures; call after ``reset()``."""
+        return self._keywords(calls)
 
     def conformance_actions(self) -> list[str]:
         """Steps for :func:`~trace_envs.check_branchable_env` on the current task: a state-changing probe
@@ -355,6 +392,9 @@ class BFCLEnv(BranchableEnv):
             self._truth_cache.move_to_end(key)
         return truth
 
+    def _tool(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        return tool_schema(function_doc_to_tool(doc), self.tool_detail)
+
     def _keywords(self, calls: Sequence[PythonCall]) -> list[PythonCall]:
         """The calls with positional arguments turned into keywords (for the JSON format)."""
         if self._backends is None:
@@ -390,7 +430,7 @@ class BFCLEnv(BranchableEnv):
         added = self._reveal_turns().get(turn)
         if added:
             by_name = {d["name"]: d for d in load_function_docs(self.task.data["involved_classes"])}
-            schemas = [function_doc_to_tool(by_name[n]) for n in added if n in by_name]
+            schemas = [self._tool(by_name[n]) for n in added if n in by_name]
             prefix = json.dumps(schemas, ensure_ascii=False) + "\n" + ADDED_FUNCTIONS_PROMPT
             text = prefix + ("\n\n" + text if text else "")
         return text

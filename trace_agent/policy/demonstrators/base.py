@@ -42,9 +42,10 @@ class Demonstrator(Protocol):
     ``messages`` with the tool observations so far, and any env-specific helper such as BFCL's
     ``ground_truth_actions``). ``flawed`` asks for a plausible mistake (the demonstration then
     usually fails), so a policy trained on the mix stays imperfect. ``rng`` is the only randomness.
-    A demonstrator may also define ``covers(task) -> bool`` (tasks it does not cover are not demonstrated)
-    and ``demonstration_tasks() -> TaskSet`` (the pool demonstrated when no task ids are given; default:
-    the env's train tasks).
+    A demonstrator may also define ``covers(task) -> bool`` (tasks it does not cover are not demonstrated),
+    ``demonstration_tasks() -> TaskSet`` (the pool demonstrated when no task ids are given; default:
+    the env's train tasks) and ``env_kwargs`` (a mapping of extra ``gym.make`` arguments of the env the
+    demos are played in, such as BFCL-v0's ``tool_detail="compact"``).
     """
 
     env_id: str
@@ -74,12 +75,13 @@ def tool_call(name: str, arguments: Mapping[str, Any]) -> str:
     return "<tool_call>" + json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False) + "</tool_call>"
 
 
-def _make_env(env_id: str, *, max_turns: int, tasks: TaskSet | None = None) -> BranchableEnv:
+def _make_env(env_id: str, *, max_turns: int, tasks: TaskSet | None = None,
+              env_kwargs: Mapping[str, Any] | None = None) -> BranchableEnv:
     import gymnasium as gym
 
     import trace_envs  # noqa: F401  (registers the suite)
 
-    kwargs: dict[str, Any] = {"max_turns": max_turns}
+    kwargs: dict[str, Any] = {**dict(env_kwargs or {}), "max_turns": max_turns}
     if tasks is not None:
         kwargs["tasks"] = tasks
     return gym.make(env_id, **kwargs).unwrapped
@@ -104,7 +106,8 @@ def collect_demonstrations(
     demonstrator = demonstrator_for(env_id)
     rng = np.random.default_rng(seed)
     pool = getattr(demonstrator, "demonstration_tasks", None)
-    env = _make_env(env_id, max_turns=max_turns, tasks=pool() if pool is not None and task_ids is None else None)
+    env = _make_env(env_id, max_turns=max_turns, tasks=pool() if pool is not None and task_ids is None else None,
+                    env_kwargs=getattr(demonstrator, "env_kwargs", None))
     demos: list[Demonstration] = []
     try:
         ids = list(task_ids) if task_ids is not None else env.tasks.ids()[:limit]

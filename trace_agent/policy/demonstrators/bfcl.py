@@ -1,30 +1,228 @@
-"""BFCL-v0's demonstrator."""
+"""BFCL-v0's demonstrator: the task's ground truth, with a plausible mistake at a *later* user turn.
+
+A clean demonstration replays the entry's ground truth (the env's executed ``ground_truth()``,
+one step with the user turn's calls as a Python-style list, then "Done." to end the turn). A flawed one
+replays turns ``0 .. t-1`` correctly and makes one mistake in user turn ``t >= 1`` (the rest is
+replayed as written), so the outcome is still open after the first turn:
+
+* ``wrong_argument``: one argument of one call of turn ``t`` takes a plausible wrong value (a string
+  the task uses elsewhere, such as an earlier turn's folder or file name; a number off by one; a
+  flipped flag; a list without its last item);
+* ``missing_call``: the last call of turn ``t`` is left out (a one-call turn ends with no call);
+* ``stale_call``: the calls act on stale state: in a turn of several calls the first (the one that
+  moves the state on, e.g. ``cd``, ``authenticate_*``) is left out so the others run on the state before
+  it; in a one-call turn the previous turn's calls are repeated instead.
+
+BFCL's checker fails each of these wherever the mistake changes a backend's state or a call's
+result (checked against the real env in ``tests/agent/test_demo_bfcl.py``; a few, such as a
+wrong argument to a read-only call that returns the same text, still pass and are recorded with
+their real reward). Demonstrated tasks: the category's ``train`` split (never a test entry), entries
+with at least two user turns and a ground-truth call after the first turn (multi_turn_base: 147 of
+150 train entries, 2-7 user turns, 4-14 env steps).
+
+The demos are played with ``tool_detail="names"`` (:attr:`BFCLDemonstrator.env_kwargs`: the tools are
+listed by name only): a tiny model cannot read BFCL's schemas, which are most of a full context.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from trace_envs.core import BranchableEnv
+    from trace_envs.actions import PythonCall
+    from trace_envs.core import BranchableEnv, Task, TaskSet
 
-__all__ = ["BFCLDemonstrator"]
+__all__ = ["BFCLDemonstrator", "FLAW_KINDS", "FlawPlan", "flawed_turns"]
+
+#: The kinds of mistake a flawed demonstration makes (see the module docstring).
+FLAW_KINDS: tuple[str, ...] = ("wrong_argument", "missing_call", "stale_call")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlawPlan:
+    """Which user turn of an episode goes wrong and how (``turn`` None: a clean episode)."""
+
+    turn: int | None = None
+    kind: str | None = None
+    #: which call of the turn and which of its arguments ``wrong_argument`` changes, and to what
+    call_index: int = 0
+    argument: str | None = None
+    value: Any = None
+
+    def __post_init__(self) -> None:
+        if (self.turn is None) != (self.kind is None):
+            raise ValueError("a FlawPlan names both a turn and a kind, or neither")
+        if self.kind is not None and self.kind not in FLAW_KINDS:
+            raise ValueError(f"unknown flaw kind {self.kind!r}; choose one of {', '.join(FLAW_KINDS)}")
+        if self.turn is not None and self.turn < 1:
+            raise ValueError(f"a flaw is made after the first user turn (turn >= 1), got {self.turn}")
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _strings(v)]
+    if isinstance(value, Mapping):
+        return [s for v in value.values() for s in _strings(v)]
+    return []
+
+
+def wrong_value(value: Any, others: Sequence[str], rng: np.random.Generator) -> Any:
+    """A plausible wrong value for an argument: another string of the task, a number off by one, a
+    flipped flag, a list without its last item (or with a copy of its first); never ``value`` itself."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + int(rng.choice([-1, 1])) or value + 1
+    if isinstance(value, float):
+        return value + float(rng.choice([-1.0, 1.0]))
+    if isinstance(value, str):
+        pool = sorted({s for s in others if s != value and s})
+        if pool:
+            return pool[int(rng.integers(len(pool)))]
+        return value + "_old" if value else "none"
+    if isinstance(value, list):
+        return value[:-1] if len(value) > 1 else (value + value if value else ["none"])
+    return None if value is not None else "none"
+
+
+def flawed_turns(turn_calls: Sequence[Sequence[PythonCall]], plan: FlawPlan) -> list[list[PythonCall]]:
+    """The per-turn calls of an episode that follows ``plan`` (``turn_calls``: the ground truth's)."""
+    from trace_envs.actions import PythonCall
+
+    turns = [list(calls) for calls in turn_calls]
+    if plan.turn is None:
+        return turns
+    t = plan.turn
+    calls = turns[t]
+    if plan.kind == "missing_call":
+        turns[t] = calls[:-1]
+    elif plan.kind == "stale_call":
+        turns[t] = calls[1:] if len(calls) > 1 else [c for c in turns[t - 1]] or calls[:0]
+    elif plan.kind == "wrong_argument":
+        call = calls[plan.call_index]
+        kwargs = dict(call.kwargs)
+        kwargs[str(plan.argument)] = plan.value
+        turns[t] = [*calls[:plan.call_index], PythonCall(call.name, (), kwargs), *calls[plan.call_index + 1:]]
+    return turns
 
 
 class BFCLDemonstrator:
-    """BFCL-v0: replay the task's ground truth (the env's ``ground_truth_actions``, JSON tool calls).
+    """BFCL-v0: replay the ground truth; a flawed episode makes one mistake at a user turn >= 1.
 
-    A flawed demonstration skips one step's calls (says it is done without making them).
+    ``act`` draws the episode's :class:`FlawPlan` at its first step (turn uniform among the user
+    turns >= 1 that have ground-truth calls; kind uniform among those that apply) and then returns
+    the planned step for the number of assistant turns so far: one step of all the turn's calls (BFCL's
+    Python-style list, keyword arguments: ``[cd(folder='temp'), ls()]``, 40% shorter than JSON blocks) and
+    "Done.", per user turn; a turn left without calls is just "Done.".
     """
 
     env_id = "trace_envs/BFCL-v0"
+    #: ``gym.make`` arguments of the env the demos are played in (and the policy is meant for)
+    env_kwargs: Mapping[str, Any] = {"tool_detail": "names"}
+    #: :class:`~trace_agent.policy.hf.HFPolicy` settings the built policy needs (its ``trace_policy.json``):
+    #: it renders any env's tools by name, as in its demonstrations
+    policy_settings: Mapping[str, Any] = {"tool_detail": "names"}
+    #: :class:`~trace_agent.policy.demo.DemoTrainConfig` fields of BFCL-v0's demo policy
+    train_overrides: Mapping[str, Any] = {
+        "steps": 400,
+        "batch_size": 4,
+        "learning_rate": 3e-3,
+        "flawed_fraction": 0.5,
+        "demos_per_task": 4,
+        "max_turns": 20,
+        "model": {"vocab_size": 2048, "hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
+                  "head_dim": 32, "intermediate_size": 192, "max_position_embeddings": 4096},
+    }
+
+    def __init__(self, *, category: str = "multi_turn_base", num_tasks: int = 40) -> None:
+        if num_tasks < 1:
+            raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
+        self.category = category
+        self.num_tasks = num_tasks
+        self._script: list[str] = []
+        self._plan = FlawPlan()
+
+    def covers(self, task: Task) -> bool:
+        """Entries with >= 2 user turns and a ground-truth call after the first (room for a later flaw)."""
+        truth = task.data.get("ground_truth", [])
+        return len(truth) >= 2 and any(truth[t] for t in range(1, len(truth)))
+
+    def demonstration_tasks(self) -> TaskSet:
+        """Entries of the category's ``train`` split (:func:`trace_envs.tasks.bfcl.bfcl_split`; no test
+        entry is demonstrated) with 3-5 user turns, the ``num_tasks`` shortest by the characters of
+        their questions and ground truth (ties by id), in the split's order.
+
+        Why a subset: on this project's 2-core CPU a warm-start step costs about the square of the
+        episode's length, and a tiny model needs several passes over each entry to act on it; the
+        other entries stay undemonstrated (mostly all-fail prompts, which a good allocator skips).
+        """
+        from trace_envs.core import TaskSet as _TaskSet
+        from trace_envs.tasks.bfcl import bfcl_split
+
+        split = bfcl_split(self.category, "train")
+
+        def size(task: Task) -> int:
+            data = task.data
+            return (sum(len(str(m.get("content", ""))) for turn in data["questions"] for m in turn)
+                    + sum(len(c) for turn in data["ground_truth"] for c in turn))
+
+        eligible = [t for t in split.values() if 3 <= len(t.data["questions"]) <= 5 and self.covers(t)]
+        chosen = {t.task_id for t in sorted(eligible, key=lambda t: (size(t), t.task_id))[:self.num_tasks]}
+        return _TaskSet([t for t in split.values() if t.task_id in chosen],
+                        name=f"{split.name}/demo{self.num_tasks}")
+
+    def plan(self, env: BranchableEnv, *, flawed: bool, rng: np.random.Generator,
+             kind: str | None = None) -> FlawPlan:
+        """The episode's flaw (a clean plan when not ``flawed`` or when the task leaves no room for one).
+
+        ``kind`` forces the kind (default: uniform); ``wrong_argument`` falls back to ``missing_call``
+        in a turn whose calls take no argument.
+        """
+        if kind is not None and kind not in FLAW_KINDS:
+            raise ValueError(f"unknown flaw kind {kind!r}; choose one of {', '.join(FLAW_KINDS)}")
+        if not flawed:
+            return FlawPlan()
+        turns = [t.calls for t in env.ground_truth().turns]  # type: ignore[attr-defined]
+        candidates = [t for t in range(1, len(turns)) if turns[t]]
+        if not candidates:
+            return FlawPlan()
+        t = int(candidates[int(rng.integers(len(candidates)))])
+        drawn = str(FLAW_KINDS[int(rng.integers(len(FLAW_KINDS)))])
+        kind = kind or drawn
+        calls = env.keyword_calls(turns[t])  # type: ignore[attr-defined]
+        with_args = [i for i, c in enumerate(calls) if c.kwargs]
+        if kind == "wrong_argument" and not with_args:
+            kind = "missing_call"
+        if kind != "wrong_argument":
+            return FlawPlan(turn=t, kind=kind)
+        i = int(with_args[int(rng.integers(len(with_args)))])
+        name = sorted(calls[i].kwargs)[int(rng.integers(len(calls[i].kwargs)))]
+        others = [s for turn in turns for c in env.keyword_calls(turn)  # type: ignore[attr-defined]
+                  for v in c.kwargs.values() for s in _strings(v)]
+        return FlawPlan(turn=t, kind=kind, call_index=i, argument=str(name),
+                        value=wrong_value(calls[i].kwargs[name], others, rng))
+
+    def script(self, env: BranchableEnv, plan: FlawPlan) -> list[str]:
+        """Every step of the episode that follows ``plan``."""
+        from trace_envs.function_calling.env import render_calls
+
+        turns = [env.keyword_calls(t.calls) for t in env.ground_truth().turns]  # type: ignore[attr-defined]
+        steps: list[str] = []
+        for calls in flawed_turns(turns, plan):
+            if calls:
+                steps.append(render_calls(calls, style="python"))
+            steps.append("Done.")
+        return steps
 
     def act(self, env: BranchableEnv, *, flawed: bool, rng: np.random.Generator) -> str:
-        actions = env.ground_truth_actions(style="json")  # type: ignore[attr-defined]
         done = sum(1 for m in env.messages if m.get("role") == "assistant")
-        if done >= len(actions):
-            return "Done."
-        if flawed and done == 0 and actions[0] != "Done.":
-            return "Done."
-        return actions[done]
+        if done == 0:
+            self._plan = self.plan(env, flawed=flawed, rng=rng)
+            self._script = self.script(env, self._plan)
+        return self._script[done] if done < len(self._script) else "Done."

@@ -1,0 +1,193 @@
+"""Measurements of BFCL-v0's demo policy for docs/paper/bfcl/: context lengths, success spread, mixed prefixes.
+
+    .venv/bin/python scripts/bfcl_demo_report.py contexts --out docs/paper/bfcl/context_lengths.json
+    .venv/bin/python scripts/bfcl_demo_report.py eval --out docs/paper/bfcl/eval.json [--tasks 20 --samples 4]
+    .venv/bin/python scripts/bfcl_demo_report.py turns --out docs/paper/bfcl/turns.json [--tasks 10 --samples 2]
+    .venv/bin/python scripts/bfcl_demo_report.py prefixes --trees artifacts/bench-bfcl/trees.jsonl \\
+        --out docs/paper/bfcl/prefixes.json
+
+* ``contexts``: root-context tokens of the 50 test entries with full / compact / names tool schemas, under
+  PythonMath's shipped tokenizer (what ``--policy demo`` loaded on BFCL before it had its own) and BFCL's.
+* ``eval``: per-entry success rates of the shipped policy (``evaluate_policy``, temperature 1) on the
+  demonstrated train entries, on undemonstrated train entries and on held-out test entries.
+* ``turns``: per user-turn index, the share of episodes whose turn passes BFCL's turn check (state and
+  results), and of episodes still valid through that turn, on demonstrated train entries.
+* ``prefixes``: from a ``trace-gym bench`` run's trees, per strategy, the branch points at depth >= 1 and the
+  share whose continuations are mixed (a success and a failure below them), by depth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ENV_ID = "trace_envs/BFCL-v0"
+
+
+def _stats(values: list[int]) -> dict[str, float]:
+    import numpy as np
+
+    a = np.asarray(values, dtype=float)
+    return {"min": float(a.min()), "mean": round(float(a.mean()), 1), "p90": float(np.percentile(a, 90)),
+            "max": float(a.max())}
+
+
+def contexts(args: argparse.Namespace) -> dict:
+    import gymnasium as gym
+    from transformers import AutoTokenizer
+
+    import trace_envs  # noqa: F401
+    from trace_agent.policy.chat import ChatRenderer
+    from trace_agent.policy.demo import SHIPPED_DEMO_POLICIES
+
+    out: dict = {}
+    for label, env_id in (("pythonmath_tokenizer", "trace_envs/PythonMath-v0"), ("bfcl_tokenizer", ENV_ID)):
+        chat = ChatRenderer(AutoTokenizer.from_pretrained(str(SHIPPED_DEMO_POLICIES[env_id])))
+        for detail in ("full", "compact", "names"):
+            env = gym.make(ENV_ID, tasks="test", tool_detail=detail).unwrapped
+            lengths = []
+            for task_id in env.tasks.ids():
+                env.reset(options={"task_id": task_id})
+                lengths.append(len(chat.render(env.messages, env.tools)))
+            env.close()
+            out[f"{label}/{detail}"] = _stats(lengths)
+    return out
+
+
+def evaluate(args: argparse.Namespace) -> dict:
+    import gymnasium as gym
+
+    import trace_envs  # noqa: F401
+    from trace_agent.policy.demo import (
+        evaluate_policy,
+        load_demo_policy,
+        shipped_demo_policy,
+        success_histogram,
+    )
+    from trace_agent.policy.demonstrators.bfcl import BFCLDemonstrator
+
+    policy = load_demo_policy(shipped_demo_policy(ENV_ID))
+    demo_ids = BFCLDemonstrator().demonstration_tasks().ids()
+    train = gym.make(ENV_ID, tasks="train").unwrapped.tasks.ids()
+    test = gym.make(ENV_ID, tasks="test").unwrapped.tasks.ids()
+    groups = {
+        "demonstrated_train": ("train", demo_ids[:args.tasks]),
+        "undemonstrated_train": ("train", [t for t in train if t not in set(demo_ids)][:args.other_tasks]),
+        "heldout_test": ("test", test[:args.other_tasks]),
+    }
+    out: dict = {"samples": args.samples, "temperature": 1.0, "max_new_tokens": args.max_new_tokens,
+                 "max_turns": args.max_turns, "seed": args.seed}
+    for name, (split, ids) in groups.items():
+        t0 = time.perf_counter()
+        results = evaluate_policy(policy, ENV_ID, ids, samples=args.samples, temperature=1.0,
+                                  max_new_tokens=args.max_new_tokens, max_turns=args.max_turns, seed=args.seed,
+                                  env_kwargs={"tasks": split, "tool_detail": "names"})
+        summary = success_histogram(results)
+        summary["rates"] = dict(zip(ids, summary["rates"]))
+        summary["seconds"] = round(time.perf_counter() - t0, 1)
+        out[name] = summary
+        print(name, json.dumps({k: v for k, v in summary.items() if k != "rates"}), flush=True)
+    out["context_cuts"] = policy.context_cuts
+    return out
+
+
+def turns(args: argparse.Namespace) -> dict:
+    import gymnasium as gym
+
+    import trace_envs  # noqa: F401
+    from trace_agent.policy.demo import load_demo_policy, observation_messages, shipped_demo_policy
+    from trace_agent.policy.demonstrators.bfcl import BFCLDemonstrator
+
+    policy = load_demo_policy(shipped_demo_policy(ENV_ID))
+    ids = BFCLDemonstrator().demonstration_tasks().ids()[:args.tasks]
+    envs = [gym.make(ENV_ID, tasks="train", tool_detail="names", max_turns=args.max_turns).unwrapped
+            for _ in range(len(ids) * args.samples)]
+    contexts, checks, parse_errors, steps = [], [], 0, 0
+    for k, env in enumerate(envs):
+        env.reset(seed=args.seed + k, options={"task_id": ids[k // args.samples]})
+        contexts.append(policy.render(env.messages, env.tools))
+        checks.append([])
+    alive, turn = list(range(len(envs))), 0
+    while alive:
+        gens = policy.generate([contexts[k] for k in alive], max_new_tokens=args.max_new_tokens, temperature=1.0,
+                               seeds=[args.seed * 7919 + 101 * k + turn for k in alive])
+        still = []
+        for k, g in zip(alive, gens):
+            _, _, terminated, truncated, info = envs[k].step(g.text)
+            steps += 1
+            parse_errors += "parse_error" in info
+            if "turn_checks" in info:
+                checks[k] = [bool(c["valid"]) for c in info["turn_checks"]]
+            if not (terminated or truncated):
+                contexts[k] = policy.extend(contexts[k], g, observation_messages(envs[k].messages))
+                still.append(k)
+        alive, turn = still, turn + 1
+    depth = max(len(c) for c in checks)
+    by_turn = {}
+    for t in range(depth):
+        have = [c for c in checks if len(c) > t]
+        by_turn[str(t)] = {"episodes": len(have), "turn_passes": round(sum(c[t] for c in have) / len(have), 3),
+                           "valid_through_turn": round(sum(all(c[:t + 1]) for c in have) / len(have), 3)}
+    return {"tasks": ids, "samples": args.samples, "temperature": 1.0, "seed": args.seed, "steps": steps,
+            "steps_with_parse_errors": parse_errors, "episodes_valid": sum(all(c) and bool(c) for c in checks),
+            "episodes": len(checks), "by_user_turn": by_turn}
+
+
+def prefixes(args: argparse.Namespace) -> dict:
+    from trace_agent.tree import load_jsonl
+
+    per: dict[str, dict] = defaultdict(lambda: {"branch_points": 0, "mixed": 0, "by_depth": defaultdict(lambda: [0, 0])})
+    for tree in load_jsonl(args.trees):
+        row = per[str(tree.metadata.get("strategy"))]
+        for node in tree.branch_points():
+            if node.depth < 1:
+                continue
+            mixed = tree.is_mixed(node)
+            row["branch_points"] += 1
+            row["mixed"] += int(mixed)
+            row["by_depth"][node.depth][0] += 1
+            row["by_depth"][node.depth][1] += int(mixed)
+    return {name: {"branch_points_depth_ge_1": r["branch_points"], "mixed": r["mixed"],
+                   "mixed_share": round(r["mixed"] / r["branch_points"], 3) if r["branch_points"] else None,
+                   "by_depth": {str(d): {"branch_points": n, "mixed": m} for d, (n, m) in sorted(r["by_depth"].items())}}
+            for name, r in sorted(per.items())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    sub.add_parser("contexts").add_argument("--out", required=True)
+    e = sub.add_parser("eval")
+    e.add_argument("--out", required=True)
+    e.add_argument("--tasks", type=int, default=20, help="demonstrated train entries")
+    e.add_argument("--other-tasks", type=int, default=10, help="undemonstrated train and held-out test entries")
+    e.add_argument("--samples", type=int, default=4)
+    e.add_argument("--max-new-tokens", type=int, default=128)
+    e.add_argument("--max-turns", type=int, default=20)
+    e.add_argument("--seed", type=int, default=0)
+    t = sub.add_parser("turns")
+    t.add_argument("--out", required=True)
+    t.add_argument("--tasks", type=int, default=10)
+    t.add_argument("--samples", type=int, default=2)
+    t.add_argument("--max-new-tokens", type=int, default=96)
+    t.add_argument("--max-turns", type=int, default=16)
+    t.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("prefixes")
+    p.add_argument("--trees", required=True)
+    p.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    result = {"contexts": contexts, "eval": evaluate, "turns": turns, "prefixes": prefixes}[args.what](args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1)[:3000])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

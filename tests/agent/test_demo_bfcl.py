@@ -1,0 +1,297 @@
+"""BFCL-v0's demo: later-turn flaws graded by the real env, bounded generation, the shipped policy acts."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trace_agent.policy.base import PolicyError, TokenContext
+from trace_agent.policy.demonstrators.bfcl import (
+    FLAW_KINDS,
+    BFCLDemonstrator,
+    FlawPlan,
+    flawed_turns,
+    wrong_value,
+)
+from trace_agent.policy.hf import POLICY_SETTINGS_FILE, length_grouped_chunks, read_policy_settings
+
+needs_bfcl = pytest.mark.skipif(importlib.util.find_spec("bfcl_eval") is None, reason="bfcl-eval not installed")
+ENV_ID = "trace_envs/BFCL-v0"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(**kwargs):
+    import gymnasium as gym
+
+    import trace_envs  # noqa: F401
+
+    return gym.make(ENV_ID, **{"max_turns": 40, **kwargs}).unwrapped
+
+
+def _play(env, steps: list[str]) -> tuple[float, dict]:
+    reward, info = 0.0, {}
+    for action in steps:
+        _, reward, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            break
+    return float(reward), info
+
+
+# ----------------------------------------------------------------------------------------- flaws
+def test_wrong_value_is_never_the_value() -> None:
+    rng = np.random.default_rng(0)
+    for value in ["temp", "", 3, 0, -1, 2.5, True, False, [1, 2], ["a"], [], None]:
+        for _ in range(20):
+            wrong = wrong_value(value, ["temp", "docs", "temp"], rng)
+            assert wrong != value or type(wrong) is not type(value), value
+    assert wrong_value("temp", ["temp", "docs"], rng) == "docs"  # another string the task uses
+    assert wrong_value("temp", ["temp"], rng) == "temp_old"
+
+
+def test_flaw_plans_are_validated() -> None:
+    with pytest.raises(ValueError, match="after the first user turn"):
+        FlawPlan(turn=0, kind="missing_call")
+    with pytest.raises(ValueError, match="unknown flaw kind"):
+        FlawPlan(turn=1, kind="typo")
+    with pytest.raises(ValueError, match="both"):
+        FlawPlan(turn=1)
+
+
+def test_flawed_turns_change_only_the_planned_turn() -> None:
+    from trace_envs.actions import PythonCall
+
+    cd, ls, mv = PythonCall("cd", (), {"folder": "a"}), PythonCall("ls", (), {}), PythonCall("mv", (), {"source": "x"})
+    truth = [[cd], [ls, mv], [mv]]
+    assert flawed_turns(truth, FlawPlan()) == truth
+    assert flawed_turns(truth, FlawPlan(turn=1, kind="missing_call")) == [[cd], [ls], [mv]]
+    assert flawed_turns(truth, FlawPlan(turn=1, kind="stale_call")) == [[cd], [mv], [mv]]
+    assert flawed_turns(truth, FlawPlan(turn=2, kind="stale_call")) == [[cd], [ls, mv], [ls, mv]]
+    wrong = flawed_turns(truth, FlawPlan(turn=2, kind="wrong_argument", argument="source", value="y"))
+    assert wrong[:2] == truth[:2] and wrong[2] == [PythonCall("mv", (), {"source": "y"})]
+
+
+@needs_bfcl
+def test_clean_demonstrations_pass_and_each_flaw_fails_through_the_real_env() -> None:
+    """On 12 demonstrated entries: every clean replay scores 1; every flaw kind fails on at least 11 of 12
+    (a wrong argument to a read-only call that returns the same text can pass; over the whole train
+    split: wrong_argument 134/139, missing_call 149/149, stale_call 146/149 fail)."""
+    demonstrator = BFCLDemonstrator()
+    env = _env(tasks=demonstrator.demonstration_tasks(), tool_detail="names")
+    rng = np.random.default_rng(0)
+    failed = dict.fromkeys(FLAW_KINDS, 0)
+    ids = env.tasks.ids()[:12]
+    try:
+        for task_id in ids:
+            env.reset(options={"task_id": task_id})
+            assert _play(env, demonstrator.script(env, FlawPlan()))[0] == 1.0, task_id
+            for kind in FLAW_KINDS:
+                env.reset(options={"task_id": task_id})
+                plan = demonstrator.plan(env, flawed=True, rng=rng, kind=kind)
+                assert plan.turn is not None and plan.turn >= 1
+                env.reset(options={"task_id": task_id})
+                reward, info = _play(env, demonstrator.script(env, plan))
+                failed[kind] += reward == 0.0
+                if reward == 0.0:  # the first failing turn is the flawed one: the prefix before it was right
+                    first_bad = min(c["turn"] for c in info["turn_checks"] if not c["valid"])
+                    assert first_bad == plan.turn, (task_id, plan)
+    finally:
+        env.close()
+    assert all(n >= len(ids) - 1 for n in failed.values()), failed
+
+
+@needs_bfcl
+def test_demonstrations_come_from_the_train_split_only_and_play_through_collect() -> None:
+    from trace_agent.policy.demonstrators import collect_demonstrations
+    from trace_envs.tasks.bfcl import bfcl_split
+
+    pool = BFCLDemonstrator().demonstration_tasks()
+    test_ids = set(bfcl_split("multi_turn_base", "test").ids())
+    assert len(pool) == 40 and set(pool.ids()) <= set(bfcl_split("multi_turn_base", "train").ids())
+    assert not set(pool.ids()) & test_ids
+    assert all(3 <= len(t.data["questions"]) <= 5 for t in pool.values())
+    demos = collect_demonstrations(ENV_ID, limit=6, demos_per_task=2, flawed_fraction=0.5, seed=3, max_turns=20)
+    assert {d.task_id for d in demos} <= set(pool.ids())
+    assert all(d.reward == 1.0 for d in demos if not d.flawed)
+    assert any(d.flawed for d in demos)
+    for d in demos:  # names-only tools, as the policy renders them
+        assert all(set(t["function"]) == {"name"} for t in d.tools)
+
+
+# ----------------------------------------------------------------------------------------- env options
+@needs_bfcl
+def test_tool_detail_levels_and_split_names() -> None:
+    from trace_envs.function_calling.schemas import compact_tool, names_tool, tool_schema
+
+    sizes = {}
+    for detail in ("full", "compact", "names"):
+        env = _env(tasks="test", tool_detail=detail)
+        env.reset(options={"task_id": env.tasks.ids()[0]})
+        sizes[detail] = len(json.dumps(env.tools))
+        names = [t["function"]["name"] for t in env.tools]
+        assert f"tool_detail={detail}" in env.config_key and len(env.tasks) == 50
+        if detail == "full":
+            full = env.tools
+        env.close()
+        assert names == [t["function"]["name"] for t in full]
+    assert sizes["names"] < sizes["compact"] < sizes["full"]
+    for tool in full:
+        assert compact_tool(compact_tool(tool)) == compact_tool(tool) and "description" not in json.dumps(
+            compact_tool(tool)).replace('"description": {', "")
+        assert names_tool(tool_schema(tool, "compact")) == names_tool(tool)
+    with pytest.raises(ValueError, match="tool_detail"):
+        _env(tool_detail="tiny")
+    with pytest.raises(ValueError, match="split name"):
+        _env(tasks="validation")
+
+
+# ----------------------------------------------------------------------------------------- bounded generation
+def test_length_grouped_chunks_cover_every_index_within_the_bounds() -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        lengths = [int(x) for x in rng.integers(1, 3000, size=int(rng.integers(0, 40)))]
+        rows, tokens = int(rng.integers(1, 10)), int(rng.integers(1, 20000))
+        chunks = length_grouped_chunks(lengths, max_rows=rows, max_tokens=tokens)
+        assert sorted(i for c in chunks for i in c) == list(range(len(lengths)))
+        for chunk in chunks:
+            assert len(chunk) <= rows
+            assert len(chunk) == 1 or len(chunk) * max(lengths[i] for i in chunk) <= tokens
+    assert length_grouped_chunks([5, 900, 6, 7], max_rows=8, max_tokens=1000) == [[0, 2, 3], [1]]
+
+
+def test_generation_is_grouped_by_length_and_independent_of_the_grouping() -> None:
+    from trace_agent.policy.demo import tiny_policy
+
+    policy = tiny_policy(seed=0)
+    contexts = [policy.render([{"role": "user", "content": "x " * n}]) for n in (3, 60, 5, 50, 4)]
+    seeds = [11, 12, 13, 14, 15]
+    together = policy.generate(contexts, max_new_tokens=4, temperature=0.0, seeds=seeds)
+    one_by_one = [policy.generate([c], max_new_tokens=4, temperature=0.0, seeds=[s])[0] for c, s in zip(contexts, seeds)]
+    assert [g.token_ids for g in together] == [g.token_ids for g in one_by_one]
+    policy.max_batch_tokens = 100  # every long context alone, the short ones together
+    small = policy.generate(contexts, max_new_tokens=4, temperature=0.0, seeds=seeds)
+    assert [g.token_ids for g in small] == [g.token_ids for g in together]
+
+
+def test_a_context_at_the_cap_is_cut_with_a_clear_warning() -> None:
+    from trace_agent.policy.demo import tiny_policy
+
+    policy = tiny_policy(seed=0)
+    assert policy.max_context_tokens == 4096  # the model's max_position_embeddings
+    short = policy.render([{"role": "user", "content": "hi"}])
+    policy.max_context_tokens = len(short) + 3
+    long = TokenContext.from_prompt(tuple(short.token_ids) * 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gens = policy.generate([long, short], max_new_tokens=50, temperature=1.0, seed=0)
+    assert gens[0].token_ids == () and gens[0].finish_reason == "length" and gens[0].text == ""
+    assert 1 <= len(gens[1].token_ids) <= 3  # prompt + turn stay within the cap
+    assert policy.context_cuts == 1
+    assert any("max_context_tokens" in str(w.message) and "tool_detail" in str(w.message) for w in caught)
+
+
+def test_policy_settings_file_is_read_and_checked(tmp_path: Path) -> None:
+    assert read_policy_settings(tmp_path) == {}
+    (tmp_path / POLICY_SETTINGS_FILE).write_text(json.dumps({"tool_detail": "names", "max_context_tokens": 512}))
+    assert read_policy_settings(tmp_path) == {"tool_detail": "names", "max_context_tokens": 512}
+    for bad in ({"tool_detail": "some"}, {"max_context_tokens": "4096"}, {"temperature": 1}, [1]):
+        (tmp_path / POLICY_SETTINGS_FILE).write_text(json.dumps(bad))
+        with pytest.raises(PolicyError, match=POLICY_SETTINGS_FILE):
+            read_policy_settings(tmp_path)
+    (tmp_path / POLICY_SETTINGS_FILE).write_text("{not json")
+    with pytest.raises(PolicyError, match="cannot read"):
+        read_policy_settings(tmp_path)
+
+
+def test_save_pretrained_round_trips_the_settings(tmp_path: Path) -> None:
+    from trace_agent.policy.demo import tiny_policy
+    from trace_agent.policy.hf import HFPolicy
+
+    policy = tiny_policy(seed=0)
+    policy.save_pretrained(tmp_path / "plain")
+    assert not (tmp_path / "plain" / POLICY_SETTINGS_FILE).exists()
+    policy.tool_detail, policy.max_context_tokens = "names", 300
+    back = HFPolicy.from_pretrained(policy.save_pretrained(tmp_path / "named"))
+    assert (back.tool_detail, back.max_context_tokens, back.max_batch_tokens) == ("names", 300, policy.max_batch_tokens)
+    assert HFPolicy.from_pretrained(tmp_path / "named", tool_detail="full").tool_detail == "full"  # arguments win
+
+
+def test_names_rendering_matches_a_names_env() -> None:
+    from trace_agent.policy.demo import tiny_policy
+
+    policy = tiny_policy(seed=0)
+    full = [{"type": "function", "function": {"name": "cd", "description": "Change dir " * 50,
+                                              "parameters": {"type": "object", "properties": {"folder": {
+                                                  "type": "string", "description": "where"}}}}}]
+    messages = [{"role": "user", "content": "go"}]
+    plain = policy.render(messages, full)
+    policy.tool_detail = "names"
+    named = policy.render(messages, full)
+    assert named == policy.chat.render(messages, [{"type": "function", "function": {"name": "cd"}}])
+    assert len(named) < len(plain)
+
+
+# ----------------------------------------------------------------------------------------- the shipped policy
+SHIPPED = ROOT / "trace_agent" / "policy" / "assets" / "demo_policy_bfcl"
+#: the acting check: greedy first steps on the first ACT_SAMPLE demonstrated entries, at least this many exact
+ACT_SAMPLE, ACT_FLOOR_EXACT = 6, 2
+
+
+def test_the_shipped_policy_is_small_and_renders_tools_by_name() -> None:
+    from trace_agent.policy.demo import load_demo_policy, shipped_demo_policy
+
+    assert shipped_demo_policy(ENV_ID) == SHIPPED and (SHIPPED / "config.json").is_file()
+    assert sum(p.stat().st_size for p in SHIPPED.rglob("*") if p.is_file()) < 5_000_000
+    report = json.loads((SHIPPED / "build_report.json").read_text())
+    assert report["config"]["env_ids"] == [ENV_ID] and report["num_flawed"] > 0
+    policy = load_demo_policy(SHIPPED)
+    assert policy.tool_detail == "names" and policy.max_context_tokens == 4096
+    assert read_policy_settings(SHIPPED) == dict(BFCLDemonstrator.policy_settings)
+
+
+@needs_bfcl
+@pytest.mark.slow
+def test_the_shipped_policy_acts_in_the_env_but_does_not_yet_solve_episodes() -> None:
+    """What the shipped policy does (docs/paper/bfcl/README.md): greedy, its first step on each of the first
+    6 demonstrated entries is a call list the env runs (no parse error), and at least 2 equal the ground
+    truth's first step (measured: 2 of 6). It does NOT yet reach the brief's floor: 0 of 40 episodes at
+    temperature 1 succeed (eval.json), so this checks acting, not success; the ceiling holds trivially."""
+    from trace_agent.policy.demo import load_demo_policy
+
+    policy = load_demo_policy(SHIPPED)
+    demonstrator = BFCLDemonstrator()
+    ids = demonstrator.demonstration_tasks().ids()[:ACT_SAMPLE]
+    envs = [_env(tasks="train", tool_detail="names", max_turns=16) for _ in ids]
+    try:
+        contexts, wanted = [], []
+        for env, task_id in zip(envs, ids):
+            env.reset(options={"task_id": task_id})
+            wanted.append(demonstrator.script(env, FlawPlan())[0])
+            contexts.append(policy.render(env.messages, env.tools))
+        gens = policy.generate(contexts, max_new_tokens=96, temperature=0.0, seed=0)
+        infos = [env.step(g.text)[4] for env, g in zip(envs, gens)]
+    finally:
+        for env in envs:
+            env.close()
+    assert all(info.get("calls") and "parse_error" not in info for info in infos), [g.text for g in gens]
+    assert sum(g.text == w for g, w in zip(gens, wanted)) >= ACT_FLOOR_EXACT
+    assert policy.context_cuts == 0
+
+
+@needs_bfcl
+@pytest.mark.slow
+def test_bfcl_demo_config_trains_a_step(tmp_path: Path) -> None:
+    """docs/configs/bfcl_demo.yaml trains one TRACE step with the shipped policy (small overrides)."""
+    from trace_agent.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(ROOT / "docs" / "configs" / "bfcl_demo.yaml"), "--out", str(run),
+                 "--no-eval", "--no-progress", "--steps", "1", "--set", "rollout.prompts_per_step=2",
+                 "--set", "rollout.roots=4", "--set", "rollout.group_size=2", "--set", "sampling.max_new_tokens=24",
+                 "--set", "sampling.max_turns=4", "--set", "predictor.kind=hashed", "--set", "log.tensorboard=false",
+                 "--set", "log.wandb=false"]) == 0
+    assert (run / "checkpoints" / "step_000001" / "manifest.json").is_file()
