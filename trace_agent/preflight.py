@@ -157,8 +157,14 @@ def preflight(config: TrainConfig, *, train: bool = True) -> list[Check]:
         path = policy_dir(config)
         assert path is not None
         built = (path / "config.json").is_file()
-        checks.append(Check(name="policy", ok=True, fatal=False,
-                            message=f"policy: demo at {path}" + ("" if built else " (built there first: minutes)")))
+        if not built and not p.path:
+            checks.append(Check(name="policy", ok=False,
+                                message=f"policy: no demo policy is shipped for {config.env_id} yet; build one with "
+                                        f"`python scripts/build_demo_policy.py --env {config.env_id} --out DIR` and "
+                                        f"pass --policy-path DIR"))
+        else:
+            checks.append(Check(name="policy", ok=True, fatal=False,
+                                message=f"policy: demo at {path}" + ("" if built else " (built there first: minutes)")))
     elif p.kind != "tiny":
         checks.append(model_check("policy", p.path, what="policy.path"))
     warning = policy_env_warning(config)

@@ -290,8 +290,7 @@ def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool | 
         if callable(close):
             close()
     policy_out = out / "policy"
-    trainer.learner.model.save_pretrained(policy_out)
-    trainer.learner.tokenizer.save_pretrained(policy_out)
+    trainer.learner.save_pretrained(policy_out)  # model, tokenizer and trace_policy.json (e.g. BFCL's tool_detail)
     write_policy_meta(policy_out, env_ids=[*(policy_env_ids(policy_dir(config)) or ()), config.env_id],
                       trained_by="trace-gym train", run=str(out), steps=trainer.step_count)
     records = read_metrics(logger.path)

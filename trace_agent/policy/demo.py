@@ -339,6 +339,7 @@ def build_demo_policy(
     model.eval()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    _write_policy_settings(out, cfg.env_ids)
     import shutil
 
     shutil.rmtree(out / ".build", ignore_errors=True)
@@ -358,6 +359,17 @@ def build_demo_policy(
     )
     (out / "build_report.json").write_text(report.to_json())
     return report
+
+
+def _write_policy_settings(out: Path, env_ids: Sequence[str]) -> None:
+    """A one-env build writes its demonstrator's ``policy_settings`` (e.g. BFCL's ``tool_detail``) as
+    ``trace_policy.json``, which :meth:`HFPolicy.from_pretrained` reads back."""
+    from trace_agent.policy.hf import POLICY_SETTINGS_FILE
+
+    settings = dict(getattr(demonstrator_for(env_ids[0]), "policy_settings", {}) or {}) if len(env_ids) == 1 else {}
+    (out / POLICY_SETTINGS_FILE).unlink(missing_ok=True)
+    if settings:
+        (out / POLICY_SETTINGS_FILE).write_text(json.dumps(settings, indent=1, sort_keys=True) + "\n")
 
 
 def _common_prefix_length(seqs: Sequence[Sequence[int]]) -> int:
@@ -512,9 +524,20 @@ def demo_train_config(env_id: str = DEFAULT_ENV_IDS[0], **overrides: Any) -> Dem
 def ensure_demo_policy(path: str | Path | None = None, *, env_id: str = DEFAULT_ENV_IDS[0], seed: int = 0,
                        steps: int | None = None, log: Callable[[str], None] | None = None) -> Path:
     """The directory of ``env_id``'s demo policy: the shipped one (:func:`shipped_demo_policy`) when
-    ``path`` is None or empty, else ``path``; either is built first (:func:`build_demo_policy` with
-    :func:`demo_train_config`) when it holds no model."""
-    target = Path(path) if path else shipped_demo_policy(env_id)
+    ``path`` is None or empty, else ``path``, built there first (:func:`build_demo_policy` with
+    :func:`demo_train_config`) when it holds no model.
+
+    An env whose shipped slot is empty is a :class:`PolicyError` naming the build command: building
+    one silently into the package would take tens of minutes on a CPU.
+    """
+    if not path:
+        shipped = shipped_demo_policy(env_id)
+        if not (shipped / "config.json").exists():
+            raise PolicyError(
+                f"no demo policy is shipped for {env_id} yet; build one with `python scripts/build_demo_policy.py "
+                f"--env {env_id} --out DIR` (tens of minutes on a CPU) and pass its directory as the policy path")
+        return shipped
+    target = Path(path)
     if not (target / "config.json").exists():
         if log is not None:
             log(f"building the {env_id} demo policy in {target} (minutes, once)")
