@@ -41,6 +41,7 @@ and is only statistically equivalent. See docs/engine.md.
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 from collections.abc import Callable, Coroutine, MutableMapping, Sequence
@@ -87,6 +88,51 @@ T = TypeVar("T")
 
 # --------------------------------------------------------------------------------------------------
 # configuration and results
+
+
+def run_interruptibly(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """``asyncio.run(make())``, except that a Ctrl-C always ends in :class:`KeyboardInterrupt`.
+
+    ``asyncio.run`` turns SIGINT into a cancellation of the main task and raises
+    ``KeyboardInterrupt`` only if that task ends cancelled; a coroutine that absorbs the
+    cancellation somewhere down its await chain would return normally and the interrupt would be
+    lost (a training run then goes on after Ctrl-C). Here the interrupt is recorded by our own
+    handler (main thread, default handler only), the task is cancelled, and ``KeyboardInterrupt``
+    is raised once the loop is done, whatever the task did; a second Ctrl-C raises at once.
+    """
+    main_thread = threading.current_thread() is threading.main_thread()
+    if not main_thread or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return asyncio.run(make())
+    interrupted = False
+    current: asyncio.Task[Any] | None = None
+
+    async def main() -> T:
+        nonlocal current
+        current = asyncio.current_task()
+        return await make()
+
+    with asyncio.Runner() as runner:
+        loop = runner.get_loop()
+
+        def on_sigint(signum: int, frame: Any) -> None:
+            nonlocal interrupted
+            if interrupted or current is None:
+                raise KeyboardInterrupt
+            interrupted = True
+            loop.call_soon_threadsafe(current.cancel)
+
+        signal.signal(signal.SIGINT, on_sigint)
+        try:
+            result = runner.run(main())
+        except asyncio.CancelledError:
+            if interrupted:
+                raise KeyboardInterrupt from None
+            raise
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    if interrupted:
+        raise KeyboardInterrupt
+    return result
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -303,7 +349,7 @@ class TreeCollector:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(make())
+            return run_interruptibly(make)
         box: dict[str, Any] = {}
 
         def run() -> None:
