@@ -108,14 +108,15 @@ class BenchConfig:
 def load_policy(spec: str, *, cache_dir: str | Path | None = None, env_id: str = "trace_envs/PythonMath-v0",
                 log: Callable[[str], None] = print) -> Any:
     """``"demo"``: ``env_id``'s offline demo policy (the shipped one, or built in ``cache_dir`` if given and
-    missing); else a transformers model dir."""
-    from trace_agent.policy import demo
+    missing); else a transformers model dir. Loaded by :func:`~trace_agent.wiring.build_policies`, as a
+    training run loads its policy."""
+    from trace_agent.config import PolicyConfig
+    from trace_agent.wiring import build_policies
 
-    if spec == "demo":
-        return demo.load_demo_policy(demo.ensure_demo_policy(cache_dir, env_id=env_id, log=log))
-    from trace_agent.policy.hf import HFPolicy
-
-    return HFPolicy.from_pretrained(spec)
+    config = (PolicyConfig(kind="demo", path=str(cache_dir or "")) if spec == "demo"
+              else PolicyConfig(kind="hf", path=spec))
+    learner, _ = build_policies(config, env_id=env_id, log=log)
+    return learner
 
 
 # --------------------------------------------------------------------------------------------------

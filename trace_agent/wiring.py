@@ -16,10 +16,10 @@ __all__ = ["ALL_TASKS", "EnvSetupError", "build_engine", "build_policies", "buil
            "resolve_strategy", "split_kwargs", "task_ids"]
 
 
-def build_policies(config: PolicyConfig, *, seed: int = 0, env_id: str = "trace_envs/PythonMath-v0"
-                   ) -> tuple[HFPolicy, Any]:
+def build_policies(config: PolicyConfig, *, seed: int = 0, env_id: str = "trace_envs/PythonMath-v0",
+                   log: Callable[[str], None] | None = None) -> tuple[HFPolicy, Any]:
     """(learner, engine) for ``config`` (see :class:`~trace_agent.config.PolicyConfig`); a ``demo`` policy
-    without a path is ``env_id``'s shipped one."""
+    without a path is ``env_id``'s shipped one (``log`` hears about a demo policy being built)."""
     from trace_agent.policy.hf import HFPolicy
 
     if config.kind == "tiny":
@@ -30,7 +30,7 @@ def build_policies(config: PolicyConfig, *, seed: int = 0, env_id: str = "trace_
     if config.kind == "demo":
         from trace_agent.policy.demo import ensure_demo_policy, load_demo_policy
 
-        path = ensure_demo_policy(config.path, env_id=env_id, seed=seed, steps=config.demo_build_steps)
+        path = ensure_demo_policy(config.path, env_id=env_id, seed=seed, steps=config.demo_build_steps, log=log)
         learner = load_demo_policy(path, device=config.device, max_batch_size=config.max_batch_size)
         return learner, learner
     learner = HFPolicy.from_pretrained(config.path, device=config.device, dtype=config.dtype,
