@@ -190,7 +190,10 @@ def test_preflight_warns_about_a_policy_trained_on_another_env(tmp_path: Path, c
 def test_ctrl_c_leaves_a_resumable_run_and_prints_the_hint(tmp_path: Path) -> None:
     cfg = _config_file(tmp_path, steps=40)
     run = tmp_path / "killed"
-    script = ("import sys; import tests.agent.test_trainer; from trace_agent.cli import main; "
+    # A terminal's Ctrl-C: Python's own SIGINT handler, even when this suite runs as a background job (which
+    # inherits SIGINT ignored and would pass that on to the child).
+    script = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+              "import tests.agent.test_trainer; from trace_agent.cli import main; "
               f"sys.exit(main(['train', '--config', {str(cfg)!r}, '--out', {str(run)!r}, '--no-eval']))")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env, stdout=subprocess.PIPE,

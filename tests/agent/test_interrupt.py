@@ -12,6 +12,14 @@ import pytest
 from trace_agent.rollout import run_interruptibly
 
 
+@pytest.fixture(autouse=True)
+def _default_sigint_handler():
+    """Python's own SIGINT handler for each test (a Ray driver started by an earlier test installs its own)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 async def _absorbs_cancellation() -> str:
     """Like an await chain that swallows a CancelledError somewhere: it keeps going until done."""
     for _ in range(40):
