@@ -22,7 +22,6 @@ import argparse
 import json
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -140,23 +139,16 @@ def turns(args: argparse.Namespace) -> dict:
 
 
 def prefixes(args: argparse.Namespace) -> dict:
+    from trace_agent.analysis import prefix_mixing
     from trace_agent.tree import load_jsonl
 
-    per: dict[str, dict] = defaultdict(lambda: {"branch_points": 0, "mixed": 0, "by_depth": defaultdict(lambda: [0, 0])})
-    for tree in load_jsonl(args.trees):
-        row = per[str(tree.metadata.get("strategy"))]
-        for node in tree.branch_points():
-            if node.depth < 1:
-                continue
-            mixed = tree.is_mixed(node)
-            row["branch_points"] += 1
-            row["mixed"] += int(mixed)
-            row["by_depth"][node.depth][0] += 1
-            row["by_depth"][node.depth][1] += int(mixed)
-    return {name: {"branch_points_depth_ge_1": r["branch_points"], "mixed": r["mixed"],
-                   "mixed_share": round(r["mixed"] / r["branch_points"], 3) if r["branch_points"] else None,
-                   "by_depth": {str(d): {"branch_points": n, "mixed": m} for d, (n, m) in sorted(r["by_depth"].items())}}
-            for name, r in sorted(per.items())}
+    result = {}
+    for name, r in sorted(prefix_mixing(load_jsonl(args.trees)).items()):
+        total = r["depth>=1"]
+        result[name] = {"branch_points_depth_ge_1": total["branch_points"], "mixed": total["mixed"],
+                        "mixed_share": round(total["share_mixed"], 3) if total["branch_points"] else None,
+                        "by_depth": r["by_depth"]}
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
