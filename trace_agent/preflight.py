@@ -156,12 +156,12 @@ def preflight(config: TrainConfig, *, train: bool = True) -> list[Check]:
     if p.kind == "demo":
         path = policy_dir(config)
         assert path is not None
+        from trace_agent.policy.demo import missing_shipped_policy
+
         built = (path / "config.json").is_file()
-        if not built and not p.path:
-            checks.append(Check(name="policy", ok=False,
-                                message=f"policy: no demo policy is shipped for {config.env_id} yet; build one with "
-                                        f"`python scripts/build_demo_policy.py --env {config.env_id} --out DIR` and "
-                                        f"pass --policy-path DIR"))
+        missing = None if p.path else missing_shipped_policy(config.env_id)
+        if missing is not None:
+            checks.append(Check(name="policy", ok=False, message=f"policy: {missing} (--policy-path)"))
         else:
             checks.append(Check(name="policy", ok=True, fatal=False,
                                 message=f"policy: demo at {path}" + ("" if built else " (built there first: minutes)")))

@@ -76,6 +76,7 @@ __all__ = [
     "SHIPPED_DEMO_POLICY",
     "SHIPPED_DEMO_POLICIES",
     "shipped_demo_policy",
+    "missing_shipped_policy",
     "demo_train_config",
     "ensure_demo_policy",
     "build_demo_policy",
@@ -512,6 +513,14 @@ def shipped_demo_policy(env_id: str = DEFAULT_ENV_IDS[0]) -> Path:
     return SHIPPED_DEMO_POLICIES.get(env_id, SHIPPED_DEMO_POLICY)
 
 
+def missing_shipped_policy(env_id: str) -> str | None:
+    """Why ``--policy demo`` without a path cannot run on ``env_id`` (its shipped slot is empty), or None."""
+    if (shipped_demo_policy(env_id) / "config.json").exists():
+        return None
+    return (f"no demo policy is shipped for {env_id} yet; build one with `python scripts/build_demo_policy.py "
+            f"--env {env_id} --out DIR` (tens of minutes on a CPU) and pass its directory as the policy path")
+
+
 def demo_train_config(env_id: str = DEFAULT_ENV_IDS[0], **overrides: Any) -> DemoTrainConfig:
     """The warm-start settings of ``env_id``'s demo policy: the defaults, then the env's demonstrator's
     ``train_overrides`` (a mapping of :class:`DemoTrainConfig` fields, if it has one), then ``overrides``."""
@@ -531,12 +540,10 @@ def ensure_demo_policy(path: str | Path | None = None, *, env_id: str = DEFAULT_
     one silently into the package would take tens of minutes on a CPU.
     """
     if not path:
-        shipped = shipped_demo_policy(env_id)
-        if not (shipped / "config.json").exists():
-            raise PolicyError(
-                f"no demo policy is shipped for {env_id} yet; build one with `python scripts/build_demo_policy.py "
-                f"--env {env_id} --out DIR` (tens of minutes on a CPU) and pass its directory as the policy path")
-        return shipped
+        missing = missing_shipped_policy(env_id)
+        if missing is not None:
+            raise PolicyError(missing)
+        return shipped_demo_policy(env_id)
     target = Path(path)
     if not (target / "config.json").exists():
         if log is not None:
