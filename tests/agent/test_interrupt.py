@@ -66,3 +66,41 @@ def test_run_interruptibly_returns_the_value_and_restores_the_handler() -> None:
 
     assert run_interruptibly(value) == 7
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_strategy_thread_that_outlives_its_loop_ends_quietly() -> None:
+    """Ctrl-C closes the loop while a strategy thread still works: its result is dropped, no thread traceback."""
+    from trace_agent.engine.growth import in_thread
+
+    release = threading.Event()
+    finished = threading.Event()
+    failures: list[BaseException] = []
+    hook = threading.excepthook
+    threading.excepthook = lambda args: failures.append(args.exc_value)
+
+    def slow(fail: bool) -> str:
+        release.wait(5)
+        try:
+            if fail:
+                raise ValueError("the strategy failed after the loop closed")
+            return "late"
+        finally:
+            finished.set()
+
+    try:
+        for fail in (False, True):
+            release.clear()
+            finished.clear()
+
+            async def main(fail: bool = fail) -> None:
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(in_thread(slow, fail), 0.05)
+
+            asyncio.run(main())  # the loop is closed here, the thread still waits
+            release.set()
+            assert finished.wait(5)
+            for t in [t for t in threading.enumerate() if t.name == "trace-strategy"]:
+                t.join(5)
+    finally:
+        threading.excepthook = hook
+    assert failures == []

@@ -59,7 +59,9 @@ async def in_thread(fn: Callable[..., T], *args: Any) -> T:
 
     A fresh thread (not a bounded pool) because the call may block on work that comes back
     through the event loop (Monte-Carlo rollouts of a strategy): a pool could run out of
-    threads while the tasks it starves are the ones the barrier waits for.
+    threads while the tasks it starves are the ones the barrier waits for. When the loop has
+    closed before ``fn`` returns (a Ctrl-C cancelled the awaiting task), the outcome is dropped
+    quietly: the thread does not die with a traceback on the closed loop.
     """
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
@@ -72,13 +74,19 @@ async def in_thread(fn: Callable[..., T], *args: Any) -> T:
         else:
             future.set_exception(value)
 
+    def deliver(ok: bool, value: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(settle, ok, value)
+        except RuntimeError:  # the loop is closed (Ctrl-C, or the caller gave up): nobody awaits this any more
+            pass
+
     def run() -> None:
         try:
             result = fn(*args)
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
-            loop.call_soon_threadsafe(settle, False, exc)
+            deliver(False, exc)
         else:
-            loop.call_soon_threadsafe(settle, True, result)
+            deliver(True, result)
 
     threading.Thread(target=run, name="trace-strategy", daemon=True).start()
     return await future
