@@ -26,6 +26,7 @@ _QUERY = re.compile(r'"query"\s*:\s*"([^"]*)"')
 
 def behaviour(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """kind -> {"episodes", "success", "first_search_right", "later_queries_copied", "answered_early"}."""
+    from trace_agent.policy.demonstrators.wiki import query_entity
     from trace_envs.tasks.wiki import default_wiki_tasks
 
     tasks = default_wiki_tasks()
@@ -36,11 +37,11 @@ def behaviour(rows: list[dict[str, Any]]) -> dict[str, Any]:
         messages = row["messages"]
         turns = [m["content"] for m in messages if m["role"] == "assistant"]
         seen = [task.prompt] + [m["content"] for m in messages if m["role"] == "tool"]
-        queries = [(k, q) for k, t in enumerate(turns) for q in _QUERY.findall(t)[:1]]
+        queries = [(k, query_entity(q)) for k, t in enumerate(turns) for q in _QUERY.findall(t)[:1]]
         cell = acc[kind]
         cell["episodes"] += 1
         cell["success"] += float(row["reward"] > 0)
-        cell["first_search_right"] += float(bool(queries) and queries[0] == (0, task.data["queries"][0]))
+        cell["first_search_right"] += float(bool(queries) and queries[0] == (0, query_entity(task.data["queries"][0])))
         later = [(k, q) for k, q in queries if k >= 1]
         cell["later_queries"] += len(later)
         cell["later_queries_copied"] += sum(any(q and q in text for text in seen[:k + 1]) for k, q in later)

@@ -18,7 +18,7 @@ from trace_agent.policy.demo import (
     load_demo_policy,
     success_histogram,
 )
-from trace_agent.policy.demonstrators.wiki import FLAWS, WikiQADemonstrator, parse_passages
+from trace_agent.policy.demonstrators.wiki import FLAWS, WikiQADemonstrator, parse_passages, query_entity
 from trace_envs.tasks.wiki import (
     default_wiki_tasks,
     generate_encyclopedia,
@@ -126,7 +126,7 @@ def test_clean_episodes_succeed_with_queries_copied_from_the_observations(wiki_e
         # every query after the first is a string the previous observations (or the question) contain
         tool_texts = [m["content"] for m in wiki_env.messages if m["role"] == "tool"]
         for k, action in enumerate(actions[1:-1], start=1):
-            query = action.split('"query": "')[1].split('"')[0]
+            query = query_entity(action.split('"query": "')[1].split('"')[0])
             assert any(query in text for text in [task.prompt, *tool_texts[:k]]), (task_id, query)
 
 

@@ -37,7 +37,7 @@ from trace_agent.policy.demonstrators.base import tool_call
 if TYPE_CHECKING:
     from trace_envs.core import BranchableEnv, TaskSet
 
-__all__ = ["WikiQADemonstrator", "FLAWS", "parse_passages", "Passage"]
+__all__ = ["WikiQADemonstrator", "FLAWS", "parse_passages", "Passage", "query_entity"]
 
 #: The mistakes a flawed demonstration can make, per question kind (the first search is always right).
 FLAWS: Mapping[str, tuple[str, ...]] = {
@@ -64,6 +64,11 @@ _CAREER = re.compile(r"^In (\d+), (.+?) moved to (\S+), where (?:his|her) work a
 _CITY = re.compile(r"^(\S+) is a city in (\S+), on the")
 _QUESTION_PEOPLE = re.compile(r"the (\w+) ([A-Z]\w+ [A-Z]\w+)")
 _QUESTION_ORGS = re.compile(r"the ([A-Z]\w+ [A-Z]\w+)")
+
+
+def query_entity(query: str) -> str:
+    """The entity a search query names: the query without a leading "the " (as the demonstrator writes it)."""
+    return query[4:] if query[:4].lower() == "the " else query
 
 
 @dataclass(frozen=True)
@@ -142,8 +147,15 @@ class _Episode:
         handler = getattr(self, "_" + self.kind.replace("-", "_"))
         return handler(turn, observations)
 
-    @staticmethod
-    def search(query: str) -> str:
+    def search(self, query: str) -> str:
+        """A search call. An entity query is written as it reads in running text, after "the"
+        (``the Velmora Foundry``, ``the Harbour of Cadwick``; ``painter Ana Bel`` as is), so that each
+        name is the same token in the question, the passages and the query: a byte-level BPE splits
+        a capitalised word at the start of a string into other pieces than after a space, and a small
+        policy cannot learn to re-spell a name it has never seen. "the" is a stopword of the BM25
+        index, so the search results are the same as for the bare name."""
+        if query != self.question and query[:1].isupper():
+            query = "the " + (query[4:] if query.startswith("The ") else query)
         return tool_call("search", {"query": query})
 
     @staticmethod
