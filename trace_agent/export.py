@@ -310,23 +310,25 @@ def read_trees(paths: Sequence[str | Path]) -> list[RolloutTree]:
 
 
 def fill_from_env(trees: Sequence[RolloutTree], env_id: str, **env_kwargs: Any) -> int:
-    """Give trees without tools or ground truth the env's (older files); returns how many were filled."""
-    import gymnasium as gym
+    """Give trees without tools or ground truth the env's (older files); returns how many were filled.
 
-    import trace_envs  # noqa: F401 - registers the suite
+    The env comes from the one env factory (:func:`~trace_agent.wiring.make_env_factory`) with
+    its default task set, as ``gym.make(env_id)`` has it (``env_kwargs`` such as ``tasks=``
+    choose another); one turn is enough, nothing is stepped.
+    """
+    from trace_agent.wiring import make_env_factory
 
     missing = [t for t in trees if not t.tools or t.ground_truth is None]
     if not missing:
         return 0
-    env = gym.make(env_id, **env_kwargs)
+    env = make_env_factory(env_id, None, max_turns=1, env_kwargs=env_kwargs)()
     try:
         for tree in missing:
             env.reset(options={"task_id": tree.task_id})
-            base = env.unwrapped
             if not tree.tools:
-                tree.tools = [dict(t) for t in base.tools]
+                tree.tools = [dict(t) for t in env.tools]
             if tree.ground_truth is None:
-                tree.ground_truth = ground_truth_of(base.task.data)
+                tree.ground_truth = ground_truth_of(env.task.data)
     finally:
         env.close()
     return len(missing)
