@@ -51,7 +51,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Coroutine, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -69,7 +69,8 @@ from trace_agent.engine.base import (
 from trace_agent.engine.envs import EnvFactory, EnvHost, LocalEnvHost, _LocalSession
 from trace_agent.engine.growth import Growth, check_roots, in_thread, on_loop, run_prompts
 from trace_agent.engine.ray_envs import RayConfig
-from trace_agent.engine.scheduler import Batching, EngineConfig, EngineStats, GenerationEngine
+from trace_agent.engine.scheduler import EngineConfig, EngineStats, GenerationEngine
+from trace_agent.options import ENV_BACKENDS, Batching, EnvBackend, either
 from trace_agent.policy.base import Policy
 from trace_agent.predictor import SuccessPredictor
 from trace_agent.strategies import Budget, PromptValues, RootRequest, Strategy
@@ -177,7 +178,7 @@ class RolloutConfig:
     max_wait_s: float = 0.05
     batching: Batching = "deterministic"
     env_retries: int = 1
-    backend: Literal["local", "ray"] = "local"
+    backend: EnvBackend = "local"
     ray: RayConfig = field(default_factory=RayConfig)
     oracle_samples: int = 8
     release_snapshots: bool = True
@@ -191,8 +192,8 @@ class RolloutConfig:
             raise ValueError(f"max_batch_size must be >= 1 or None, got {self.max_batch_size}")
         if self.env_retries < 0:
             raise ValueError(f"env_retries must be >= 0, got {self.env_retries}")
-        if self.backend not in ("local", "ray"):
-            raise ValueError(f"backend must be 'local' or 'ray', got {self.backend!r}")
+        if self.backend not in ENV_BACKENDS:
+            raise ValueError(f"backend must be {either(ENV_BACKENDS)}, got {self.backend!r}")
         EngineConfig(max_wait_s=self.max_wait_s, batching=self.batching)  # validates both
 
 

@@ -506,26 +506,27 @@ class Oracle(TRACE):
         return float(root.value) if root.value is not None else float(request.oracle([root])[0])
 
 
-#: Names accepted by :func:`make_strategy`.
-STRATEGY_NAMES: tuple[str, ...] = ("grpo", "pcl", "treepo", "trace", "trace-root", "trace-prefix", "oracle",
-                                   "trace+rootprefix", "oracle+rootprefix", "oracle-sum")
+#: The built-in strategies by name: what :func:`make_strategy` builds.
+_BUILDERS: dict[str, Callable[[], Strategy]] = {
+    "grpo": GRPO,
+    "pcl": PCL,
+    "treepo": TreePO,
+    "trace": TRACE,
+    "trace-root": lambda: TRACE(name="trace-root", prefixes=False),
+    "trace-prefix": lambda: TRACE(name="trace-prefix", roots=False),
+    "oracle": Oracle,
+    "trace+rootprefix": lambda: TRACE(name="trace+rootprefix", root_prefix=True),
+    "oracle+rootprefix": lambda: Oracle(name="oracle+rootprefix", root_prefix=True),
+    "oracle-sum": lambda: Oracle(name="oracle-sum", root_objective="sum", flip_once=False),
+}
+
+#: Names accepted by :func:`make_strategy` (the keys of its table, in order).
+STRATEGY_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 
 
 def make_strategy(name: str) -> Strategy:
     """A built-in strategy by name (see :data:`STRATEGY_NAMES`)."""
-    table: dict[str, Callable[[], Strategy]] = {
-        "grpo": GRPO,
-        "pcl": PCL,
-        "treepo": TreePO,
-        "trace": TRACE,
-        "trace-root": lambda: TRACE(name="trace-root", prefixes=False),
-        "trace-prefix": lambda: TRACE(name="trace-prefix", roots=False),
-        "oracle": Oracle,
-        "trace+rootprefix": lambda: TRACE(name="trace+rootprefix", root_prefix=True),
-        "oracle+rootprefix": lambda: Oracle(name="oracle+rootprefix", root_prefix=True),
-        "oracle-sum": lambda: Oracle(name="oracle-sum", root_objective="sum", flip_once=False),
-    }
     try:
-        return table[name]()
+        return _BUILDERS[name]()
     except KeyError:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGY_NAMES)}") from None

@@ -74,6 +74,7 @@ from trace_agent.integrations.shared_predictor import (
     save_predictor,
 )
 from trace_agent.integrations.verl_server import PolicyServerClient, VerlServerPolicy, request_seed
+from trace_agent.options import PREDICTOR_PREFIXES
 from trace_agent.policy.base import PolicyError
 from trace_agent.rollout import PromptSpec, RolloutConfig, TreeCollector
 from trace_agent.strategies import (
@@ -161,8 +162,9 @@ class TraceVerlConfig:
             raise ValueError(f"trace.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.predictor not in ("embedding", "hashed"):
             raise ValueError(f"trace.predictor must be 'embedding' or 'hashed', got {self.predictor!r}")
-        if self.predictor_prefixes not in ("all", "branched", "none"):
-            raise ValueError(f"trace.predictor_prefixes must be all|branched|none, got {self.predictor_prefixes!r}")
+        if self.predictor_prefixes not in PREDICTOR_PREFIXES:
+            raise ValueError(f"trace.predictor_prefixes must be {'|'.join(PREDICTOR_PREFIXES)}, "
+                             f"got {self.predictor_prefixes!r}")
         object.__setattr__(self, "env_kwargs", dict(self.env_kwargs))
 
     @classmethod
