@@ -6,8 +6,8 @@ call), steps each env with its text and, while the episode goes on, tells the ac
 in the new observation. :func:`play_episodes` is :func:`play` with a policy
 (:class:`PolicyActor`: the chat rendered once with :meth:`Policy.render`, one batched
 ``generate`` a turn, the observation messages appended with :meth:`Policy.extend`, token ids
-appended, never re-encoded), used by :func:`~trace_agent.policy.demo.evaluate_policy` and
-:func:`~trace_agent.train_cli.evaluate_heldout`;
+appended, never re-encoded), used by :func:`evaluate_policy` (per-task rewards through the
+env, summarised by :func:`success_histogram`) and :func:`~trace_agent.train_cli.evaluate_heldout`;
 the scripted demonstrators play through :func:`play` too
 (:func:`~trace_agent.policy.demonstrators.collect_demonstrations`). The
 collector's turn loop (:mod:`trace_agent.engine.growth`) is the asynchronous, branching form
@@ -20,14 +20,19 @@ observation (the env contract).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from trace_agent.errors import PolicyError
 from trace_agent.policy.base import Message
+from trace_agent.success import success_rate
 
-__all__ = ["EpisodeStart", "Actor", "PolicyActor", "observation_messages", "play", "play_episodes"]
+__all__ = ["EpisodeStart", "Actor", "PolicyActor", "observation_messages", "play", "play_episodes", "evaluate_policy",
+           "success_histogram"]
 
 
 def observation_messages(messages: Sequence[Message]) -> list[Message]:
@@ -156,3 +161,57 @@ def play_episodes(
                         top_p=top_p)
     return play(actor, envs, starts, on_end=on_end)
 
+
+def evaluate_policy(
+    policy: Any,
+    env_id: str,
+    task_ids: Sequence[str],
+    *,
+    samples: int = 8,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 256,
+    max_turns: int = 4,
+    seed: int = 0,
+    env_kwargs: Mapping[str, Any] | None = None,
+) -> dict[str, list[float]]:
+    """Rewards of ``samples`` episodes per task, played through the real env with ``policy``.
+
+    The ``samples`` episodes of one task run side by side (one env each, one batched
+    ``generate`` per turn; :func:`~trace_agent.policy.episodes.play_episodes`). Returns task
+    id -> rewards.
+    """
+    from trace_agent.wiring import make_env_factory
+
+    make = make_env_factory(env_id, None, max_turns=max_turns, env_kwargs=dict(env_kwargs or {}))
+    envs = [make() for _ in range(samples)]
+    results: dict[str, list[float]] = {}
+    try:
+        for t, task_id in enumerate(task_ids):
+            starts = [EpisodeStart(task_id=task_id, seed=seed + 1000 * t + k) for k in range(samples)]
+            results[task_id] = play_episodes(policy, envs, starts, turn_seed=lambda turn, t=t: seed + 7919 * t + turn,
+                                             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+    finally:
+        for env in envs:
+            env.close()
+    return results
+
+
+def success_histogram(results: Mapping[str, Sequence[float]], *, bins: int = 5) -> dict[str, Any]:
+    """Per-task success rates summarised: histogram over [0, 1], all-fail / mixed / all-success counts.
+
+    Success is :func:`trace_agent.success.is_success` (reward >= 0.5; the suite's rewards are 0 or 1).
+    """
+    rates = [success_rate(rewards) for rewards in results.values() if rewards]
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    counts, _ = np.histogram(rates, bins=edges)
+    return {
+        "tasks": len(rates),
+        "mean_success": float(np.mean(rates)) if rates else math.nan,
+        "all_fail": sum(r == 0.0 for r in rates),
+        "all_success": sum(r == 1.0 for r in rates),
+        "mixed": sum(0.0 < r < 1.0 for r in rates),
+        "histogram": {f"[{edges[i]:.1f},{edges[i + 1]:.1f}{']' if i == bins - 1 else ')'}": int(c)
+                      for i, c in enumerate(counts)},
+        "rates": rates,
+    }
