@@ -16,11 +16,12 @@ Example YAML (``docs/configs/demo.yaml``)::
 
 Overrides: ``load_config("demo.yaml", ["optim.lr=1e-4", "rollout.strategy=grpo"])``.
 
-Size (about 600 lines): every section of the schema stays in this one module, as TRL's
+Size (about 630 lines): every section of the schema stays in this one module, as TRL's
 ``GRPOConfig`` does, so that a field, its documentation and its cross-field checks read
 together; the numbers with a meaning of their own live where they are defined (the rollout
 budget is :class:`trace_agent.budget.Budget`, which :attr:`RolloutSettings.budget` builds and
-which validates it; the objective names are :data:`trace_agent.objectives.OBJECTIVES`).
+which validates it; every named option's values are listed once in :mod:`trace_agent.options`,
+the strategy names in :data:`trace_agent.strategies.STRATEGY_NAMES`).
 """
 
 from __future__ import annotations
@@ -35,13 +36,32 @@ from typing import Any, Literal
 
 from trace_agent.budget import Budget
 from trace_agent.errors import ConfigError
-from trace_agent.loss import LOSS_AGG_MODES
-from trace_agent.objectives import OBJECTIVES
+from trace_agent.options import (
+    BATCHING,
+    ENV_BACKENDS,
+    LONE_CHILD,
+    LOSS_AGG_MODES,
+    OBJECTIVES,
+    POLICY_KINDS,
+    PREDICTOR_KINDS,
+    PREDICTOR_PREFIXES,
+    SHARED_TURNS,
+    SINGLETONS,
+    Batching,
+    EnvBackend,
+    LoneChild,
+    LossAggMode,
+    ObjectiveName,
+    PolicyKind,
+    PredictorKind,
+    PredictorPrefixes,
+    SharedTurns,
+    Singleton,
+    either,
+)
 from trace_agent.strategies import STRATEGY_NAMES
 
 __all__ = [
-    "STRATEGIES",
-    "OBJECTIVE_NAMES",
     "PolicyConfig",
     "SamplingSettings",
     "RolloutSettings",
@@ -59,8 +79,6 @@ __all__ = [
     "save_config",
 ]
 
-STRATEGIES: tuple[str, ...] = STRATEGY_NAMES  # every built-in strategy trains
-OBJECTIVE_NAMES: tuple[str, ...] = OBJECTIVES  # every objective trains
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,7 +115,7 @@ class PolicyConfig:
             directory every server can read).
     """
 
-    kind: Literal["demo", "hf", "vllm", "vllm-async", "vllm-server", "tiny"] = "demo"
+    kind: PolicyKind = "demo"
     path: str = ""
     device: str = "cpu"
     dtype: str | None = None
@@ -112,9 +130,8 @@ class PolicyConfig:
     weights_dir: str = ""
 
     def __post_init__(self) -> None:
-        kinds = ("demo", "hf", "vllm", "vllm-async", "vllm-server", "tiny")
-        if self.kind not in kinds:
-            raise ConfigError(f"policy.kind must be one of {', '.join(kinds)}, got {self.kind!r}")
+        if self.kind not in POLICY_KINDS:
+            raise ConfigError(f"policy.kind must be one of {', '.join(POLICY_KINDS)}, got {self.kind!r}")
         if self.max_batch_size < 1:
             raise ConfigError("policy.max_batch_size must be >= 1")
         urls = tuple(str(u).rstrip("/") for u in self.server_urls)
@@ -202,9 +219,9 @@ class RolloutSettings:
     workers: int = 2
     concurrent_prompts: int = 64
     max_batch_size: int | None = None
-    batching: Literal["deterministic", "dynamic"] = "deterministic"
+    batching: Batching = "deterministic"
     max_wait_s: float = 0.05
-    backend: Literal["local", "ray"] = "local"
+    backend: EnvBackend = "local"
     ray_workers: int = 2
     ray_cpus_per_worker: float = 1.0
     ray_memory_mb: int | None = None
@@ -214,12 +231,13 @@ class RolloutSettings:
 
     def __post_init__(self) -> None:
         module, colon, attr = self.strategy.partition(":")
-        if self.strategy not in STRATEGIES and not (colon and module and attr):
-            raise ConfigError(f"rollout.strategy must be one of {STRATEGIES} or module:attribute, got {self.strategy!r}")
-        if self.backend not in ("local", "ray"):
-            raise ConfigError(f"rollout.backend must be 'local' or 'ray', got {self.backend!r}")
-        if self.batching not in ("deterministic", "dynamic"):
-            raise ConfigError(f"rollout.batching must be 'deterministic' or 'dynamic', got {self.batching!r}")
+        if self.strategy not in STRATEGY_NAMES and not (colon and module and attr):
+            raise ConfigError(f"rollout.strategy must be one of {STRATEGY_NAMES} or module:attribute, "
+                              f"got {self.strategy!r}")
+        if self.backend not in ENV_BACKENDS:
+            raise ConfigError(f"rollout.backend must be {either(ENV_BACKENDS)}, got {self.backend!r}")
+        if self.batching not in BATCHING:
+            raise ConfigError(f"rollout.batching must be {either(BATCHING)}, got {self.batching!r}")
         if self.concurrent_prompts < 1 or self.ray_workers < 1 or not self.ray_cpus_per_worker >= 0:
             raise ConfigError("rollout.concurrent_prompts and rollout.ray_workers must be >= 1, "
                               "rollout.ray_cpus_per_worker >= 0")
@@ -293,15 +311,14 @@ class ObjectiveConfig:
         kl_coef: weight of the k3 KL to the initial policy (0: no reference model is kept).
     """
 
-    name: Literal["treerpo", "tree-grpo", "grpo"] = "treerpo"
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                           "seq-mean-token-sum-norm"] = "token-mean"
+    name: ObjectiveName = "treerpo"
+    loss_agg_mode: LossAggMode = "token-mean"
     loss_scale_factor: float | None = None
-    shared_turns: Literal["per-leaf", "once"] = "per-leaf"
+    shared_turns: SharedTurns = "per-leaf"
     std_ddof: int = 1
-    singleton: Literal["reference", "zero"] = "reference"
+    singleton: Singleton = "reference"
     normalize_std: bool = False
-    lone_child: Literal["zero", "inherit"] = "inherit"
+    lone_child: LoneChild = "inherit"
     skip_zero: bool = False
     clip_low: float = 0.2
     clip_high: float = 0.28
@@ -310,22 +327,22 @@ class ObjectiveConfig:
     kl_coef: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.name not in OBJECTIVE_NAMES:
-            raise ConfigError(f"objective.name must be one of {', '.join(OBJECTIVE_NAMES)}, got {self.name!r}")
+        if self.name not in OBJECTIVES:
+            raise ConfigError(f"objective.name must be one of {', '.join(OBJECTIVES)}, got {self.name!r}")
         modes = LOSS_AGG_MODES
         if self.loss_agg_mode not in modes:
             raise ConfigError(f"objective.loss_agg_mode must be one of {', '.join(modes)}, got {self.loss_agg_mode!r}")
         if self.loss_scale_factor is not None and not (math.isfinite(self.loss_scale_factor)
                                                        and self.loss_scale_factor > 0):
             raise ConfigError("objective.loss_scale_factor must be > 0 or null")
-        if self.shared_turns not in ("per-leaf", "once"):
-            raise ConfigError("objective.shared_turns must be 'per-leaf' or 'once'")
+        if self.shared_turns not in SHARED_TURNS:
+            raise ConfigError(f"objective.shared_turns must be {either(SHARED_TURNS)}")
         if self.std_ddof not in (0, 1):
             raise ConfigError("objective.std_ddof must be 0 or 1")
-        if self.singleton not in ("reference", "zero"):
-            raise ConfigError("objective.singleton must be 'reference' or 'zero'")
-        if self.lone_child not in ("zero", "inherit"):
-            raise ConfigError("objective.lone_child must be 'zero' or 'inherit'")
+        if self.singleton not in SINGLETONS:
+            raise ConfigError(f"objective.singleton must be {either(SINGLETONS)}")
+        if self.lone_child not in LONE_CHILD:
+            raise ConfigError(f"objective.lone_child must be {either(LONE_CHILD)}")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0 and self.kl_coef >= 0):
             raise ConfigError("need 0 <= objective.clip_low < 1, clip_high >= 0, kl_coef >= 0")
         if self.clip_ratio_c is not None and not self.clip_ratio_c > 1:
@@ -393,19 +410,19 @@ class PredictorSettings:
             for it), ``always`` every step (to report its quality under any strategy).
     """
 
-    kind: Literal["embedding", "hashed", "lm-critic"] = "embedding"
+    kind: PredictorKind = "embedding"
     path: str = "Qwen/Qwen3-0.6B"
-    prefixes: Literal["all", "branched", "none"] = "all"
+    prefixes: PredictorPrefixes = "all"
     prefix_share: float | None = 0.06
     refresh: Literal["auto", "always"] = "auto"
 
     def __post_init__(self) -> None:
-        if self.prefixes not in ("all", "branched", "none"):
-            raise ConfigError(f"predictor.prefixes must be all, branched or none, got {self.prefixes!r}")
+        if self.prefixes not in PREDICTOR_PREFIXES:
+            raise ConfigError(f"predictor.prefixes must be {either(PREDICTOR_PREFIXES)}, got {self.prefixes!r}")
         if self.prefix_share is not None and not (math.isfinite(self.prefix_share) and 0 <= self.prefix_share <= 1):
             raise ConfigError("predictor.prefix_share must be in [0, 1] or null")
-        if self.kind not in ("embedding", "hashed", "lm-critic"):
-            raise ConfigError(f"predictor.kind must be embedding, hashed or lm-critic, got {self.kind!r}")
+        if self.kind not in PREDICTOR_KINDS:
+            raise ConfigError(f"predictor.kind must be {either(PREDICTOR_KINDS)}, got {self.kind!r}")
         if self.refresh not in ("auto", "always"):
             raise ConfigError(f"predictor.refresh must be auto or always, got {self.refresh!r}")
 

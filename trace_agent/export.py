@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_agent.errors import ExportError
+from trace_agent.options import LONE_CHILD, OBJECTIVES, SHARED_TURNS, either
 from trace_agent.tree import Node, RolloutTree, TreeError, ground_truth_of, load_jsonl, load_parquet
 
 __all__ = [
@@ -80,7 +81,6 @@ __all__ = [
 
 #: ``--format`` values.
 EXPORT_FORMATS = ("trl-conversational", "trl-prompt-completion", "trl-preference", "verl")
-_OBJECTIVES = ("treerpo", "grpo", "tree-grpo")
 
 Message = dict[str, Any]
 
@@ -110,12 +110,12 @@ class ExportConfig:
     def __post_init__(self) -> None:
         if self.format not in EXPORT_FORMATS:
             raise ExportError(f"format must be one of {EXPORT_FORMATS}, got {self.format!r}")
-        if self.objective not in _OBJECTIVES:
-            raise ExportError(f"objective must be one of {_OBJECTIVES}, got {self.objective!r}")
-        if self.lone_child not in (None, "zero", "inherit"):
-            raise ExportError(f"lone_child must be 'zero' or 'inherit', got {self.lone_child!r}")
-        if self.shared_turns not in (None, "once", "per-leaf"):
-            raise ExportError(f"shared_turns must be 'once' or 'per-leaf', got {self.shared_turns!r}")
+        if self.objective not in OBJECTIVES:
+            raise ExportError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.lone_child is not None and self.lone_child not in LONE_CHILD:
+            raise ExportError(f"lone_child must be {either(LONE_CHILD)}, got {self.lone_child!r}")
+        if self.shared_turns is not None and self.shared_turns not in SHARED_TURNS:
+            raise ExportError(f"shared_turns must be {either(SHARED_TURNS)}, got {self.shared_turns!r}")
         if self.pairs_per_branch < 1:
             raise ExportError(f"pairs_per_branch must be >= 1, got {self.pairs_per_branch}")
 
@@ -310,23 +310,25 @@ def read_trees(paths: Sequence[str | Path]) -> list[RolloutTree]:
 
 
 def fill_from_env(trees: Sequence[RolloutTree], env_id: str, **env_kwargs: Any) -> int:
-    """Give trees without tools or ground truth the env's (older files); returns how many were filled."""
-    import gymnasium as gym
+    """Give trees without tools or ground truth the env's (older files); returns how many were filled.
 
-    import trace_envs  # noqa: F401 - registers the suite
+    The env comes from the one env factory (:func:`~trace_agent.wiring.make_env_factory`) with
+    its default task set, as ``gym.make(env_id)`` has it (``env_kwargs`` such as ``tasks=``
+    choose another); one turn is enough, nothing is stepped.
+    """
+    from trace_agent.wiring import make_env_factory
 
     missing = [t for t in trees if not t.tools or t.ground_truth is None]
     if not missing:
         return 0
-    env = gym.make(env_id, **env_kwargs)
+    env = make_env_factory(env_id, None, max_turns=1, env_kwargs=env_kwargs)()
     try:
         for tree in missing:
             env.reset(options={"task_id": tree.task_id})
-            base = env.unwrapped
             if not tree.tools:
-                tree.tools = [dict(t) for t in base.tools]
+                tree.tools = [dict(t) for t in env.tools]
             if tree.ground_truth is None:
-                tree.ground_truth = ground_truth_of(base.task.data)
+                tree.ground_truth = ground_truth_of(env.task.data)
     finally:
         env.close()
     return len(missing)
@@ -384,11 +386,11 @@ def add_export_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("trees", nargs="+", help="tree files (.jsonl/.parquet) or directories, e.g. runs/x/trees")
     p.add_argument("--format", required=True, choices=EXPORT_FORMATS)
     p.add_argument("--out", required=True, help="output file, .jsonl or .parquet")
-    p.add_argument("--objective", default="treerpo", choices=_OBJECTIVES, help="verl: advantages of this objective")
+    p.add_argument("--objective", default="treerpo", choices=OBJECTIVES, help="verl: advantages of this objective")
     p.add_argument("--normalize-std", action="store_true", help="verl, treerpo: divide by the sibling std")
-    p.add_argument("--lone-child", default=None, choices=["zero", "inherit"],
+    p.add_argument("--lone-child", default=None, choices=LONE_CHILD,
                    help="verl, treerpo (default: the objectives module's)")
-    p.add_argument("--shared-turns", default=None, choices=["once", "per-leaf"],
+    p.add_argument("--shared-turns", default=None, choices=SHARED_TURNS,
                    help="verl: a turn shared by several leaves trained once or in every trajectory through it "
                         "(default: the objective's rule, treerpo once, grpo/tree-grpo per-leaf)")
     p.add_argument("--min-reward", type=float, default=None,

@@ -42,7 +42,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
+
+from trace_agent.options import LOSS_AGG_MODES, LossAggMode
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -65,9 +67,6 @@ __all__ = [
 
 #: verl's clamp of the log importance ratio before ``exp`` (``compute_policy_loss_vanilla``).
 LOG_RATIO_CLAMP = 20.0
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                                   "seq-mean-token-sum-norm")
 
 
 # --------------------------------------------------------------------------------------------------

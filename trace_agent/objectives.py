@@ -73,7 +73,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -89,6 +89,17 @@ from trace_agent.loss import (
     loss_normalizer,
     pack_segments,
     policy_loss,
+)
+from trace_agent.options import (
+    LONE_CHILD,
+    OBJECTIVES,
+    SHARED_TURNS,
+    SINGLETONS,
+    LoneChild,
+    ObjectiveName,
+    SharedTurns,
+    Singleton,
+    either,
 )
 from trace_agent.tree import Node, RolloutTree, path_token_ids
 
@@ -126,10 +137,6 @@ __all__ = [
 
 #: The epsilon of every normalisation (DESIGN.md, "Objectives"; verl's default).
 EPS = 1e-6
-ObjectiveName = Literal["grpo", "treerpo", "tree-grpo"]
-OBJECTIVES: tuple[str, ...] = ("grpo", "treerpo", "tree-grpo")
-SharedTurns = Literal["per-leaf", "once"]
-Singleton = Literal["reference", "zero"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -203,8 +210,8 @@ def group_normalized(rewards: Sequence[float], *, eps: float = EPS, ddof: int = 
     """
     if ddof not in (0, 1):
         raise ValueError(f"ddof must be 0 or 1, got {ddof}")
-    if singleton not in ("reference", "zero"):
-        raise ValueError(f"singleton must be 'reference' or 'zero', got {singleton!r}")
+    if singleton not in SINGLETONS:
+        raise ValueError(f"singleton must be {either(SINGLETONS)}, got {singleton!r}")
     r = np.asarray(rewards, dtype=np.float64).reshape(-1)
     if r.size == 0:
         return r
@@ -273,7 +280,7 @@ def treerpo_node_advantages(
     tree: RolloutTree,
     *,
     normalize_std: bool = False,
-    lone_child: Literal["zero", "inherit"] = "inherit",
+    lone_child: LoneChild = "inherit",
     eps: float = EPS,
     ddof: int = 1,
 ) -> dict[int, float]:
@@ -282,8 +289,8 @@ def treerpo_node_advantages(
     Siblings without a finished leaf below are not part of the group and get no advantage.
     ``ddof`` is the std's (``normalize_std`` only). See the module docstring for ``lone_child``.
     """
-    if lone_child not in ("zero", "inherit"):
-        raise ValueError(f"lone_child must be 'zero' or 'inherit', got {lone_child!r}")
+    if lone_child not in LONE_CHILD:
+        raise ValueError(f"lone_child must be {either(LONE_CHILD)}, got {lone_child!r}")
     values, counts = tree.targets()
     out: dict[int, float] = {}
     for node in tree.nodes:  # parents before children: "inherit" reads the parent's advantage
@@ -308,7 +315,7 @@ def node_samples(
     objective: ObjectiveName,
     *,
     normalize_std: bool = False,
-    lone_child: Literal["zero", "inherit"] = "inherit",
+    lone_child: LoneChild = "inherit",
     shared_turns: SharedTurns = "per-leaf",
     eps: float = EPS,
     ddof: int = 1,
@@ -321,8 +328,8 @@ def node_samples(
     advantage. ``treerpo``: one sample per turn (its advantage, the turn's tokens). Only
     nodes with a finished leaf below appear.
     """
-    if shared_turns not in ("per-leaf", "once"):
-        raise ValueError(f"shared_turns must be 'per-leaf' or 'once', got {shared_turns!r}")
+    if shared_turns not in SHARED_TURNS:
+        raise ValueError(f"shared_turns must be {either(SHARED_TURNS)}, got {shared_turns!r}")
     if objective in ("grpo", "tree-grpo"):
         fn = grpo_leaf_advantages if objective == "grpo" else tree_grpo_leaf_advantages
         per_leaf = _leaf_samples(tree, fn(tree, eps=eps, ddof=ddof, singleton=singleton))
@@ -341,7 +348,7 @@ def node_advantages(
     objective: ObjectiveName,
     *,
     normalize_std: bool = False,
-    lone_child: Literal["zero", "inherit"] = "inherit",
+    lone_child: LoneChild = "inherit",
     eps: float = EPS,
     ddof: int = 1,
     singleton: Singleton = "reference",
@@ -371,7 +378,7 @@ def tree_segments(
     *,
     prompt_ids: Sequence[int] | None = None,
     normalize_std: bool = False,
-    lone_child: Literal["zero", "inherit"] = "inherit",
+    lone_child: LoneChild = "inherit",
     shared_turns: SharedTurns = "per-leaf",
     skip_zero: bool = False,
     eps: float = EPS,
@@ -413,7 +420,7 @@ def batch_segments(
     *,
     prompt_ids: Mapping[str, Sequence[int]] | None = None,
     normalize_std: bool = False,
-    lone_child: Literal["zero", "inherit"] = "inherit",
+    lone_child: LoneChild = "inherit",
     shared_turns: SharedTurns = "per-leaf",
     skip_zero: bool = False,
     eps: float = EPS,

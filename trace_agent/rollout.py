@@ -14,7 +14,10 @@ Public API::
 One :meth:`TreeCollector.collect` call runs one asyncio event loop (docs/engine.md):
 
 1. The strategy places root rollouts on the candidate pool (``Strategy.allocate_roots``, on a
-   thread of its own; it may pull predicted or Monte-Carlo prompt values from the request).
+   thread of its own). The request offers the prompts' values as a
+   :class:`~trace_agent.strategies.PromptValues`: predicted (the prompts' contexts, then the
+   predictor) or Monte-Carlo (rollouts through the shared engine), each computed only if the
+   strategy asks.
 2. Each active prompt's tree grows as its own task (:class:`~trace_agent.engine.growth.Growth`)
    on its own env session: roots turn by turn, its own expansion as soon as its roots end
    (never waiting for the batch), snapshots released at the end. At most
@@ -44,10 +47,11 @@ import asyncio
 import signal
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -63,12 +67,13 @@ from trace_agent.engine.base import (
     request_seed,
 )
 from trace_agent.engine.envs import EnvFactory, EnvHost, LocalEnvHost, _LocalSession
-from trace_agent.engine.growth import Growth, check_roots, in_thread, run_prompts
+from trace_agent.engine.growth import Growth, check_roots, in_thread, on_loop, run_prompts
 from trace_agent.engine.ray_envs import RayConfig
-from trace_agent.engine.scheduler import Batching, EngineConfig, EngineStats, GenerationEngine
+from trace_agent.engine.scheduler import EngineConfig, EngineStats, GenerationEngine
+from trace_agent.options import ENV_BACKENDS, Batching, EnvBackend, either
 from trace_agent.policy.base import Policy
 from trace_agent.predictor import SuccessPredictor
-from trace_agent.strategies import Budget, RootRequest, Strategy
+from trace_agent.strategies import Budget, PromptValues, RootRequest, Strategy
 from trace_agent.tree import BatchStats, RolloutTree, batch_stats, format_messages, make_context
 
 __all__ = [
@@ -84,6 +89,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+#: Most prompt contexts a collector keeps (see :meth:`TreeCollector.prompt_contexts`).
+CONTEXT_CACHE_SIZE = 16384
 
 
 # --------------------------------------------------------------------------------------------------
@@ -170,7 +178,7 @@ class RolloutConfig:
     max_wait_s: float = 0.05
     batching: Batching = "deterministic"
     env_retries: int = 1
-    backend: Literal["local", "ray"] = "local"
+    backend: EnvBackend = "local"
     ray: RayConfig = field(default_factory=RayConfig)
     oracle_samples: int = 8
     release_snapshots: bool = True
@@ -184,8 +192,8 @@ class RolloutConfig:
             raise ValueError(f"max_batch_size must be >= 1 or None, got {self.max_batch_size}")
         if self.env_retries < 0:
             raise ValueError(f"env_retries must be >= 0, got {self.env_retries}")
-        if self.backend not in ("local", "ray"):
-            raise ValueError(f"backend must be 'local' or 'ray', got {self.backend!r}")
+        if self.backend not in ENV_BACKENDS:
+            raise ValueError(f"backend must be {either(ENV_BACKENDS)}, got {self.backend!r}")
         EngineConfig(max_wait_s=self.max_wait_s, batching=self.batching)  # validates both
 
 
@@ -203,8 +211,8 @@ class Collection:
         wall_seconds: time of the whole call.
         oracle_generated_tokens / oracle_env_steps: Monte-Carlo estimation cost (Oracle only;
             outside the budget).
-        root_values: the prompt values the strategy pulled (predicted or Monte-Carlo), NaN
-            where it pulled none.
+        root_values: the prompt values the strategy asked for (predicted or Monte-Carlo; the
+            kind computed last when it asked for both), NaN where it asked for none.
         engine: what the shared engine did (calls, sequences per call, seconds in the backend).
         predictor_seconds: time inside ``predictor.predict`` / node scoring.
     """
@@ -290,6 +298,7 @@ class TreeCollector:
         self._engine_thread: ThreadPoolExecutor | None = None
         self._predict_lock = threading.Lock()
         self._lock = threading.Lock()
+        self._contexts: OrderedDict[tuple[str, int], str] = OrderedDict()
 
     # ---------------------------------------------------------------- lifecycle
     def __enter__(self) -> TreeCollector:
@@ -372,7 +381,15 @@ class TreeCollector:
 
     # ---------------------------------------------------------------- prompt values
     def prompt_contexts(self, prompts: Sequence[PromptSpec]) -> list[str]:
-        """The predictor's context of each prompt (what ``RolloutTree.context(root)`` will be)."""
+        """The predictor's context of each prompt (what ``RolloutTree.context(root)`` will be).
+
+        A context is the prompt's reset messages, formatted. It is kept per (task id, reset
+        seed), at most :data:`CONTEXT_CACHE_SIZE` of them (least recently used dropped), and
+        every tree this collector grows leaves its root's, so only a prompt this collector has
+        not seen costs an env reset (``EnvHost.describe``). That reset cannot be shared with
+        the tree's own: the values decide which prompts get a tree, and each tree's reset is
+        the state its rollouts branch from.
+        """
         return self._run(lambda: self._prompt_contexts(prompts))
 
     async def _prompt_contexts(self, prompts: Sequence[PromptSpec]) -> list[str]:
@@ -380,11 +397,38 @@ class TreeCollector:
         gate = asyncio.Semaphore(self.config.workers)
 
         async def one(prompt: PromptSpec) -> str:
+            known = self._known_context(prompt)
+            if known is not None:
+                return known
             async with gate:
                 messages = await host.describe(prompt)
-            return make_context(format_messages(messages), "")
+            context = make_context(format_messages(messages), "")
+            self._keep_context(prompt, context)
+            return context
 
         return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+    def _known_context(self, prompt: PromptSpec) -> str | None:
+        key = (prompt.task_id, prompt.reset_seed)
+        with self._lock:
+            if key in self._contexts:
+                self._contexts.move_to_end(key)
+                return self._contexts[key]
+        return None
+
+    def _keep_context(self, prompt: PromptSpec, context: str) -> None:
+        with self._lock:
+            self._contexts[(prompt.task_id, prompt.reset_seed)] = context
+            self._contexts.move_to_end((prompt.task_id, prompt.reset_seed))
+            while len(self._contexts) > CONTEXT_CACHE_SIZE:
+                self._contexts.popitem(last=False)
+
+    def _keep_root_context(self, prompt: PromptSpec, tree: RolloutTree) -> None:
+        try:
+            context = tree.context()
+        except ValueError:  # a prompt holding the context separator: describing it fails the same way
+            return
+        self._keep_context(prompt, context)
 
     def predict_prompts(self, prompts: Sequence[PromptSpec]) -> NDArray[np.float64]:
         """The predictor's v-hat for each prompt."""
@@ -395,6 +439,23 @@ class TreeCollector:
             raise CollectionError("this strategy asks for predicted values but the collector has no predictor")
         with self._predict_lock:
             return np.clip(np.asarray(predictor.predict(list(contexts)), dtype=np.float64), 0.0, 1.0)
+
+    def _prompt_values(self, loop: asyncio.AbstractEventLoop, prompts: Sequence[PromptSpec], predictor: Any,
+                       growth: Growth, engine: GenerationEngine) -> PromptValues:
+        """The values a root request offers; each is computed on the strategy's thread when it asks.
+
+        Predicted: the prompts' contexts (env work, on ``loop``), then the predictor (on the
+        strategy's thread, as node scoring is). Monte-Carlo: rollouts from each prompt's root
+        through the shared engine (on ``loop``).
+        """
+
+        def predicted() -> NDArray[np.float64]:
+            return self._predict(on_loop(loop, self._prompt_contexts(prompts)), predictor)
+
+        def oracle() -> NDArray[np.float64]:
+            return on_loop(loop, self._oracle_prompts(growth, engine, prompts))
+
+        return PromptValues(len(prompts), predicted=predicted, oracle=oracle)
 
     def oracle_prompts(self, prompts: Sequence[PromptSpec], *, seed: int = 0) -> NDArray[np.float64]:
         """Monte-Carlo success rate of each prompt (``oracle_samples`` rollouts from its root; cached in ``root_oracle``)."""
@@ -443,7 +504,9 @@ class TreeCollector:
             finally:
                 agent.close()
 
-        return self._run(main)
+        tree = self._run(main)
+        self._keep_root_context(prompt, tree)
+        return tree
 
     # ---------------------------------------------------------------- a batch
     def collect(self, prompts: Sequence[PromptSpec], strategy: Strategy, budget: Budget, *,
@@ -467,25 +530,13 @@ class TreeCollector:
         predictor = None if self.predictor is None else _TimedPredictor(self.predictor)
         engine = GenerationEngine(self.policy, self.engine_config(), executor=self._engine_executor())
         growth = self._growth(engine, seed, predictor)
-        pulled: dict[str, NDArray[np.float64]] = {}
-
-        def predicted() -> NDArray[np.float64]:  # runs on the strategy's thread
-            contexts = asyncio.run_coroutine_threadsafe(self._prompt_contexts(prompts), loop).result()
-            pulled["v"] = self._predict(contexts, predictor)
-            return pulled["v"]
-
-        def oracle() -> NDArray[np.float64]:  # runs on the strategy's thread
-            work = self._oracle_prompts(growth, engine, prompts)
-            pulled["v"] = asyncio.run_coroutine_threadsafe(work, loop).result()
-            return pulled["v"]
-
         root_budget = budget.roots if strategy.branching else budget.flat_roots
         request = RootRequest(prompt_ids=ids, budget=budget, root_budget=root_budget,
                               rng=np.random.default_rng(request_seed(self.config.seed, seed, 5)),
-                              predict_values=predicted, oracle_values=oracle)
+                              values=self._prompt_values(loop, prompts, predictor, growth, engine))
         roots = [int(m) for m in await in_thread(strategy.allocate_roots, request)]
         check_roots(roots, request)
-        values = pulled.get("v")
+        values = request.values.last
         jobs = [(i, p, m, None if values is None else float(values[i]))
                 for i, (p, m) in enumerate(zip(prompts, roots, strict=True)) if m > 0]
 
@@ -496,6 +547,8 @@ class TreeCollector:
 
         trees = await run_prompts(engine, self.env_host(), len(jobs), work, limit=self.config.concurrent_prompts,
                                   retries=self.config.env_retries)
+        for (_, prompt, _, _), tree in zip(jobs, trees, strict=True):
+            self._keep_root_context(prompt, tree)
         account = BudgetAccount(config=BudgetConfig(continuation_cost=budget.continuation_cost))
         for tree in trees:
             account.charge_tree(tree)

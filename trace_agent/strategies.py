@@ -12,10 +12,17 @@ One plug point, :class:`Strategy`, with two decisions the collector
    ``request.root_exchange`` units (2 at the paper's 1/2 cost). The total must not exceed
    ``request.budget``.
 
-Values are pulled, never pushed: a request's ``predicted(...)`` runs the success predictor
-and ``oracle(...)`` estimates true success rates by Monte-Carlo (R policy rollouts from
-each anchor; benchmark only). Both are computed lazily, when a strategy asks, so GRPO
-never pays for scoring.
+Values a strategy may ask for: a request's ``predicted(...)`` runs the success predictor and
+``oracle(...)`` estimates true success rates by Monte-Carlo (R policy rollouts from each
+anchor; benchmark only). They are computed when a strategy asks, so GRPO, TreePO and the
+``trace-prefix`` ablation never pay for root predictions and only the Oracle pays for
+Monte-Carlo rollouts. A root request holds its prompts' values in one :class:`PromptValues`
+(each kind computed at most once, and what was computed is what
+:attr:`~trace_agent.rollout.Collection.root_values` records); an expansion request calls the
+collector's scoring functions on the nodes the strategy names. Values are not pushed up
+front because a strategy's needs are not known before it runs: ``uses_predictor`` is a hint
+for the trainer (a user's strategy may not have it), and TRACE with ``roots=False`` reads no
+prompt value although it uses the predictor for its prefixes.
 
 Equal budget (:class:`Budget`)
     The paper's (M, N) shape: M root rollouts per batch and N continuations per root, on at
@@ -50,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from trace_agent.allocation import (
     RootObjective,
@@ -61,11 +68,12 @@ from trace_agent.allocation import (
     repeat_probability,
 )
 from trace_agent.budget import Budget
-from trace_agent.predictor import checked_predictions
+from trace_agent.predictor import PredictionError, checked_predictions
 from trace_agent.tree import Node, RolloutTree
 
 __all__ = [
     "Budget",
+    "PromptValues",
     "RootRequest",
     "ExpansionRequest",
     "Strategy",
@@ -85,22 +93,53 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------------------------------
-# budget
-
-
-# --------------------------------------------------------------------------------------------------
 # requests
 
 
-def _cached(fn: Callable[[], NDArray[np.float64]]) -> Callable[[], NDArray[np.float64]]:
-    box: list[NDArray[np.float64]] = []
+class PromptValues:
+    """The candidate prompts' success values a root request offers, each kind computed on first ask, once.
 
-    def get() -> NDArray[np.float64]:
-        if not box:
-            box.append(np.asarray(fn(), dtype=np.float64))
-        return box[0]
+    Args:
+        count: number of candidate prompts (the values' length).
+        predicted: computes the success predictor's v-hat of every prompt (None: asking raises
+            :class:`~trace_agent.predictor.PredictionError`).
+        oracle: computes every prompt's Monte-Carlo success rate (None: asking raises).
 
-    return get
+    The functions are the collector's (they may block on work done elsewhere: env resets for
+    the prompts' contexts, Monte-Carlo rollouts); each runs at most once, and only when a
+    strategy asks. Every read is checked (count, finiteness) by
+    :func:`~trace_agent.predictor.checked_predictions`.
+    """
+
+    def __init__(self, count: int, *, predicted: Callable[[], ArrayLike] | None = None,
+                 oracle: Callable[[], ArrayLike] | None = None) -> None:
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        self.count = count
+        self._compute = {"predicted": predicted, "oracle": oracle}
+        self._values: dict[str, NDArray[np.float64]] = {}
+        self._last: NDArray[np.float64] | None = None
+
+    def _get(self, kind: str) -> NDArray[np.float64]:
+        if kind not in self._values:
+            compute = self._compute[kind]
+            if compute is None:
+                raise PredictionError(f"this request offers no {kind} values")
+            self._values[kind] = self._last = np.asarray(compute(), dtype=np.float64)
+        return checked_predictions(self._values[kind], self.count)
+
+    def predicted(self) -> NDArray[np.float64]:
+        """The predictor's v-hat for every prompt (computed on the first call)."""
+        return self._get("predicted")
+
+    def oracle(self) -> NDArray[np.float64]:
+        """Monte-Carlo success rate of every prompt (computed on the first call; benchmark only)."""
+        return self._get("oracle")
+
+    @property
+    def last(self) -> NDArray[np.float64] | None:
+        """The values computed last (None: a strategy asked for none), as computed (not clipped)."""
+        return self._last
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,18 +152,18 @@ class RootRequest:
         root_budget: root rollouts to place, exactly (``budget.roots`` for a branching
             strategy, ``budget.flat_roots`` for a flat one).
         rng: a seeded generator for random choices.
+        values: the prompts' values on offer (read them through :meth:`predicted` / :meth:`oracle`).
     """
 
     prompt_ids: tuple[str, ...]
     budget: Budget
     root_budget: int
     rng: np.random.Generator
-    predict_values: Callable[[], NDArray[np.float64]] = field(repr=False)
-    oracle_values: Callable[[], NDArray[np.float64]] = field(repr=False)
+    values: PromptValues = field(repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "predict_values", _cached(self.predict_values))
-        object.__setattr__(self, "oracle_values", _cached(self.oracle_values))
+        if self.values.count != len(self.prompt_ids):
+            raise ValueError(f"values for {self.values.count} prompts, the pool has {len(self.prompt_ids)}")
 
     def predicted(self) -> NDArray[np.float64]:
         """The predictor's v-hat for every candidate prompt (computed once, on first call).
@@ -132,11 +171,11 @@ class RootRequest:
         Raises :class:`~trace_agent.predictor.PredictionError` on a NaN/inf value or a wrong
         count (it would otherwise reach the allocator as a bare range error).
         """
-        return checked_predictions(self.predict_values(), len(self.prompt_ids))
+        return self.values.predicted()
 
     def oracle(self) -> NDArray[np.float64]:
         """Monte-Carlo success rate of every candidate prompt (benchmark only; computed once)."""
-        return checked_predictions(self.oracle_values(), len(self.prompt_ids))
+        return self.values.oracle()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -467,26 +506,27 @@ class Oracle(TRACE):
         return float(root.value) if root.value is not None else float(request.oracle([root])[0])
 
 
-#: Names accepted by :func:`make_strategy`.
-STRATEGY_NAMES: tuple[str, ...] = ("grpo", "pcl", "treepo", "trace", "trace-root", "trace-prefix", "oracle",
-                                   "trace+rootprefix", "oracle+rootprefix", "oracle-sum")
+#: The built-in strategies by name: what :func:`make_strategy` builds.
+_BUILDERS: dict[str, Callable[[], Strategy]] = {
+    "grpo": GRPO,
+    "pcl": PCL,
+    "treepo": TreePO,
+    "trace": TRACE,
+    "trace-root": lambda: TRACE(name="trace-root", prefixes=False),
+    "trace-prefix": lambda: TRACE(name="trace-prefix", roots=False),
+    "oracle": Oracle,
+    "trace+rootprefix": lambda: TRACE(name="trace+rootprefix", root_prefix=True),
+    "oracle+rootprefix": lambda: Oracle(name="oracle+rootprefix", root_prefix=True),
+    "oracle-sum": lambda: Oracle(name="oracle-sum", root_objective="sum", flip_once=False),
+}
+
+#: Names accepted by :func:`make_strategy` (the keys of its table, in order).
+STRATEGY_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 
 
 def make_strategy(name: str) -> Strategy:
     """A built-in strategy by name (see :data:`STRATEGY_NAMES`)."""
-    table: dict[str, Callable[[], Strategy]] = {
-        "grpo": GRPO,
-        "pcl": PCL,
-        "treepo": TreePO,
-        "trace": TRACE,
-        "trace-root": lambda: TRACE(name="trace-root", prefixes=False),
-        "trace-prefix": lambda: TRACE(name="trace-prefix", roots=False),
-        "oracle": Oracle,
-        "trace+rootprefix": lambda: TRACE(name="trace+rootprefix", root_prefix=True),
-        "oracle+rootprefix": lambda: Oracle(name="oracle+rootprefix", root_prefix=True),
-        "oracle-sum": lambda: Oracle(name="oracle-sum", root_objective="sum", flip_once=False),
-    }
     try:
-        return table[name]()
+        return _BUILDERS[name]()
     except KeyError:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGY_NAMES)}") from None

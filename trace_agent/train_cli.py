@@ -33,7 +33,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from trace_agent.config import OBJECTIVE_NAMES, STRATEGIES, TrainConfig, config_to_dict, load_config
+from trace_agent.config import TrainConfig, config_to_dict, load_config
+from trace_agent.options import BATCHING, ENV_BACKENDS, OBJECTIVES
+from trace_agent.strategies import STRATEGY_NAMES
 from trace_agent.success import success_rate
 
 __all__ = [
@@ -454,9 +456,9 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("train", help="train a policy with TRACE / GRPO / PCL / TreePO rollouts",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
-    p.add_argument("--strategy", help=f"rollout strategy: {', '.join(STRATEGIES)} or module:attribute "
+    p.add_argument("--strategy", help=f"rollout strategy: {', '.join(STRATEGY_NAMES)} or module:attribute "
                                       f"(config: rollout.strategy)")
-    p.add_argument("--objective", choices=OBJECTIVE_NAMES, help="policy objective (config: objective.name)")
+    p.add_argument("--objective", choices=OBJECTIVES, help="policy objective (config: objective.name)")
     p.add_argument("--steps", type=int, help="training steps (config: steps)")
     p.add_argument("--lr", type=float, help="learning rate (config: optim.lr)")
     p.add_argument("--out", help="run directory (config: out_dir)")
@@ -464,10 +466,10 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="continue the run in DIR (default: --out) from its newest valid checkpoint, with its "
                         "config.yaml")
     p.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
-    p.add_argument("--backend", choices=("local", "ray"), help="where envs run (config: rollout.backend)")
+    p.add_argument("--backend", choices=ENV_BACKENDS, help="where envs run (config: rollout.backend)")
     p.add_argument("--ray-workers", type=int, help="Ray env actors (config: rollout.ray_workers)")
     p.add_argument("--ray-address", help="existing Ray cluster; default: a local one (config: rollout.ray_address)")
-    p.add_argument("--batching", choices=("deterministic", "dynamic"), help="engine batching (config: rollout.batching)")
+    p.add_argument("--batching", choices=BATCHING, help="engine batching (config: rollout.batching)")
     p.add_argument("--no-eval", action="store_true", help="skip held-out evaluation before and after")
     p.set_defaults(func=_train_main)
     return p

@@ -34,6 +34,7 @@ from trace_agent.strategies import (
     TRACE,
     Budget,
     ExpansionRequest,
+    PromptValues,
     RootRequest,
     TreePO,
     make_strategy,
@@ -97,7 +98,7 @@ def reference_collect(*, make_env, policy, predictor, strategy, budget: Budget, 
     root_budget = budget.roots if strategy.branching else budget.flat_roots
     request = RootRequest(prompt_ids=ids, budget=budget, root_budget=root_budget,
                           rng=np.random.default_rng(request_seed(cfg_seed, seed, 5)),
-                          predict_values=predicted_once, oracle_values=no_oracle)
+                          values=PromptValues(len(ids), predicted=predicted_once, oracle=no_oracle))
     roots = [int(m) for m in strategy.allocate_roots(request)]
     v = values.get("v")
     queue = [(i, p, m) for i, (p, m) in enumerate(zip(prompts, roots)) if m > 0]

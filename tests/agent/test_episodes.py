@@ -7,7 +7,7 @@ import pytest
 from tests.envs.counter_env import CounterEnv
 from trace_agent.policy.base import PolicyError
 from trace_agent.policy.demo import tiny_policy
-from trace_agent.policy.episodes import EpisodeStart, observation_messages, play_episodes
+from trace_agent.policy.episodes import EpisodeStart, observation_messages, play, play_episodes
 
 
 class Recording:
@@ -87,3 +87,49 @@ def test_observation_messages_are_what_follows_the_last_assistant_turn() -> None
     assert observation_messages(msgs[:2]) == []
     with pytest.raises(PolicyError):
         observation_messages(msgs[:1])
+
+
+class Adder:
+    """A scripted actor: adds 1 until the counter reaches the target, then answers; logs every call it gets."""
+
+    def __init__(self, *, extra: int = 0) -> None:
+        self.envs: dict = {}
+        self.log: list = []
+        self.extra = extra
+
+    def start(self, j, env) -> None:  # type: ignore[no-untyped-def]
+        self.envs[j] = env
+        self.log.append(("start", j))
+
+    def act(self, alive, turn):  # type: ignore[no-untyped-def]
+        self.log.append(("act", tuple(alive), turn))
+        out = []
+        for j in alive:
+            env = self.envs[j]
+            done = env.state["total"] >= env.task.data["target"]
+            out.append(f"<answer>{env.state['total']}</answer>" if done
+                       else '<tool_call>{"name": "add", "arguments": {"n": 1}}</tool_call>')
+        return out + ["extra"] * self.extra
+
+    def observe(self, j, env) -> None:  # type: ignore[no-untyped-def]
+        self.log.append(("observe", j, env.state["total"]))
+
+
+def test_a_scripted_actor_plays_through_the_same_loop() -> None:
+    envs = [CounterEnv(max_turns=6) for _ in range(2)]
+    ended: list = []
+    try:
+        actor = Adder()
+        rewards = play(actor, envs, [EpisodeStart(task_id="t0", seed=1), EpisodeStart(task_id="t1", seed=2)],
+                       on_end=lambda j, r, env: ended.append((j, r)))
+        # t0 needs 3 adds then an answer (4 turns), t1 needs 4 adds and an answer (5 turns)
+        assert rewards == [1.0, 1.0] and ended == [(0, 1.0), (1, 1.0)]
+        acts = [e for e in actor.log if e[0] == "act"]
+        assert acts == [("act", (0, 1), t) for t in range(4)] + [("act", (1,), 4)]
+        assert actor.log[:2] == [("start", 0), ("start", 1)]
+        assert [e for e in actor.log if e[0] == "observe" and e[1] == 1] == [("observe", 1, n) for n in (1, 2, 3, 4)]
+        with pytest.raises(PolicyError, match="3 actions for 2 live episodes"):
+            play(Adder(extra=1), envs, [EpisodeStart(task_id="t0", seed=1)] * 2)
+    finally:
+        for env in envs:
+            env.close()

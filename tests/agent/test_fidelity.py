@@ -24,6 +24,7 @@ from trace_agent.strategies import (
     Budget,
     ExpansionRequest,
     Oracle,
+    PromptValues,
     RootRequest,
     root_repeat_probability,
 )
@@ -35,7 +36,8 @@ from .conftest import build_tree
 def _roots(values, budget: Budget) -> RootRequest:  # type: ignore[no-untyped-def]
     return RootRequest(prompt_ids=tuple(f"p{i}" for i in range(len(values))), budget=budget,
                        root_budget=budget.roots, rng=np.random.default_rng(0),
-                       predict_values=lambda: np.asarray(values), oracle_values=lambda: np.asarray(values))
+                       values=PromptValues(len(values), predicted=lambda: np.asarray(values),
+                                           oracle=lambda: np.asarray(values)))
 
 
 def _expansion(tree: RolloutTree, budget: int, values: np.ndarray) -> ExpansionRequest:

@@ -8,6 +8,8 @@ import pytest
 
 import trace_envs
 from trace_agent.allocation import allocate_prefixes, allocate_roots, repeat_probability
+from trace_agent.contexts import format_messages, make_context
+from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer, PredictionError
 from trace_agent.rollout import RolloutConfig, TreeCollector, prompt_pool
 from trace_agent.strategies import (
     GRPO,
@@ -17,6 +19,7 @@ from trace_agent.strategies import (
     Budget,
     ExpansionRequest,
     Oracle,
+    PromptValues,
     RootRequest,
     Strategy,
     TreePO,
@@ -24,8 +27,10 @@ from trace_agent.strategies import (
     random_prefixes,
     rollout_ending,
     spend_rest_on_root,
+    uniform_roots,
 )
 from trace_agent.tree import RolloutTree
+from trace_envs.python_tool.env import PythonMathEnv
 
 from .conftest import build_tree
 from .test_rollout import _check_budget, make_math_env, scripted_setup, tiny_hf_policy  # noqa: F401
@@ -37,7 +42,8 @@ def _root_request(budget: Budget, *, branching: bool, values=VALUES, oracle=None
     return RootRequest(
         prompt_ids=tuple(f"p{i}" for i in range(len(values))), budget=budget,
         root_budget=budget.roots if branching else budget.flat_roots, rng=np.random.default_rng(0),
-        predict_values=lambda: values, oracle_values=lambda: values if oracle is None else oracle,
+        values=PromptValues(len(values), predicted=lambda: values,
+                            oracle=lambda: values if oracle is None else oracle),
     )
 
 
@@ -139,6 +145,116 @@ def test_make_strategy_knows_every_name() -> None:
         assert isinstance(s, Strategy) and s.name == name
     with pytest.raises(ValueError, match="unknown strategy"):
         make_strategy("nope")
+
+
+# --------------------------------------------------------------------------------------------------
+# the values a root request offers
+
+
+def test_prompt_values_are_computed_on_first_ask_once_and_checked() -> None:
+    calls = {"predicted": 0, "oracle": 0}
+
+    def count(kind, values):
+        def compute():
+            calls[kind] += 1
+            return values
+        return compute
+
+    budget = Budget(roots=8, continuations_per_root=1, group_size=2)
+
+    def request(oracle=VALUES[::-1]):
+        return RootRequest(prompt_ids=tuple(f"p{i}" for i in range(len(VALUES))), budget=budget,
+                           root_budget=budget.roots, rng=np.random.default_rng(0),
+                           values=PromptValues(len(VALUES), predicted=count("predicted", VALUES),
+                                               oracle=count("oracle", oracle)))
+
+    grpo = request()
+    GRPO().allocate_roots(grpo)
+    TRACE(roots=False).allocate_roots(grpo)  # trace-prefix reads no prompt value
+    assert calls == {"predicted": 0, "oracle": 0} and grpo.values.last is None
+    trace = request()
+    TRACE().allocate_roots(trace)
+    np.testing.assert_array_equal(trace.predicted(), VALUES)
+    assert calls == {"predicted": 1, "oracle": 0}
+    np.testing.assert_array_equal(trace.values.last, VALUES)
+    np.testing.assert_array_equal(trace.oracle(), VALUES[::-1])  # the kind computed last is what is recorded
+    np.testing.assert_array_equal(trace.values.last, VALUES[::-1])
+    trace.predicted()
+    assert calls == {"predicted": 1, "oracle": 1}
+    bad = request(oracle=np.r_[VALUES[:-1], np.nan])
+    for _ in range(2):  # a bad value is refused on every read, and computed once
+        with pytest.raises(PredictionError, match="non-finite"):
+            bad.oracle()
+    assert calls["oracle"] == 2
+    with pytest.raises(PredictionError, match="no oracle values"):
+        PromptValues(3, predicted=lambda: [0.5] * 3).oracle()
+    with pytest.raises(ValueError, match="values for 3 prompts"):
+        RootRequest(prompt_ids=("a", "b"), budget=budget, root_budget=8, rng=np.random.default_rng(0),
+                    values=PromptValues(3))
+
+
+class LowestFirst:
+    """A user's flat strategy that reads the predictor: equal groups on the prompts it rates hardest."""
+
+    name = "lowest-first"
+    branching = False
+
+    def allocate_roots(self, request):
+        v = request.predicted()
+        keep = np.argsort(v, kind="stable")[: request.budget.max_active]
+        out = [0] * len(v)
+        for i, k in zip(keep, uniform_roots(len(keep), request.root_budget, len(keep)), strict=True):
+            out[int(i)] = k
+        return out
+
+    def allocate_continuations(self, request):
+        return {}
+
+
+class CountingPredictor(EmbeddingPredictor):
+    def __init__(self) -> None:
+        super().__init__(HashedNGramFeaturizer())
+        self.seen: list[list[str]] = []
+
+    def predict(self, contexts):
+        self.seen.append(list(contexts))
+        return super().predict(contexts)
+
+
+class ResetCountingEnv(PythonMathEnv):
+    resets = 0
+
+    def reset(self, *, seed=None, options=None):
+        type(self).resets += 1
+        return super().reset(seed=seed, options=options)
+
+
+def test_prompt_values_reach_a_user_strategy_only_when_asked_and_prompt_contexts_are_kept() -> None:
+    policy, prompts = scripted_setup(4)
+    budget = Budget(roots=4, continuations_per_root=2, group_size=2)
+    predictor = CountingPredictor()
+    fresh = ResetCountingEnv(max_turns=3)
+    try:
+        expected = []
+        for p in prompts:
+            fresh.reset(seed=p.reset_seed, options={"task_id": p.task_id})
+            expected.append(make_context(format_messages(fresh.messages), ""))
+    finally:
+        fresh.close()
+    with TreeCollector(make_env=lambda: ResetCountingEnv(max_turns=3), policy=policy, predictor=predictor,
+                       config=RolloutConfig(workers=2)) as collector:
+        flat = collector.collect(prompts, GRPO(), budget)
+        assert predictor.seen == [] and np.isnan(flat.root_values).all()  # GRPO never pays for scoring
+        ResetCountingEnv.resets = 0
+        assert collector.prompt_contexts(prompts[:2]) == expected[:2]  # kept from the grown trees' roots
+        assert ResetCountingEnv.resets == 0
+        batch = collector.collect(prompts, LowestFirst(), budget, seed=1)
+        assert predictor.seen == [expected]  # one call, on the contexts a fresh reset gives
+        assert ResetCountingEnv.resets == 2 + 2  # the two unseen prompts described, then each tree's own reset
+        np.testing.assert_allclose(batch.root_values, predictor.predict(expected))
+        assert sum(batch.roots) == budget.flat_roots
+        active = [i for i, m in enumerate(batch.roots) if m]
+        assert [t.root.value for t in batch.trees] == [batch.root_values[i] for i in active]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from trace_agent.integrations.rows import leaf_rows, token_advantages  # noqa: E
 from trace_agent.policy.demo import SHIPPED_DEMO_POLICY, load_demo_policy  # noqa: E402
 from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer, refresh_predictor  # noqa: E402
 from trace_agent.rollout import PromptSpec, RolloutConfig, TreeCollector  # noqa: E402
-from trace_agent.strategies import TRACE, Budget, RootRequest  # noqa: E402
+from trace_agent.strategies import TRACE, Budget, PromptValues, RootRequest  # noqa: E402
 from trace_agent.wiring import make_env_factory  # noqa: E402
 
 ENV = "trace_envs/PythonMath-v0"
@@ -146,8 +146,8 @@ def reference_trees(policy):
         return values["v"]
 
     request = RootRequest(prompt_ids=tuple(s.prompt_id for s in specs), budget=chunk, root_budget=chunk.roots,
-                          rng=np.random.default_rng([SEED, STEP, 5]), predict_values=predicted,
-                          oracle_values=lambda: None)
+                          rng=np.random.default_rng([SEED, STEP, 5]),
+                          values=PromptValues(len(specs), predicted=predicted))
     roots = TRACE().allocate_roots(request)
     one = Budget(roots=N, continuations_per_root=CONT, group_size=N)
     trees = {}

@@ -36,6 +36,7 @@ __all__ = [
     "EnvHost",
     "LocalEnvHost",
     "start_episode",
+    "describe_episode",
     "step_episodes",
 ]
 
@@ -128,6 +129,12 @@ def start_episode(env: Any, prompt: PromptSpec) -> tuple[Any, list[dict[str, Any
     data = getattr(task, "data", None)
     return (_core(env).snapshot(), list(base.messages), list(base.tools), _env_id(env),
             dict(data) if isinstance(data, dict) else None)
+
+
+def describe_episode(env: Any, prompt: PromptSpec) -> list[dict[str, Any]]:
+    """Reset ``env`` to the prompt's task and return its messages (no snapshot: nothing branches from it)."""
+    env.reset(seed=prompt.reset_seed, options={"task_id": prompt.task_id})
+    return list(env.unwrapped.messages)
 
 
 def step_episodes(env: Any, items: Sequence[tuple[Any, str, int, bool]]) -> list[
@@ -246,9 +253,8 @@ class LocalEnvHost:
     async def describe(self, prompt: PromptSpec) -> list[dict[str, Any]]:
         session = await self.open()
         try:
-            start = await session.start(prompt)
-            await session.release([start.snapshot])
-            return start.messages
+            session.prompt_id = prompt.prompt_id
+            return await session._call(describe_episode, session.env, prompt)
         finally:
             await session.close()
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from itertools import count
 from typing import Any, TypeVar
@@ -49,7 +49,7 @@ from trace_agent.strategies import Budget, ExpansionRequest, RootRequest, Strate
 from trace_agent.success import success_mask
 from trace_agent.tree import Node, RolloutTree, ground_truth_of
 
-__all__ = ["Growth", "run_prompts", "in_thread", "check_roots", "check_continuations"]
+__all__ = ["Growth", "run_prompts", "in_thread", "on_loop", "check_roots", "check_continuations"]
 
 T = TypeVar("T")
 
@@ -90,6 +90,15 @@ async def in_thread(fn: Callable[..., T], *args: Any) -> T:
 
     threading.Thread(target=run, name="trace-strategy", daemon=True).start()
     return await future
+
+
+def on_loop(loop: asyncio.AbstractEventLoop, work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work`` on ``loop`` from another thread (a strategy's, see :func:`in_thread`) and wait for its result.
+
+    How a strategy's blocking request for values (contexts from the envs, Monte-Carlo
+    rollouts through the shared engine) reaches the event loop that owns those resources.
+    """
+    return asyncio.run_coroutine_threadsafe(work, loop).result()
 
 
 @dataclass(eq=False)
@@ -261,9 +270,9 @@ class Growth:
 
         def oracle_nodes(nodes: Sequence[Node]) -> NDArray[np.float64]:
             anchors = [(n.snapshot, node_context(tree, n), n_prompt + len(n.history())) for n in nodes]
-            work = self._monte_carlo(agent, session, anchors, index=index, pid=pid, phase=Phase.ORACLE_NODES,
-                                     call=next(calls), session_id=tree.prompt_id)
-            values = asyncio.run_coroutine_threadsafe(work, self._loop).result()
+            values = on_loop(self._loop, self._monte_carlo(agent, session, anchors, index=index, pid=pid,
+                                                           phase=Phase.ORACLE_NODES, call=next(calls),
+                                                           session_id=tree.prompt_id))
             for n, v in zip(nodes, values, strict=True):
                 n.info["oracle_value"] = float(v)
             return values

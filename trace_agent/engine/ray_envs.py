@@ -42,6 +42,7 @@ from trace_agent.engine.envs import (
     EpisodeStart,
     StepItem,
     StepOutcome,
+    describe_episode,
     start_episode,
     step_episodes,
 )
@@ -182,9 +183,7 @@ class EnvWorker:
     def describe(self, task_id: str, reset_seed: int) -> list:
         env = self.free.pop() if self.free else self.make_env()
         try:
-            snap, messages, _, _, _ = start_episode(env, PromptSpec(task_id=task_id, reset_seed=reset_seed))
-            snap.release()
-            return messages
+            return describe_episode(env, PromptSpec(task_id=task_id, reset_seed=reset_seed))
         finally:
             self.free.append(env)
 

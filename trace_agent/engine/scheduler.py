@@ -40,13 +40,13 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
+from trace_agent.options import BATCHING, Batching, either
 from trace_agent.policy.base import AsyncPolicy, Generation, Policy, TokenContext
 
 __all__ = ["Batching", "EngineConfig", "EngineStats", "TurnRequest", "Agent", "GenerationEngine"]
 
-Batching = Literal["deterministic", "dynamic"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,8 +74,8 @@ class EngineConfig:
             raise ValueError("max_new_tokens and max_batch_size must be >= 1")
         if not (math.isfinite(self.max_wait_s) and self.max_wait_s >= 0):
             raise ValueError(f"max_wait_s must be a finite number >= 0, got {self.max_wait_s}")
-        if self.batching not in ("deterministic", "dynamic"):
-            raise ValueError(f"batching must be 'deterministic' or 'dynamic', got {self.batching!r}")
+        if self.batching not in BATCHING:
+            raise ValueError(f"batching must be {either(BATCHING)}, got {self.batching!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from trace_agent.errors import TreeRowError
-from trace_agent.objectives import EPS, ObjectiveName, node_advantages
+from trace_agent.objectives import EPS, node_advantages
+from trace_agent.options import LoneChild, ObjectiveName
 from trace_agent.tree import Node, RolloutTree
 
 __all__ = [
@@ -209,7 +210,7 @@ def token_advantages(
     *,
     shared: SharedSegments = "repeat",
     normalize_std: bool = False,
-    lone_child: Literal["zero", "inherit"] = "inherit",
+    lone_child: LoneChild = "inherit",
     max_response_length: int | None = None,
     eps: float = EPS,
 ) -> list[NDArray[np.float64]]:
@@ -250,7 +251,7 @@ def rows_advantages(
     *,
     shared: SharedSegments = "repeat",
     normalize_std: bool = False,
-    lone_child: Literal["zero", "inherit"] = "inherit",
+    lone_child: LoneChild = "inherit",
     eps: float = EPS,
 ) -> list[NDArray[np.float64]]:
     """Per-token advantages of a batch of rows from their tree keys, rewards and masks alone.

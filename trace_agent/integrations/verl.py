@@ -74,9 +74,18 @@ from trace_agent.integrations.shared_predictor import (
     save_predictor,
 )
 from trace_agent.integrations.verl_server import PolicyServerClient, VerlServerPolicy, request_seed
+from trace_agent.options import PREDICTOR_PREFIXES
 from trace_agent.policy.base import PolicyError
 from trace_agent.rollout import PromptSpec, RolloutConfig, TreeCollector
-from trace_agent.strategies import GRPO, STRATEGY_NAMES, Budget, RootRequest, Strategy, make_strategy
+from trace_agent.strategies import (
+    GRPO,
+    STRATEGY_NAMES,
+    Budget,
+    PromptValues,
+    RootRequest,
+    Strategy,
+    make_strategy,
+)
 from trace_agent.tree import RolloutTree
 
 __all__ = [
@@ -153,8 +162,9 @@ class TraceVerlConfig:
             raise ValueError(f"trace.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.predictor not in ("embedding", "hashed"):
             raise ValueError(f"trace.predictor must be 'embedding' or 'hashed', got {self.predictor!r}")
-        if self.predictor_prefixes not in ("all", "branched", "none"):
-            raise ValueError(f"trace.predictor_prefixes must be all|branched|none, got {self.predictor_prefixes!r}")
+        if self.predictor_prefixes not in PREDICTOR_PREFIXES:
+            raise ValueError(f"trace.predictor_prefixes must be {'|'.join(PREDICTOR_PREFIXES)}, "
+                             f"got {self.predictor_prefixes!r}")
         object.__setattr__(self, "env_kwargs", dict(self.env_kwargs))
 
     @classmethod
@@ -255,6 +265,10 @@ def _key(text: str) -> int:
     return zlib.crc32(text.encode("utf-8"))
 
 
+def _no_oracle() -> np.ndarray:
+    raise PolicyError("the Oracle strategy needs Monte-Carlo values; it is a benchmark, not a verl strategy")
+
+
 def _scalar(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
@@ -331,31 +345,34 @@ class TraceTreeWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[na
                                   reset_seed=int(info.get("reset_seed", 0)))
 
     def allocate_roots(self, prompts: Sequence[Mapping[str, Any]]) -> list[int]:
-        """Steps 1-2 on one chunk: the strategy's root counts (sum ``rollout.n`` x chunk size)."""
+        """Steps 1-2 on one chunk: the strategy's root counts (sum ``rollout.n`` x chunk size).
+
+        The predicted values the strategy asked for (if any) are kept per uid, for the roots of
+        the trees :meth:`grow` builds.
+        """
         specs = [self.prompt_spec(p) for p in prompts]
         budget = self.budget(len(specs))
+        root_budget = budget.roots if self.strategy.branching else budget.flat_roots
+        values = PromptValues(len(specs), predicted=lambda: self.predict_prompts(specs), oracle=_no_oracle)
+        request = RootRequest(prompt_ids=tuple(s.prompt_id for _, s in specs), budget=budget, root_budget=root_budget,
+                              rng=np.random.default_rng([self.trace.seed, int(_scalar(prompts[0].get("global_steps", 0))), 5]),
+                              values=values)
+        roots = [int(m) for m in self.strategy.allocate_roots(request)]
+        check_roots(roots, request)
+        if values.last is not None:
+            for prompt, v in zip(prompts, values.last, strict=True):
+                self.root_values[str(prompt["uid"])] = float(v)
+        return roots
+
+    def predict_prompts(self, specs: Sequence[tuple[str, PromptSpec]]) -> np.ndarray:
+        """The shared predictor's v-hat of each (env id, prompt), scored by the env's collector."""
+        values = np.zeros(len(specs))
         by_env: dict[str, list[int]] = {}
         for i, (env_id, _) in enumerate(specs):
             by_env.setdefault(env_id, []).append(i)
-
-        def predicted() -> np.ndarray:
-            values = np.zeros(len(specs))
-            for env_id, rows in by_env.items():
-                values[rows] = self.collector(env_id).predict_prompts([specs[i][1] for i in rows])
-            for prompt, v in zip(prompts, values):
-                self.root_values[str(prompt["uid"])] = float(v)
-            return values
-
-        def oracle() -> np.ndarray:
-            raise PolicyError("the Oracle strategy needs Monte-Carlo values; it is a benchmark, not a verl strategy")
-
-        root_budget = budget.roots if self.strategy.branching else budget.flat_roots
-        request = RootRequest(prompt_ids=tuple(s.prompt_id for _, s in specs), budget=budget, root_budget=root_budget,
-                              rng=np.random.default_rng([self.trace.seed, int(_scalar(prompts[0].get("global_steps", 0))), 5]),
-                              predict_values=predicted, oracle_values=oracle)
-        roots = [int(m) for m in self.strategy.allocate_roots(request)]
-        check_roots(roots, request)
-        return roots
+        for env_id, rows in by_env.items():
+            values[rows] = self.collector(env_id).predict_prompts([specs[i][1] for i in rows])
+        return values
 
     def tree_seed(self, prompt: Mapping[str, Any]) -> int:
         return tree_seed(self.trace.seed, prompt.get("global_steps", 0), prompt.get("index", prompt["uid"]))

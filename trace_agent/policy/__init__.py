@@ -34,13 +34,17 @@ if TYPE_CHECKING:
         DemoTrainConfig,
         build_demo_policy,
         collect_demonstrations,
-        evaluate_policy,
         load_demo_policy,
         register_demonstrator,
-        success_histogram,
         tiny_policy,
     )
-    from trace_agent.policy.episodes import EpisodeStart, observation_messages, play_episodes
+    from trace_agent.policy.episodes import (
+        EpisodeStart,
+        evaluate_policy,
+        observation_messages,
+        play_episodes,
+        success_histogram,
+    )
     from trace_agent.policy.hf import HFPolicy
     from trace_agent.policy.vllm_async import AsyncVLLMPolicy
     from trace_agent.policy.vllm_backend import VLLMPolicy
@@ -87,8 +91,9 @@ _LAZY = {
     **{name: "trace_agent.policy.demo" for name in (
         "DemoModelConfig", "DemoTrainConfig", "DemoBuildReport", "Demonstrator", "Demonstration",
         "register_demonstrator", "collect_demonstrations", "build_demo_policy", "load_demo_policy",
-        "tiny_policy", "evaluate_policy", "success_histogram")},
-    **{name: "trace_agent.policy.episodes" for name in ("EpisodeStart", "observation_messages", "play_episodes")},
+        "tiny_policy")},
+    **{name: "trace_agent.policy.episodes" for name in (
+        "EpisodeStart", "observation_messages", "play_episodes", "evaluate_policy", "success_histogram")},
 }
 
 

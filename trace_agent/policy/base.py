@@ -37,6 +37,7 @@ __all__ = [
     "Policy",
     "AsyncPolicy",
     "PolicyError",
+    "check_contexts",
 ]
 
 Message = Mapping[str, Any]
@@ -261,3 +262,10 @@ class AsyncPolicy(Protocol):
         sessions: Sequence[str],
     ) -> list[Generation]:
         ...
+
+
+def check_contexts(contexts: Sequence[TokenContext]) -> None:
+    """Raise :class:`PolicyError` when a context is empty (``generate`` continues a rendered chat)."""
+    for ctx in contexts:
+        if len(ctx) == 0:
+            raise PolicyError("cannot generate from an empty context: render() the messages first")

@@ -18,7 +18,8 @@ for combinations or an off-by-one range; :func:`misconception_program`), and so 
 wrong answer. Per-task success rates then spread between 0 and 1 (the families also
 differ in how hard their programs are to copy), and part of the failures come from
 habits that reinforcement learning can remove and that transfer to held-out problems.
-:func:`evaluate_policy` measures that spread through the env.
+:func:`~trace_agent.policy.episodes.evaluate_policy` measures that spread through the env
+(it and :func:`~trace_agent.policy.episodes.success_histogram` are re-exported here).
 
 A new env gets demonstrations by registering a :class:`Demonstrator` for its id
 (:func:`register_demonstrator`; the built-in ones live in :mod:`trace_agent.policy.demonstrators`).
@@ -34,8 +35,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from trace_agent.policy.base import PolicyError
 from trace_agent.policy.chat import END_OF_TURN, QWEN3_CHAT_TEMPLATE, QWEN3_SPECIAL_TOKENS, ChatRenderer
 from trace_agent.policy.demonstrators import (
@@ -50,8 +49,8 @@ from trace_agent.policy.demonstrators import (
     register_demonstrator,
     short_program,
 )
-from trace_agent.policy.episodes import EpisodeStart, observation_messages, play_episodes
-from trace_agent.success import is_success, success_rate
+from trace_agent.policy.episodes import evaluate_policy, observation_messages, success_histogram
+from trace_agent.success import is_success
 
 if TYPE_CHECKING:
     from trace_agent.policy.hf import HFPolicy
@@ -561,59 +560,3 @@ def load_demo_policy(path: str | Path = SHIPPED_DEMO_POLICY, *, device: str = "c
     if not (Path(path) / "config.json").exists():
         raise PolicyError(f"no demo policy at {path}: build it with scripts/build_demo_policy.py")
     return HFPolicy.from_pretrained(path, device=device, max_batch_size=max_batch_size)
-
-
-# --------------------------------------------------------------------------- evaluation
-def evaluate_policy(
-    policy: Any,
-    env_id: str,
-    task_ids: Sequence[str],
-    *,
-    samples: int = 8,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    max_new_tokens: int = 256,
-    max_turns: int = 4,
-    seed: int = 0,
-    env_kwargs: Mapping[str, Any] | None = None,
-) -> dict[str, list[float]]:
-    """Rewards of ``samples`` episodes per task, played through the real env with ``policy``.
-
-    The ``samples`` episodes of one task run side by side (one env each, one batched
-    ``generate`` per turn; :func:`~trace_agent.policy.episodes.play_episodes`). Returns task
-    id -> rewards.
-    """
-    from trace_agent.wiring import make_env_factory
-
-    make = make_env_factory(env_id, None, max_turns=max_turns, env_kwargs=dict(env_kwargs or {}))
-    envs = [make() for _ in range(samples)]
-    results: dict[str, list[float]] = {}
-    try:
-        for t, task_id in enumerate(task_ids):
-            starts = [EpisodeStart(task_id=task_id, seed=seed + 1000 * t + k) for k in range(samples)]
-            results[task_id] = play_episodes(policy, envs, starts, turn_seed=lambda turn, t=t: seed + 7919 * t + turn,
-                                             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
-    finally:
-        for env in envs:
-            env.close()
-    return results
-
-
-def success_histogram(results: Mapping[str, Sequence[float]], *, bins: int = 5) -> dict[str, Any]:
-    """Per-task success rates summarised: histogram over [0, 1], all-fail / mixed / all-success counts.
-
-    Success is :func:`trace_agent.success.is_success` (reward >= 0.5; the suite's rewards are 0 or 1).
-    """
-    rates = [success_rate(rewards) for rewards in results.values() if rewards]
-    edges = np.linspace(0.0, 1.0, bins + 1)
-    counts, _ = np.histogram(rates, bins=edges)
-    return {
-        "tasks": len(rates),
-        "mean_success": float(np.mean(rates)) if rates else math.nan,
-        "all_fail": sum(r == 0.0 for r in rates),
-        "all_success": sum(r == 1.0 for r in rates),
-        "mixed": sum(0.0 < r < 1.0 for r in rates),
-        "histogram": {f"[{edges[i]:.1f},{edges[i + 1]:.1f}{']' if i == bins - 1 else ')'}": int(c)
-                      for i, c in enumerate(counts)},
-        "rates": rates,
-    }

@@ -53,7 +53,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, TokenContext
+from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, TokenContext, check_contexts
 from trace_agent.policy.chat import ChatRenderer, ChatTemplated
 
 if TYPE_CHECKING:
@@ -225,9 +225,7 @@ class HFPolicy(ChatTemplated):
         import torch
 
         config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
-        for ctx in contexts:
-            if len(ctx) == 0:
-                raise PolicyError("cannot generate from an empty context: render() the messages first")
+        check_contexts(contexts)
         if seeds is not None and len(seeds) != len(contexts):
             raise PolicyError(f"{len(seeds)} seeds for {len(contexts)} contexts: give one seed per context")
         shared: torch.Generator | None = None

@@ -49,7 +49,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, TokenContext
+from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, TokenContext, check_contexts
 from trace_agent.policy.chat import ChatRenderer, ChatTemplated
 
 __all__ = [
@@ -121,12 +121,6 @@ def check_sessions(n: int, sessions: Sequence[str] | None) -> list[str]:
     if len(sessions) != n:
         raise PolicyError(f"sessions needs one entry per context: {n} contexts, {len(sessions)} sessions")
     return [str(s) for s in sessions]
-
-
-def check_contexts(contexts: Sequence[TokenContext]) -> None:
-    for ctx in contexts:
-        if len(ctx) == 0:
-            raise PolicyError("cannot generate from an empty context: render() the messages first")
 
 
 def sampling_params(config: SamplingConfig, *, seed: int | None, stop_token_ids: Sequence[int]) -> Any:

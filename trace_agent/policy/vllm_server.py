@@ -58,13 +58,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, TokenContext
+from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, TokenContext, check_contexts
 from trace_agent.policy.chat import ChatRenderer, ChatTemplated
 from trace_agent.policy.loop_thread import LoopBackedPolicy, LoopThread
+from trace_agent.policy.vllm_backend import check_sessions, request_seeds
 
 __all__ = ["ServerSettings", "VLLMServerPolicy", "rank_servers", "parse_prefix_cache_metrics"]
 
-_SEED_MASK = (1 << 63) - 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -239,18 +239,9 @@ class VLLMServerPolicy(LoopBackedPolicy, ChatTemplated):
                         sessions: Sequence[str] | None) -> list[Generation]:
         config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
         n = len(contexts)
-        if seeds is not None and len(seeds) != n:
-            raise PolicyError(f"seeds needs one seed per context: {n} contexts, {len(seeds)} seeds")
-        if sessions is not None and len(sessions) != n:
-            raise PolicyError(f"sessions needs one entry per context: {n} contexts, {len(sessions)} sessions")
-        for ctx in contexts:
-            if len(ctx) == 0:
-                raise PolicyError("cannot generate from an empty context: render() the messages first")
-        per_seed = [None if seeds is None and seed is None else
-                    (int(seeds[i]) if seeds is not None else int(seed) + i) & _SEED_MASK  # type: ignore[arg-type]
-                    for i in range(n)]
-        keys = [str(sessions[i]) if sessions is not None and str(sessions[i]) else f"seed:{per_seed[i]}:{i}"
-                for i in range(n)]
+        per_seed = request_seeds(n, seed=seed, seeds=seeds)
+        keys = [s or f"seed:{per_seed[i]}:{i}" for i, s in enumerate(check_sessions(n, sessions))]
+        check_contexts(contexts)
 
         async def one(i: int) -> Generation:
             body = {**self._base(config, per_seed[i]), "prompt": list(contexts[i].token_ids)}

@@ -16,11 +16,11 @@ import math
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from trace_agent.options import PREDICTOR_PREFIXES, PredictorPrefixes, either
 from trace_agent.predictor.base import PAPER_PREFIX_SHARE, SuccessPredictor, checked_predictions
 from trace_agent.tree import RolloutTree, bottom_up_targets
 
@@ -61,7 +61,7 @@ class TreeExamples:
 def tree_examples(
     trees: Iterable[RolloutTree],
     *,
-    prefixes: Literal["all", "branched", "none"] = "all",
+    prefixes: PredictorPrefixes = "all",
     include_leaves: bool = False,
     prefix_share: float | None = None,
     seed: int = 0,
@@ -81,8 +81,8 @@ def tree_examples(
             one when any exist and the share is positive); None keeps them all.
         seed: seeds that subset (deterministic for a given seed).
     """
-    if prefixes not in ("all", "branched", "none"):
-        raise ValueError(f"prefixes must be 'all', 'branched' or 'none', got {prefixes!r}")
+    if prefixes not in PREDICTOR_PREFIXES:
+        raise ValueError(f"prefixes must be {either(PREDICTOR_PREFIXES)}, got {prefixes!r}")
     if prefix_share is not None and not (math.isfinite(prefix_share) and 0.0 <= prefix_share <= 1.0):
         raise ValueError(f"prefix_share must be in [0, 1] or None, got {prefix_share}")
     contexts: list[str] = []
@@ -209,7 +209,7 @@ def refresh_predictor(
     predictor: SuccessPredictor,
     trees: Iterable[RolloutTree],
     *,
-    prefixes: Literal["all", "branched", "none"] = "all",
+    prefixes: PredictorPrefixes = "all",
     include_leaves: bool = False,
     evaluate: bool = True,
     prefix_share: float | None = PAPER_PREFIX_SHARE,

@@ -1,7 +1,8 @@
 """What a demonstrator is, the registry of them, and the loop that plays scripted episodes through the real env.
 
 A :class:`Demonstrator` scripts one env's episodes from its task data; :func:`collect_demonstrations`
-plays them through the env (the tool observations are the env's own) and returns
+plays them through the env with the one episode player (:func:`~trace_agent.policy.episodes.play`;
+the tool observations are the env's own) and returns
 :class:`Demonstration` records that :func:`~trace_agent.policy.demo.build_demo_policy` trains on.
 """
 
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from trace_agent.policy.base import PolicyError
+from trace_agent.policy.episodes import EpisodeStart, play
 
 if TYPE_CHECKING:
     from trace_envs.core import BranchableEnv, TaskSet
@@ -75,6 +77,25 @@ def tool_call(name: str, arguments: Mapping[str, Any]) -> str:
     return "<tool_call>" + json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False) + "</tool_call>"
 
 
+class _Scripted:
+    """A demonstrator as the episode player's :class:`~trace_agent.policy.episodes.Actor` (it reads the env itself)."""
+
+    def __init__(self, demonstrator: Demonstrator, *, flawed: bool, rng: np.random.Generator) -> None:
+        self.demonstrator = demonstrator
+        self.flawed = flawed
+        self.rng = rng
+        self.envs: dict[int, Any] = {}
+
+    def start(self, j: int, env: Any) -> None:
+        self.envs[j] = env
+
+    def act(self, alive: Sequence[int], turn: int) -> list[str]:
+        return [self.demonstrator.act(self.envs[j], flawed=self.flawed, rng=self.rng) for j in alive]
+
+    def observe(self, j: int, env: Any) -> None:
+        pass
+
+
 def _make_env(env_id: str, *, max_turns: int, tasks: TaskSet | None = None,
               env_kwargs: Mapping[str, Any] | None = None) -> BranchableEnv:
     import gymnasium as gym
@@ -117,15 +138,10 @@ def collect_demonstrations(
         for task_id in ids:
             for _ in range(demos_per_task):
                 flawed = bool(rng.random() < flawed_fraction)
-                env.reset(seed=int(rng.integers(2**31)), options={"task_id": task_id})
-                reward = 0.0
-                done = False
-                while not done:
-                    action = demonstrator.act(env, flawed=flawed, rng=rng)
-                    _, reward, terminated, truncated, _ = env.step(action)
-                    done = terminated or truncated
+                start = EpisodeStart(task_id=task_id, seed=int(rng.integers(2**31)))
+                [reward] = play(_Scripted(demonstrator, flawed=flawed, rng=rng), [env], [start])
                 demos.append(Demonstration(env_id=env_id, task_id=task_id, messages=tuple(env.messages),
-                                           tools=tuple(env.tools), reward=float(reward), flawed=flawed))
+                                           tools=tuple(env.tools), reward=reward, flawed=flawed))
     finally:
         env.close()
     return demos
