@@ -162,6 +162,8 @@ def test_preset_and_flaw_validation() -> None:
         assert (got == value) if key != "model" else (got.hidden_size == value["hidden_size"]), key
     with pytest.raises(ValueError, match="unknown WikiQA flaw"):
         WikiQADemonstrator(flaws=("typo",))
+    with pytest.raises(ValueError, match="augment_copies"):
+        demo_train_config(ENV_ID, augment_copies=-1)
 
 
 # --------------------------------------------------------------------------------------------- shipped policy
@@ -251,3 +253,36 @@ def test_behaviour_of_scripted_episodes(wiki_env) -> None:
     assert clean["all"] == {"episodes": 4, "success": 1.0, "first_search_right": 1.0}
     assert all(v["later_queries_copied"] == 1.0 and v["answered_early"] == 0.0 for k, v in clean.items() if k != "all")
     assert early["all"]["success"] == 0.0 and all(v["answered_early"] == 1.0 for k, v in early.items() if k != "all")
+
+
+def test_augmented_demonstrations_swap_names_one_to_one_and_keep_everything_else() -> None:
+    """augment: every entity-name word swapped consistently (a bijection over the episode), nothing else touched."""
+    import re
+
+    from trace_agent.policy.demonstrators.base import collect_demonstrations
+    from trace_agent.policy.demonstrators.wiki import entity_name_words
+
+    titles = [p["title"] for p in generate_encyclopedia().passages]
+    names = set(entity_name_words(titles))
+    assert {"Shipping", "Records", "The"}.isdisjoint(names) and len(names) > 1000
+    word = re.compile(r"\b[A-Z][a-z]+\b")
+    demos = collect_demonstrations(ENV_ID, limit=8, flawed_fraction=0.5, seed=3, max_turns=5)
+    rng = np.random.default_rng(0)
+    changed = 0
+    for demo in demos:
+        out = WikiQADemonstrator().augment(demo, rng)
+        assert (out.task_id, out.reward, out.flawed, out.tools) == (demo.task_id, demo.reward, demo.flawed, demo.tools)
+        assert [m["role"] for m in out.messages] == [m["role"] for m in demo.messages]
+        forward: dict[str, str] = {}
+        for before, after in zip(demo.messages, out.messages, strict=True):
+            a, b = before["content"], after["content"]
+            assert word.sub("W", a) == word.sub("W", b)  # only capitalised words differ
+            for x, y in zip(word.findall(a), word.findall(b), strict=True):
+                assert (x in names) == (y in names) and (x in names or x == y)
+                assert forward.setdefault(x, y) == y  # consistent
+        swapped = {x: y for x, y in forward.items() if x in names}
+        assert len(set(swapped.values())) == len(swapped)  # one-to-one
+        changed += sum(x != y for x, y in swapped.items())
+    assert changed > 0
+    assert WikiQADemonstrator().augment(demos[0], np.random.default_rng(1)) == \
+        WikiQADemonstrator().augment(demos[0], np.random.default_rng(1))

@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from trace_agent.policy.base import PolicyError
 from trace_agent.policy.chat import END_OF_TURN, QWEN3_CHAT_TEMPLATE, QWEN3_SPECIAL_TOKENS, ChatRenderer
 from trace_agent.policy.demonstrators import (
@@ -140,6 +142,9 @@ class DemoTrainConfig:
         env_ids: envs whose train tasks are demonstrated (each needs a registered Demonstrator).
         tasks_per_env: how many train tasks of each env are demonstrated (None: all).
         demos_per_task: demonstrations per task (different flaws).
+        augment_copies: with a demonstrator that has ``augment(demo, rng)`` (WikiQA-v0: names
+            swapped for others), train on that many augmented copies of each demonstration instead
+            of the demonstration itself (0: no augmentation).
         max_turns: the env's turn limit while demonstrating.
         model: the model and tokenizer shape.
     """
@@ -154,6 +159,7 @@ class DemoTrainConfig:
     env_ids: tuple[str, ...] = DEFAULT_ENV_IDS
     tasks_per_env: int | None = None
     demos_per_task: int = 2
+    augment_copies: int = 0
     max_turns: int = 4
     model: DemoModelConfig = field(default_factory=DemoModelConfig)
 
@@ -166,6 +172,8 @@ class DemoTrainConfig:
             raise ValueError(f"flawed_fraction must be in [0, 1], got {self.flawed_fraction}")
         if not self.env_ids:
             raise ValueError("env_ids must name at least one env")
+        if self.augment_copies < 0:
+            raise ValueError(f"augment_copies must be >= 0, got {self.augment_copies}")
         if self.tasks_per_env is not None and self.tasks_per_env < 1:
             raise ValueError("tasks_per_env must be >= 1 or None")
 
@@ -316,9 +324,14 @@ def build_demo_policy(
 
     demos: list[Demonstration] = []
     for k, env_id in enumerate(cfg.env_ids):
-        demos += collect_demonstrations(env_id, limit=cfg.tasks_per_env, demos_per_task=cfg.demos_per_task,
+        played = collect_demonstrations(env_id, limit=cfg.tasks_per_env, demos_per_task=cfg.demos_per_task,
                                         flawed_fraction=cfg.flawed_fraction, seed=cfg.seed * 1000 + k,
                                         max_turns=cfg.max_turns)
+        augment = getattr(demonstrator_for(env_id), "augment", None)
+        if cfg.augment_copies and augment is not None:
+            rng = np.random.default_rng([cfg.seed, k, 7])
+            played = [augment(d, rng) for d in played for _ in range(cfg.augment_copies)]
+        demos += played
     t_demo = time.perf_counter()
     say(f"{len(demos)} demonstrations in {t_demo - t0:.1f}s "
         f"({sum(d.flawed for d in demos)} flawed, {sum(is_success(d.reward) for d in demos)} successful)")
