@@ -68,3 +68,13 @@ def test_a_checkpoint_of_other_settings_is_not_resumed(tmp_path: Path, monkeypat
     monkeypatch.undo()
     _, losses, logs = _train(tmp_path / "ckpt", 5)  # other settings: starts over
     assert any("starting over" in m for m in logs) and len(losses) == 5
+
+
+def test_first_turn_cuts_after_the_first_assistant_turn() -> None:
+    ids = list(range(12))
+    mask = [False] * 3 + [True] * 3 + [False] * 2 + [True] * 4  # prompt, turn 1, observation, turn 2
+    assert demo.first_turn(ids, mask) == (ids[:6], mask[:6])
+    assert demo.first_turn(ids[:6], mask[:6]) == (ids[:6], mask[:6])  # a one-turn episode is its first turn
+    for seq, m in _data(tiny_policy().tokenizer):
+        cut, cut_mask = demo.first_turn(seq, m)
+        assert cut == seq[:len(cut)] and cut_mask[-1] and sum(cut_mask) == len(cut_mask) - cut_mask.index(True)

@@ -31,7 +31,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -142,6 +142,10 @@ class DemoTrainConfig:
         env_ids: envs whose train tasks are demonstrated (each needs a registered Demonstrator).
         tasks_per_env: how many train tasks of each env are demonstrated (None: all).
         demos_per_task: demonstrations per task (different flaws).
+        first_turn_steps: optimiser steps on the demonstrations' *first assistant turn* only (batches of
+            ``2 * batch_size``), before the ``steps`` on whole episodes: a cheap curriculum (a first
+            turn is a few dozen tokens after the shared system prompt) that teaches the opening move
+            (WikiQA-v0: copy the question's entity into the first search) before the long episodes.
         augment_copies: with a demonstrator that has ``augment(demo, rng)`` (WikiQA-v0: names
             swapped for others), train on that many augmented copies of each demonstration instead
             of the demonstration itself (0: no augmentation).
@@ -159,6 +163,7 @@ class DemoTrainConfig:
     env_ids: tuple[str, ...] = DEFAULT_ENV_IDS
     tasks_per_env: int | None = None
     demos_per_task: int = 2
+    first_turn_steps: int = 0
     augment_copies: int = 0
     max_turns: int = 4
     model: DemoModelConfig = field(default_factory=DemoModelConfig)
@@ -172,8 +177,8 @@ class DemoTrainConfig:
             raise ValueError(f"flawed_fraction must be in [0, 1], got {self.flawed_fraction}")
         if not self.env_ids:
             raise ValueError("env_ids must name at least one env")
-        if self.augment_copies < 0:
-            raise ValueError(f"augment_copies must be >= 0, got {self.augment_copies}")
+        if self.augment_copies < 0 or self.first_turn_steps < 0:
+            raise ValueError("augment_copies and first_turn_steps must be >= 0")
         if self.tasks_per_env is not None and self.tasks_per_env < 1:
             raise ValueError("tasks_per_env must be >= 1 or None")
 
@@ -227,6 +232,13 @@ def demonstration_tokens(chat: ChatRenderer, demo: Demonstration) -> tuple[list[
             mask += [False] * len(obs)
         i = j
     return ids, mask
+
+
+def first_turn(ids: list[int], mask: list[bool]) -> tuple[list[int], list[bool]]:
+    """``demonstration_tokens``' ids and mask cut after the first assistant turn (its end-of-turn included)."""
+    start = mask.index(True)
+    end = next((i for i in range(start, len(mask)) if not mask[i]), len(mask))
+    return ids[:end], mask[:end]
 
 
 # --------------------------------------------------------------------------- tokenizer and model
@@ -345,8 +357,14 @@ def build_demo_policy(
         f"tokens (mean {sum(lengths) / len(lengths):.0f})")
 
     model = make_demo_model(tokenizer, cfg.model, seed=cfg.seed)
-    losses = _train(model, encoded, cfg, pad_id=chat.pad_token_id, log=say, checkpoint_dir=out / ".build",
-                    progress=progress)
+    losses: list[float] = []
+    if cfg.first_turn_steps:
+        say(f"first turns only: {cfg.first_turn_steps} steps of {2 * cfg.batch_size}")
+        opening = replace(cfg, steps=cfg.first_turn_steps, batch_size=2 * cfg.batch_size)
+        losses += _train(model, [first_turn(ids, mask) for ids, mask in encoded], opening, pad_id=chat.pad_token_id,
+                         log=say, checkpoint_dir=out / ".build-first-turns", progress=progress)
+    losses += _train(model, encoded, cfg, pad_id=chat.pad_token_id, log=say, checkpoint_dir=out / ".build",
+                     progress=progress)
     t_train = time.perf_counter()
 
     model.eval()
@@ -356,6 +374,7 @@ def build_demo_policy(
     import shutil
 
     shutil.rmtree(out / ".build", ignore_errors=True)
+    shutil.rmtree(out / ".build-first-turns", ignore_errors=True)
     size = _directory_size(out)
     report = DemoBuildReport(
         out_dir=str(out),
