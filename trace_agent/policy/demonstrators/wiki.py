@@ -397,13 +397,13 @@ class WikiQADemonstrator:
     #: DemoTrainConfig fields of WikiQA-v0's demo policy (see ``demo_train_config``). Episodes here are
     #: ~450 tokens after the shared system prompt (three passages per search), several times PythonMath's
     #: per-sequence suffix. The policy must *copy* names it has never seen (the question's entity into
-    #: the first search, the bridge entity from a passage into the next), so (1) every demonstration is
-    #: replayed ``augment_copies`` times with its names swapped for others of the corpus (:meth:`augment`):
-    #: no name can be memorised, only copying lowers the loss; (2) ``first_turn_steps`` on first turns
-    #: alone come first, where copying is learnt cheaply. Measured (docs/paper/wiki/README.md): without
-    #: (1) no build made the right first search (0 of 210 held-out episodes), with (1) alone neither did
-    #: 1,000 whole-episode steps; this preset (1) + (2) makes it in 56 of 210, but later hops copy the
-    #: bridge entity in 2-4% of later queries (0.28 on hq-country), so it does not act yet; nothing is shipped.
+    #: the first search, the bridge entity from a passage into the next). This preset (build G in
+    #: docs/paper/wiki/README.md) replays every demonstration twice with its names swapped (:meth:`augment`)
+    #: and trains ``first_turn_steps`` on first turns alone before whole episodes: it makes the right first
+    #: search in 56 of 210 held-out episodes (0 before), but copies the bridge entity in 2-4% of later
+    #: queries (0.28 on hq-country), so it does not act yet and nothing is shipped. The first-turn probe
+    #: (scripts/bench/wiki_copy_probe.py) found the swap harmful at 1,000 x 32 steps (0.00 right vs 0.95
+    #: without it), so the next build should try ``augment_copies: 0``.
     train_overrides: Mapping[str, Any] = {
         "steps": 600,
         "batch_size": 16,
