@@ -286,3 +286,43 @@ def test_augmented_demonstrations_swap_names_one_to_one_and_keep_everything_else
     assert changed > 0
     assert WikiQADemonstrator().augment(demos[0], np.random.default_rng(1)) == \
         WikiQADemonstrator().augment(demos[0], np.random.default_rng(1))
+
+
+def test_every_copied_name_is_the_same_tokens_in_the_action_as_in_its_source() -> None:
+    """What a clean demonstration copies (each query's entity, each answer read off a passage) is, token
+    for token, a span of what came before it: a policy can learn to copy it without re-spelling a name."""
+    import json
+
+    from trace_agent.policy.chat import ChatRenderer
+    from trace_agent.policy.demo import END_OF_TURN, train_demo_tokenizer
+    from trace_agent.policy.demonstrators.base import collect_demonstrations
+
+    demos = collect_demonstrations(ENV_ID, limit=40, flawed_fraction=0.0, seed=2, max_turns=5)
+    tokenizer = train_demo_tokenizer(demos, vocab_size=1024)
+    chat = ChatRenderer(tokenizer, end_of_turn=END_OF_TURN)
+    checked = 0
+    for demo in demos:
+        text = chat.render_text(demo.messages, demo.tools, add_generation_prompt=False)
+        enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+        ids, offsets = enc["input_ids"], enc["offset_mapping"]
+        cursor = 0
+        for message in demo.messages:
+            cursor = text.index(message["content"], cursor)
+            if message["role"] != "assistant":
+                continue
+            content = message["content"]
+            if "<answer>" in content:
+                copied = content.split("<answer>")[1].split("</answer>")[0].strip()
+            else:
+                body = content.split("<tool_call>")[1].split("</tool_call>")[0]
+                copied = query_entity(json.loads(body)["arguments"]["query"])
+            start = cursor + content.index(copied)
+            end = start + len(copied)
+            if copied in ("yes", "no") or copied not in text[:cursor]:
+                continue  # a yes/no verdict is not copied
+            span = [i for i, (a, b) in zip(ids, offsets) if a < end and b > start]
+            before = [i for i, (a, _) in zip(ids, offsets) if a < cursor]
+            assert any(before[k:k + len(span)] == span for k in range(len(before) - len(span) + 1)), \
+                (demo.task_id, copied, [tokenizer.decode([i]) for i in span])
+            checked += 1
+    assert checked >= 60

@@ -38,7 +38,8 @@ from trace_agent.policy.demonstrators.base import Demonstration, tool_call
 if TYPE_CHECKING:
     from trace_envs.core import BranchableEnv, TaskSet
 
-__all__ = ["WikiQADemonstrator", "FLAWS", "parse_passages", "Passage", "query_entity", "entity_name_words"]
+__all__ = ["WikiQADemonstrator", "FLAWS", "parse_passages", "Passage", "query_entity", "entity_name_words", "search_call",
+           "answer_text"]
 
 #: The mistakes a flawed demonstration can make, per question kind (the first search is always right).
 FLAWS: Mapping[str, tuple[str, ...]] = {
@@ -156,6 +157,31 @@ def _org_main(passages: Sequence[Passage], org: str | None = None) -> re.Match[s
     return None
 
 
+def search_call(query: str, *, question: str | None = None) -> str:
+    """A search call whose query is written as it reads in running text, after "the"
+    (``the Velmora Foundry``, ``the poet Ana Bel``, ``the Cadwick``), unless it is the question itself.
+
+    The suite's byte-level BPE (Qwen's split pattern) glues one leading non-letter to a word, so a name
+    at the start of a string (``"Velmora``) is other tokens than after a space (`` Velmora``), and a
+    small policy cannot learn to re-spell a name it has never seen: after "the" each name is the same
+    token in the question, the passages and the query, and a person's query is the very span the
+    organisation's passage reads ("founded in 1850 by the poet Ana Bel"). "the" is a stopword of the
+    BM25 index, so the search results are the same as for the bare name.
+    """
+    if query != question and query[:4].lower() != "the ":
+        query = "the " + query
+    elif query.startswith("The "):
+        query = "the " + query[4:]
+    return tool_call("search", {"query": query})
+
+
+def answer_text(text: str) -> str:
+    """The final answer, after a space (``<answer> Cadwick</answer>``): without it ``>Cadwick`` is one
+    pre-token and the city would be spelled in other pieces than in the passage it is read from (see
+    :func:`search_call`); the env strips the space."""
+    return f"<answer> {text}</answer>"
+
+
 class _Episode:
     """The scripted plan of one synthetic-encyclopedia episode: its flaw and what it found so far."""
 
@@ -171,19 +197,7 @@ class _Episode:
         return handler(turn, observations)
 
     def search(self, query: str) -> str:
-        """A search call. An entity query is written as it reads in running text, after "the"
-        (``the Velmora Foundry``, ``the Harbour of Cadwick``; ``painter Ana Bel`` as is), so that each
-        name is the same token in the question, the passages and the query: a byte-level BPE splits
-        a capitalised word at the start of a string into other pieces than after a space, and a small
-        policy cannot learn to re-spell a name it has never seen. "the" is a stopword of the BM25
-        index, so the search results are the same as for the bare name."""
-        if query != self.question and query[:1].isupper():
-            query = "the " + (query[4:] if query.startswith("The ") else query)
-        return tool_call("search", {"query": query})
-
-    @staticmethod
-    def answer(text: str) -> str:
-        return f"<answer>{text}</answer>"
+        return search_call(query, question=self.question)
 
     def _weaken(self, name: str) -> str:
         words = name.split()
@@ -241,9 +255,9 @@ class _Episode:
         if turn == 1:
             if self.flaw == "early":
                 m = _org_main(obs[0], self.queries[0])
-                return self.answer(m.group(2) if m else self.queries[0])
+                return answer_text(m.group(2) if m else self.queries[0])
             return self._person_hop(person)
-        return self.answer(self._read_person(person, obs, "city") or self._fallback())
+        return answer_text(self._read_person(person, obs, "city") or self._fallback())
 
     def _author_year(self, turn: int, obs: Sequence[list[Passage]]) -> str:
         if turn == 0:
@@ -253,9 +267,9 @@ class _Episode:
             if self.flaw == "early":
                 book = next((m for m in (_BOOK.match(p.text) for p in obs[0]) if m and m.group(1) == self.queries[0]),
                             None)
-                return self.answer(book.group(4) if book else self.queries[0])
+                return answer_text(book.group(4) if book else self.queries[0])
             return self._person_hop(person)
-        return self.answer(self._read_person(person, obs, "year") or self._fallback())
+        return answer_text(self._read_person(person, obs, "year") or self._fallback())
 
     def _founder_country(self, turn: int, obs: Sequence[list[Passage]]) -> str:
         if turn == 0:
@@ -266,9 +280,9 @@ class _Episode:
         if turn == 2:
             city = self._read_person(person, obs, "city")
             if self.flaw == "early":
-                return self.answer(city or self._fallback())
+                return answer_text(city or self._fallback())
             return self.search(city) if city else self.search(self.question)
-        return self.answer(self._country_of(obs[-1]) or self._fallback())
+        return answer_text(self._country_of(obs[-1]) or self._fallback())
 
     @staticmethod
     def _country_of(passages: Sequence[Passage], city: str | None = None) -> str | None:
@@ -285,13 +299,13 @@ class _Episode:
             m = _org_main(obs[0], self.queries[0])
             city = m.group(2) if m else None
             if self.flaw == "early":
-                return self.answer(city or self.queries[0])
+                return answer_text(city or self.queries[0])
             if self.flaw == "distractor":
                 branch = next((h for h in (_ORG_HISTORY.match(p.text) for p in obs[0])
                                if h and h.group(1) == self.queries[0]), None)
                 city = branch.group(2) if branch else city
             return self.search(city) if city else self.search(self.question)
-        return self.answer(self._country_of(obs[-1]) or self._fallback())
+        return answer_text(self._country_of(obs[-1]) or self._fallback())
 
     # ------------------------------------------------------------------ comparisons
     def _second_query(self) -> str:
@@ -317,15 +331,15 @@ class _Episode:
             return self.search(self._comparison_query(0))
         if turn == 1:
             if self.flaw == "early":
-                return self.answer(orgs[0] if orgs else self._fallback())
+                return answer_text(orgs[0] if orgs else self._fallback())
             return self.search(self._comparison_query(1) if self.flaw != "weak" else self._second_query())
         first = _org_main(obs[0], orgs[0] if orgs else None)
         second = _org_main(obs[1], orgs[1] if len(orgs) > 1 else None) or (_org_main(obs[1]) if self.flaw == "weak"
                                                                             else None)
         if first is None or second is None:
-            return self.answer(self._fallback())
+            return answer_text(self._fallback())
         older, newer = (first, second) if int(first.group(3)) < int(second.group(3)) else (second, first)
-        return self.answer((newer if self.flaw == "misread" else older).group(1))
+        return answer_text((newer if self.flaw == "misread" else older).group(1))
 
     def _people(self) -> list[tuple[str, str]]:
         return _QUESTION_PEOPLE.findall(self.question)[:2]
@@ -354,20 +368,20 @@ class _Episode:
             return action
         people = self._people()
         if turn == 1:  # early: a guess between the two
-            return self.answer(people[int(self.rng.integers(len(people)))][1] if people else self._fallback())
+            return answer_text(people[int(self.rng.integers(len(people)))][1] if people else self._fallback())
         if len(bios) < 2 or bios[0] is None or bios[1] is None:
-            return self.answer(self._fallback())
+            return answer_text(self._fallback())
         older, newer = sorted(bios, key=lambda b: int(b["year"]))
-        return self.answer((newer if self.flaw == "misread" else older)["name"])
+        return answer_text((newer if self.flaw == "misread" else older)["name"])
 
     def _same_city(self, turn: int, obs: Sequence[list[Passage]]) -> str:
         action, bios = self._people_hops(turn, obs)
         if action is not None:
             return action
         if turn == 1:
-            return self.answer("yes" if self.rng.integers(2) else "no")
+            return answer_text("yes" if self.rng.integers(2) else "no")
         if len(bios) < 2 or bios[0] is None or bios[1] is None:
-            return self.answer(self._fallback())
+            return answer_text(self._fallback())
         same = bios[0]["city"] == bios[1]["city"]
         if self.flaw == "misread":  # compares the cities they moved to
             people = self._people()
@@ -376,7 +390,7 @@ class _Episode:
                 same = moved[0][0] == moved[1][0]
             else:
                 same = not same
-        return self.answer("yes" if same else "no")
+        return answer_text("yes" if same else "no")
 
     def _fallback(self) -> str:
         """What to answer when the passages did not give it: the gold for a clean episode, else the question's
@@ -397,20 +411,18 @@ class WikiQADemonstrator:
     #: DemoTrainConfig fields of WikiQA-v0's demo policy (see ``demo_train_config``). Episodes here are
     #: ~450 tokens after the shared system prompt (three passages per search), several times PythonMath's
     #: per-sequence suffix. The policy must *copy* names it has never seen (the question's entity into
-    #: the first search, the bridge entity from a passage into the next). This preset (build G in
-    #: docs/paper/wiki/README.md) replays every demonstration twice with its names swapped (:meth:`augment`)
-    #: and trains ``first_turn_steps`` on first turns alone before whole episodes: it makes the right first
-    #: search in 56 of 210 held-out episodes (0 before), but copies the bridge entity in 2-4% of later
-    #: queries (0.28 on hq-country), so it does not act yet and nothing is shipped. The first-turn probe
-    #: (scripts/bench/wiki_copy_probe.py) found the swap harmful at 1,000 x 32 steps (0.00 right vs 0.95
-    #: without it), so the next build should try ``augment_copies: 0``.
+    #: the first search, the bridge entity from a passage into the next, the answer from the last), so
+    #: ``first_turn_steps`` train first turns alone, where copying is cheap to learn, before whole
+    #: episodes; names are not swapped (``augment_copies: 0``: the first-turn probe,
+    #: scripts/bench/wiki_copy_probe.py, found swapping harmful). Builds and what each did on held-out
+    #: questions: docs/paper/wiki/README.md.
     train_overrides: Mapping[str, Any] = {
         "steps": 600,
         "batch_size": 16,
         "first_turn_steps": 1000,
         "flawed_fraction": 0.35,
         "demos_per_task": 1,
-        "augment_copies": 2,
+        "augment_copies": 0,
         "max_turns": 5,
         "model": {"vocab_size": 4096, "hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
                   "head_dim": 32, "intermediate_size": 384},
@@ -468,7 +480,7 @@ class WikiQADemonstrator:
         queries = list(data.get("queries") or [data.get("question", prompt)])
         if flawed and turn >= 1:
             titles = list(data.get("supporting_titles") or [])
-            return f"<answer>{titles[0] if titles else queries[0]}</answer>"
+            return answer_text(titles[0] if titles else queries[0])
         if turn < len(queries):
             return tool_call("search", {"query": queries[turn]})
-        return f"<answer>{(data.get('answers') or [''])[0]}</answer>"
+        return answer_text((data.get('answers') or [''])[0])
