@@ -229,7 +229,22 @@ def _row(collection: Collection, seed: int) -> dict[str, Any]:
         "oracle_env_steps": collection.oracle_env_steps, "leaves": s.leaves, "successes": s.successes,
         "branch_depths": {str(k): v for k, v in s.branch_depths.items()},
         "continuation_depths": {str(k): v for k, v in s.continuation_depths.items()},
+        "prompts": _prompt_rows(collection),
     }
+
+
+def _prompt_rows(collection: Collection) -> list[dict[str, Any]]:
+    """Per candidate prompt, in pool order: its id, the roots it got, the value the strategy allocated
+    with (None where it asked for none) and its tree's leaf success rate (None when skipped) — what a
+    reader needs to see *why* a strategy skipped or favoured a prompt (ties, degenerate predictions)."""
+    leaf_success: dict[str, float | None] = {}
+    for tree in collection.trees:
+        leaves = tree.leaves()
+        leaf_success[tree.prompt_id] = sum(leaf.is_success for leaf in leaves) / len(leaves) if leaves else None
+    values = collection.root_values or tuple(math.nan for _ in collection.prompt_ids)
+    return [{"id": pid, "roots": int(m), "value": float(v) if math.isfinite(v) else None,
+             "leaf_success": leaf_success.get(pid)}
+            for pid, m, v in zip(collection.prompt_ids, collection.roots, values, strict=True)]
 
 
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -34,6 +34,15 @@ def test_bench_runs_every_strategy_at_equal_budget_and_writes_its_outputs(tmp_pa
         assert row["active_prompts"] <= budget.max_active
         assert 0.0 <= row["effective_ratio"] <= 1.0
     assert result.rows[6]["oracle_generated_tokens"] > 0
+    for row in result.rows:  # each candidate prompt: the roots it got, the value behind them, its leaves
+        prompts = row["prompts"]
+        assert len(prompts) == 4 and sum(p["roots"] for p in prompts) == row["root_rollouts"]
+        assert sum(p["roots"] == 0 for p in prompts) == row["skipped"]
+        assert all((p["leaf_success"] is None) == (p["roots"] == 0) for p in prompts)
+        wanted = {"grpo": False, "trace": True, "oracle": True}.get(row["strategy"])
+        if wanted is not None:  # GRPO asks for no value; TRACE predicted, Oracle Monte-Carlo values
+            assert all((p["value"] is not None) == wanted for p in prompts), row["strategy"]
+            assert all(0.0 <= p["value"] <= 1.0 for p in prompts if p["value"] is not None)
     assert "warmup_refresh" in result.predictor
     paths = result.write(tmp_path)
     assert {p.name for p in paths} == {"bench.json", "bench.md", "trees.jsonl", "bench.png", "effective_ratio.png",
