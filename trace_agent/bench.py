@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from trace_agent.rollout import Collection, PromptSpec, RolloutConfig, TreeCollector
 from trace_agent.strategies import STRATEGY_NAMES, Budget, Strategy, TreePO
@@ -183,7 +184,8 @@ class BenchResult:
             lines += ["", "Comparisons on mean effective ratio: " + ", ".join(
                 f"{k} = {v:.2f}" if math.isfinite(v) else f"{k} = n/a (zero denominator)" for k, v in comp.items())]
         if self.predictor:
-            keys = ("pre_spearman_root", "pre_spearman_prefix", "pre_mse", "examples")
+            keys = ("pre_spearman_root", "pre_spearman_prefix", "pre_mse", "examples", "mc_spearman_root",
+                    "pre_spearman_root_mc_prompts")
             shown = {k: self.predictor.get("measured", {}).get(k) for k in keys}
             lines += ["", "Predictor on the measured trees (after warm-up, before any update): " + ", ".join(
                 f"{k.removeprefix('pre_')} = {v:.3f}" for k, v in shown.items() if isinstance(v, float))]
@@ -353,8 +355,29 @@ def run_bench(
         if len(examples):
             pred = predictor.predict(examples.contexts)
             info["measured"] = {f"pre_{k}": v for k, v in prediction_metrics(pred, examples).items()}
+            if oracle_cache:
+                info["measured"] |= _root_rank_ceiling(pred, examples, oracle_cache)
     return BenchResult(config=config, rows=tuple(rows), summary=summarize(rows), predictor=info,
                        trees=tuple(measured_trees))
+
+
+def _root_rank_ceiling(pred: NDArray[np.float64], examples: Any, oracle: Mapping[str, float]) -> dict[str, float]:
+    """How well the prompts' Monte-Carlo success rates rank the measured trees' root targets.
+
+    ``pre_spearman_root`` compares predictions with each tree's leaf success: a target of 4-12 leaves,
+    noisy in itself, so even a predictor that knew every prompt's Monte-Carlo rate would not reach 1.
+    ``mc_spearman_root`` is that predictor's score (Oracle's ``oracle_samples`` rollouts per prompt as
+    the predictions) on the roots whose prompt Oracle estimated, and ``pre_spearman_root_mc_prompts``
+    the real predictor's on the same roots: the gap between them is what the predictor leaves.
+    """
+    from trace_agent.predictor.examples import spearman
+
+    known = examples.is_root & np.asarray([pid in oracle for pid in examples.prompt_ids], dtype=bool)
+    mc = np.asarray([oracle.get(pid, math.nan) for pid in examples.prompt_ids], dtype=np.float64)
+    t = examples.targets
+    return {"mc_spearman_root": spearman(mc[known], t[known]),
+            "pre_spearman_root_mc_prompts": spearman(pred[known], t[known]),
+            "mc_roots": float(known.sum())}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -44,6 +44,8 @@ def test_bench_runs_every_strategy_at_equal_budget_and_writes_its_outputs(tmp_pa
             assert all((p["value"] is not None) == wanted for p in prompts), row["strategy"]
             assert all(0.0 <= p["value"] <= 1.0 for p in prompts if p["value"] is not None)
     assert "warmup_refresh" in result.predictor
+    measured = result.predictor["measured"]  # Oracle ran, so the Monte-Carlo ceiling of the root ranking is there
+    assert measured["mc_roots"] > 0 and -1.0 <= measured["mc_spearman_root"] <= 1.0
     paths = result.write(tmp_path)
     assert {p.name for p in paths} == {"bench.json", "bench.md", "trees.jsonl", "bench.png", "effective_ratio.png",
                                        "branch_depths.png"}
@@ -102,3 +104,21 @@ def test_bench_parser_options() -> None:
                               "grpo,trace", "--seeds", "3", "--prompts", "8", "--out", "x"])
     assert args.budget == "16,6" and args.seeds == 3 and args.func is not None
     assert Budget.parse(args.budget, group_size=args.group_size).paper_units == 16 * 4
+
+
+def test_the_root_rank_ceiling_scores_monte_carlo_rates_and_the_predictor_on_the_same_roots() -> None:
+    import numpy as np
+
+    from trace_agent.bench import _root_rank_ceiling
+    from trace_agent.predictor.examples import TreeExamples
+
+    targets = np.array([0.0, 0.25, 0.5, 1.0, 0.5, 0.75])
+    depths = np.array([0, 0, 0, 0, 1, 0])  # the fifth is a prefix, the sixth a prompt Oracle never estimated
+    examples = TreeExamples(contexts=("c",) * 6, targets=targets, weights=np.full(6, 4.0),
+                            second_moments=targets, depths=depths, prompt_ids=("a", "b", "c", "d", "d", "e"),
+                            node_ids=np.arange(6))
+    oracle = {"a": 0.1, "b": 0.2, "c": 0.6, "d": 0.9}
+    predictions = np.array([0.9, 0.6, 0.2, 0.1, 0.0, 0.0])
+    out = _root_rank_ceiling(predictions, examples, oracle)
+    assert out == {"mc_spearman_root": pytest.approx(1.0), "pre_spearman_root_mc_prompts": pytest.approx(-1.0),
+                   "mc_roots": 4.0}
