@@ -2,7 +2,7 @@
 searches relate to what it read.
 
 Per kind of synthetic question: episodes, success, the share whose first search is the entity the question
-names (the task's first hop query), the share whose later queries are copied verbatim from the question or an
+names (the demonstrator's clean first search), the share whose later queries are copied verbatim from the question or an
 earlier observation (what the demonstrator does), and the share that answer before the last hop.
 
     trace-gym eval --config docs/configs/wiki_demo.yaml --tasks 105 --samples 4 --transcripts T.jsonl
@@ -26,7 +26,7 @@ _QUERY = re.compile(r'"query"\s*:\s*"([^"]*)"')
 
 def behaviour(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """kind -> {"episodes", "success", "first_search_right", "later_queries_copied", "answered_early"}."""
-    from trace_agent.policy.demonstrators.wiki import query_entity
+    from trace_agent.policy.demonstrators.wiki import WikiQADemonstrator, query_entity
     from trace_envs.tasks.wiki import default_wiki_tasks
 
     tasks = default_wiki_tasks()
@@ -41,7 +41,8 @@ def behaviour(rows: list[dict[str, Any]]) -> dict[str, Any]:
         cell = acc[kind]
         cell["episodes"] += 1
         cell["success"] += float(row["reward"] > 0)
-        cell["first_search_right"] += float(bool(queries) and queries[0] == (0, query_entity(task.data["queries"][0])))
+        first = WikiQADemonstrator.first_query(task.data) or query_entity(task.data["queries"][0])
+        cell["first_search_right"] += float(bool(queries) and queries[0] == (0, first))
         later = [(k, q) for k, q in queries if k >= 1]
         cell["later_queries"] += len(later)
         cell["later_queries_copied"] += sum(any(q and q in text for text in seen[:k + 1]) for k, q in later)

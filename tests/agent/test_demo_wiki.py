@@ -14,7 +14,6 @@ import trace_envs  # noqa: F401  (registers the suite)
 from trace_agent.policy.demo import (
     SHIPPED_DEMO_POLICIES,
     demo_train_config,
-    evaluate_policy,
     load_demo_policy,
     success_histogram,
 )
@@ -167,19 +166,54 @@ def test_preset_and_flaw_validation() -> None:
 
 
 # --------------------------------------------------------------------------------------------- shipped policy
-#: one held-out question of each of the seven kinds (fixed), four episodes each
-_HELDOUT = _sample_by_kind(wiki_split("test"), 1)
+#: three held-out questions of each of the seven kinds (fixed), four episodes each
+_HELDOUT = _sample_by_kind(wiki_split("test"), 3)
+
+
+def _behaviour_module():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+    try:
+        import wiki_behaviour
+    finally:
+        sys.path.remove(str(ROOT / "scripts" / "bench"))
+    return wiki_behaviour
 
 
 @needs_policy
 @pytest.mark.slow
 def test_shipped_policy_acts_on_held_out_questions() -> None:
+    """The shipped policy searches for what the question names, copies names from what it read into later
+    queries, and succeeds on some held-out questions but not all (measured at build: first search right 0.88,
+    held-out success 0.14 on all 105 test questions; here, 84 episodes: 0.87 and 0.08)."""
+    from trace_agent.policy.episodes import EpisodeStart, play_episodes
+    from trace_agent.wiring import make_env_factory
+
     policy = load_demo_policy(SHIPPED)
-    results = evaluate_policy(policy, ENV_ID, _HELDOUT, samples=4, max_new_tokens=64, max_turns=5, seed=0,
-                              env_kwargs={"tasks": "test"})
-    summary = success_histogram(results)
-    assert 0.15 <= summary["mean_success"] <= 0.9, summary
-    assert summary["all_success"] < len(_HELDOUT), summary
+    make = make_env_factory(ENV_ID, None, max_turns=5, env_kwargs={"tasks": "test"})
+    envs = [make() for _ in range(4)]
+    rows = []
+    try:
+        for t, task_id in enumerate(_HELDOUT):
+            starts = [EpisodeStart(task_id=task_id, seed=1000 * t + k) for k in range(4)]
+            finished: dict[int, list] = {}
+            rewards = play_episodes(policy, envs, starts, turn_seed=lambda turn, t=t: 7919 * t + turn,
+                                    max_new_tokens=64, temperature=1.0, top_p=1.0,
+                                    on_end=lambda j, _r, env, done=finished: done.__setitem__(j, list(env.messages)))
+            rows += [{"task_id": task_id, "reward": r, "messages": finished[j]} for j, r in enumerate(rewards)]
+    finally:
+        for env in envs:
+            env.close()
+    summary = _behaviour_module().behaviour(rows)
+    assert summary["all"]["first_search_right"] >= 0.6, summary  # an untrained or non-copying policy: 0
+    assert 0.04 <= summary["all"]["success"] <= 0.9, summary
+    copied = [v["later_queries_copied"] for k, v in summary.items() if k != "all" and v["later_queries_copied"]]
+    assert max(copied) >= 0.2, summary  # later hops copy a name they read
+    results = {row["task_id"]: [] for row in rows}
+    for row in rows:
+        results[row["task_id"]].append(row["reward"])
+    assert success_histogram(results)["all_success"] < len(_HELDOUT)
 
 
 @pytest.mark.slow
@@ -236,23 +270,19 @@ def test_prefix_mixing_counts_mixed_branch_points_by_depth() -> None:
 def test_behaviour_of_scripted_episodes(wiki_env) -> None:
     """scripts/bench/wiki_behaviour.py on transcripts of the demonstrator: clean ones copy every later query and
     answer after the last hop; 'early' ones answer before it and fail."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "scripts" / "bench"))
-    try:
-        from wiki_behaviour import behaviour
-    finally:
-        sys.path.remove(str(ROOT / "scripts" / "bench"))
+    behaviour = _behaviour_module().behaviour
     rows = []
-    for task_id in _sample_by_kind(default_wiki_tasks(), 1)[:4]:  # the four bridge kinds come first
+    for task_id in _sample_by_kind(default_wiki_tasks(), 1):  # one question of each of the seven kinds
         for flaw in (None, "early"):
             _, reward = _play(wiki_env, task_id, flaw=flaw)
             rows.append({"task_id": task_id, "flaw": flaw, "reward": reward, "messages": list(wiki_env.messages)})
     clean = behaviour([r for r in rows if r["flaw"] is None])
     early = behaviour([r for r in rows if r["flaw"] == "early"])
-    assert clean["all"] == {"episodes": 4, "success": 1.0, "first_search_right": 1.0}
+    assert clean["all"] == {"episodes": 7, "success": 1.0, "first_search_right": 1.0}
     assert all(v["later_queries_copied"] == 1.0 and v["answered_early"] == 0.0 for k, v in clean.items() if k != "all")
-    assert early["all"]["success"] == 0.0 and all(v["answered_early"] == 1.0 for k, v in early.items() if k != "all")
+    bridge = {"founder-city", "author-year", "hq-country", "founder-country"}  # an early answer there is wrong
+    assert all(early[k]["success"] == 0.0 for k in bridge)
+    assert all(v["answered_early"] == 1.0 for k, v in early.items() if k != "all")
 
 
 def test_augmented_demonstrations_swap_names_one_to_one_and_keep_everything_else() -> None:

@@ -26,6 +26,7 @@ one per hop and the gold answer; a flawed one answers the bridge entity after th
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -417,7 +418,7 @@ class WikiQADemonstrator:
     #: scripts/bench/wiki_copy_probe.py, found swapping harmful). Builds and what each did on held-out
     #: questions: docs/paper/wiki/README.md.
     train_overrides: Mapping[str, Any] = {
-        "steps": 600,
+        "steps": 1500,
         "batch_size": 16,
         "first_turn_steps": 1000,
         "flawed_fraction": 0.35,
@@ -454,6 +455,18 @@ class WikiQADemonstrator:
         messages = tuple({**m, "content": pattern.sub(lambda hit: swap[hit.group(1)], m["content"])}
                          if isinstance(m.get("content"), str) else m for m in demo.messages)
         return replace(demo, messages=messages)
+
+    @staticmethod
+    def first_query(data: Mapping[str, Any]) -> str | None:
+        """The entity of a clean episode's first search on a synthetic question (its task ``data``), as
+        :func:`query_entity` reads it (``mathematician Fytriast Geiv``, ``Velmora Foundry``); None for
+        questions from other sources. The first search needs no observation, so none is given."""
+        kind = str(data.get("kind", ""))
+        if kind not in FLAWS or not data.get("queries") or not data.get("question"):
+            return None
+        episode = _Episode(kind, str(data["question"]), list(data["queries"]), "", None, np.random.default_rng(0))
+        call = episode.act(0, [])
+        return query_entity(json.loads(call.split("<tool_call>")[1].split("</tool_call>")[0])["arguments"]["query"])
 
     def demonstration_tasks(self, per_kind: int = 500, seed: int = 1) -> TaskSet:
         """``per_kind`` questions of each of the seven kinds over the default corpus, none a test question."""
