@@ -241,8 +241,8 @@ def _prompt_rows(collection: Collection) -> list[dict[str, Any]]:
     reader needs to see *why* a strategy skipped or favoured a prompt (ties, degenerate predictions)."""
     leaf_success: dict[str, float | None] = {}
     for tree in collection.trees:
-        leaves = tree.leaves()
-        leaf_success[tree.prompt_id] = sum(leaf.is_success for leaf in leaves) / len(leaves) if leaves else None
+        successes, failures = tree.outcome_counts()
+        leaf_success[tree.prompt_id] = successes / (successes + failures) if successes + failures else None
     values = collection.root_values or tuple(math.nan for _ in collection.prompt_ids)
     return [{"id": pid, "roots": int(m), "value": float(v) if math.isfinite(v) else None,
              "leaf_success": leaf_success.get(pid)}

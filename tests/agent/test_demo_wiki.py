@@ -321,11 +321,10 @@ def test_augmented_demonstrations_swap_names_one_to_one_and_keep_everything_else
 def test_every_copied_name_is_the_same_tokens_in_the_action_as_in_its_source() -> None:
     """What a clean demonstration copies (each query's entity, each answer read off a passage) is, token
     for token, a span of what came before it: a policy can learn to copy it without re-spelling a name."""
-    import json
-
     from trace_agent.policy.chat import ChatRenderer
     from trace_agent.policy.demo import END_OF_TURN, train_demo_tokenizer
     from trace_agent.policy.demonstrators.base import collect_demonstrations
+    from trace_envs.actions import parse_action
 
     demos = collect_demonstrations(ENV_ID, limit=40, flawed_fraction=0.0, seed=2, max_turns=5)
     tokenizer = train_demo_tokenizer(demos, vocab_size=1024)
@@ -344,8 +343,8 @@ def test_every_copied_name_is_the_same_tokens_in_the_action_as_in_its_source() -
             if "<answer>" in content:
                 copied = content.split("<answer>")[1].split("</answer>")[0].strip()
             else:
-                body = content.split("<tool_call>")[1].split("</tool_call>")[0]
-                copied = query_entity(json.loads(body)["arguments"]["query"])
+                (call,) = parse_action(content).tool_calls
+                copied = query_entity(call.arguments["query"])
             start = cursor + content.index(copied)
             end = start + len(copied)
             if copied in ("yes", "no") or copied not in text[:cursor]:

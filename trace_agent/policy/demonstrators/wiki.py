@@ -26,7 +26,6 @@ one per hop and the gold answer; a flawed one answers the bridge entity after th
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -169,10 +168,8 @@ def search_call(query: str, *, question: str | None = None) -> str:
     organisation's passage reads ("founded in 1850 by the poet Ana Bel"). "the" is a stopword of the
     BM25 index, so the search results are the same as for the bare name.
     """
-    if query != question and query[:4].lower() != "the ":
-        query = "the " + query
-    elif query.startswith("The "):
-        query = "the " + query[4:]
+    if query != question:
+        query = "the " + query_entity(query)
     return tool_call("search", {"query": query})
 
 
@@ -465,9 +462,11 @@ class WikiQADemonstrator:
         kind = str(data.get("kind", ""))
         if kind not in FLAWS or not data.get("queries") or not data.get("question"):
             return None
+        from trace_envs.actions import parse_action
+
         episode = _Episode(kind, str(data["question"]), list(data["queries"]), "", None, np.random.default_rng(0))
-        call = episode.act(0, [])
-        return query_entity(json.loads(call.split("<tool_call>")[1].split("</tool_call>")[0])["arguments"]["query"])
+        (call,) = parse_action(episode.act(0, [])).tool_calls
+        return query_entity(str(call.arguments["query"]))
 
     def demonstration_tasks(self, per_kind: int = 500, seed: int = 1) -> TaskSet:
         """``per_kind`` questions of each of the seven kinds over the default corpus, none a test question."""
