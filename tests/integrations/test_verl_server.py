@@ -50,6 +50,11 @@ def test_server_policy_reads_exact_ids_and_refuses_bad_replies():
                                                                             sessions=["t"]))
     with pytest.raises(PolicyError, match="event loop"):
         VerlServerPolicy(ok, tok).generate([ctx], max_new_tokens=2, seed=0)
+    untouched = _Server(([5], [-0.1], "completed"))
+    with pytest.raises(PolicyError, match="empty context"):
+        asyncio.run(VerlServerPolicy(untouched, tok).agenerate(
+            [ctx, TokenContext.from_prompt([])], max_new_tokens=2, seeds=[0, 1], sessions=["a", "b"]))
+    assert untouched.calls == []  # the batch is refused before any request goes out
 
 
 def test_sync_face_bridges_a_worker_thread_to_the_loop_with_derived_seeds():

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from trace_agent.policy.base import Generation, PolicyError, TokenContext
+from trace_agent.policy.base import Generation, PolicyError, TokenContext, check_contexts
 from trace_agent.policy.chat import ChatRenderer, ChatTemplated
 
 __all__ = ["request_seed", "VerlServerPolicy", "PolicyServerClient"]
@@ -89,14 +89,13 @@ class VerlServerPolicy(ChatTemplated):
         if not (len(seeds) == len(sessions) == len(contexts)):
             raise PolicyError(f"{len(contexts)} contexts need as many seeds and sessions "
                               f"(got {len(seeds)} and {len(sessions)})")
+        check_contexts(contexts)
         return list(await asyncio.gather(*(
             self._one(c, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=s, session=r)
             for c, s, r in zip(contexts, seeds, sessions))))
 
     async def _one(self, context: TokenContext, *, max_new_tokens: int, temperature: float, top_p: float,
                    seed: int, session: str) -> Generation:
-        if len(context) == 0:
-            raise PolicyError("cannot generate from an empty context: render() the messages first")
         params = {"temperature": float(temperature), "top_p": float(top_p), "top_k": self.top_k,
                   "repetition_penalty": 1.0, "logprobs": True, "max_tokens": int(max_new_tokens),
                   "seed": int(seed), "stop_token_ids": list(self.stop_token_ids)}
