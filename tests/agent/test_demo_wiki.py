@@ -340,10 +340,11 @@ def test_every_copied_name_is_the_same_tokens_in_the_action_as_in_its_source() -
             if message["role"] != "assistant":
                 continue
             content = message["content"]
-            if "<answer>" in content:
-                copied = content.split("<answer>")[1].split("</answer>")[0].strip()
+            action = parse_action(content)
+            if action.answer is not None:
+                copied = action.answer
             else:
-                (call,) = parse_action(content).tool_calls
+                (call,) = action.tool_calls
                 copied = query_entity(call.arguments["query"])
             start = cursor + content.index(copied)
             end = start + len(copied)
