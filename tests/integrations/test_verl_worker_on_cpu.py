@@ -233,7 +233,7 @@ def test_worker_leaves_equal_trace_gym_collector_and_objectives(cluster, tmp_pat
     assert ray.get(service.add_trees.remote([])) == len(trees)
     assert ray.get(service.refresh.remote())["examples"] > 0
     reference = EmbeddingPredictor(HashedNGramFeaturizer())
-    refresh_predictor(reference, [trees[i] for i in sorted(trees)], prefixes="all")
+    refresh_predictor(reference, sorted(trees.values(), key=lambda t: t.prompt_id), prefixes="all")
     probe = [t.context(n) for t in trees.values() for n in t.nodes if not n.is_leaf]
     np.testing.assert_allclose(ray.get(service.predict.remote(probe)), reference.predict(probe), rtol=1e-6, atol=1e-6)
     tv.PredictorCheckpoint(config).on_save(None, global_step=STEP, checkpoint_dir=str(tmp_path / "global_step_1"))

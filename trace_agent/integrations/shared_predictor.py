@@ -71,7 +71,8 @@ class PredictorService:
 
         if not self._pending:
             return {}
-        trees, self._pending = self._pending, []
+        # workers finish in any order; training in prompt-id order makes a refresh reproducible
+        trees, self._pending = sorted(self._pending, key=lambda t: t.prompt_id), []
         self.last_metrics = refresh_predictor(self.predictor, trees, prefixes=self.prefixes)  # type: ignore[arg-type]
         self.refreshes += 1
         return self.last_metrics
