@@ -8,7 +8,7 @@
 
 * ``contexts``: root-context tokens of the 50 test entries with full / compact / names tool schemas, under
   PythonMath's shipped tokenizer (what ``--policy demo`` loaded on BFCL before it had its own) and BFCL's.
-* ``eval``: per-entry success rates of the shipped policy (``evaluate_policy``, temperature 1) on the
+* ``eval``: per-entry success rates of the shipped policy (or ``--policy-path DIR``) (``evaluate_policy``, temperature 1) on the
   demonstrated train entries, on undemonstrated train entries and on held-out test entries.
 * ``turns``: per user-turn index, the share of episodes whose turn passes BFCL's turn check (state and
   results), and of episodes still valid through that turn, on demonstrated train entries.
@@ -71,7 +71,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     )
     from trace_agent.policy.demonstrators.bfcl import BFCLDemonstrator
 
-    policy = load_demo_policy(shipped_demo_policy(ENV_ID))
+    policy = load_demo_policy(args.policy_path or shipped_demo_policy(ENV_ID))
     demo_ids = BFCLDemonstrator().demonstration_tasks().ids()
     train = gym.make(ENV_ID, tasks="train").unwrapped.tasks.ids()
     test = gym.make(ENV_ID, tasks="test").unwrapped.tasks.ids()
@@ -103,7 +103,7 @@ def turns(args: argparse.Namespace) -> dict:
     from trace_agent.policy.demo import load_demo_policy, observation_messages, shipped_demo_policy
     from trace_agent.policy.demonstrators.bfcl import BFCLDemonstrator
 
-    policy = load_demo_policy(shipped_demo_policy(ENV_ID))
+    policy = load_demo_policy(args.policy_path or shipped_demo_policy(ENV_ID))
     ids = BFCLDemonstrator().demonstration_tasks().ids()[:args.tasks]
     envs = [gym.make(ENV_ID, tasks="train", tool_detail="names", max_turns=args.max_turns).unwrapped
             for _ in range(len(ids) * args.samples)]
@@ -170,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--max-new-tokens", type=int, default=96)
     t.add_argument("--max-turns", type=int, default=16)
     t.add_argument("--seed", type=int, default=0)
+    for command in (e, t):
+        command.add_argument("--policy-path", default="", help="a built policy directory (default: the shipped one)")
     p = sub.add_parser("prefixes")
     p.add_argument("--trees", required=True)
     p.add_argument("--out", required=True)

@@ -238,7 +238,9 @@ def test_names_rendering_matches_a_names_env() -> None:
 # ----------------------------------------------------------------------------------------- the shipped policy
 SHIPPED = ROOT / "trace_agent" / "policy" / "assets" / "demo_policy_bfcl"
 #: the acting check: greedy first steps on the first ACT_SAMPLE demonstrated entries, at least this many exact
-ACT_SAMPLE, ACT_FLOOR_EXACT = 6, 2
+ACT_SAMPLE, ACT_FLOOR_EXACT = 6, 4
+#: the success check: SUCCESS_SAMPLES episodes (T = 1) on each of the first SUCCESS_TASKS demonstrated entries
+SUCCESS_TASKS, SUCCESS_SAMPLES = 8, 4
 
 
 def test_the_shipped_policy_is_small_and_renders_tools_by_name() -> None:
@@ -253,13 +255,24 @@ def test_the_shipped_policy_is_small_and_renders_tools_by_name() -> None:
     assert read_policy_settings(SHIPPED) == dict(BFCLDemonstrator.policy_settings)
 
 
+def test_the_shipped_policy_was_built_with_the_preset() -> None:
+    """``scripts/build_demo_policy.py --env trace_envs/BFCL-v0`` rebuilds what is shipped: the build's recorded
+    settings are the demonstrator's preset (``demo_train_config``), field for field."""
+    from dataclasses import asdict
+
+    from trace_agent.policy.demo import demo_train_config
+
+    recorded = json.loads((SHIPPED / "build_report.json").read_text())["config"]
+    preset = json.loads(json.dumps(asdict(demo_train_config(ENV_ID, seed=recorded["seed"]))))
+    assert preset == recorded
+
+
 @needs_bfcl
 @pytest.mark.slow
-def test_the_shipped_policy_acts_in_the_env_but_does_not_yet_solve_episodes() -> None:
+def test_the_shipped_policy_acts_in_the_env() -> None:
     """What the shipped policy does (docs/paper/bfcl/README.md): greedy, its first step on each of the first
-    6 demonstrated entries is a call list the env runs (no parse error), and at least 2 equal the ground
-    truth's first step (measured: 2 of 6). It does NOT yet reach the brief's floor: 0 of 40 episodes at
-    temperature 1 succeed (eval.json), so this checks acting, not success; the ceiling holds trivially."""
+    6 demonstrated entries is a call list the env runs (no parse error), and most equal the ground truth's.
+    No context is cut."""
     from trace_agent.policy.demo import load_demo_policy
 
     policy = load_demo_policy(SHIPPED)
@@ -279,6 +292,25 @@ def test_the_shipped_policy_acts_in_the_env_but_does_not_yet_solve_episodes() ->
             env.close()
     assert all(info.get("calls") and "parse_error" not in info for info in infos), [g.text for g in gens]
     assert sum(g.text == w for g, w in zip(gens, wanted)) >= ACT_FLOOR_EXACT
+    assert policy.context_cuts == 0
+
+
+@needs_bfcl
+@pytest.mark.slow
+def test_the_shipped_policy_solves_some_demonstrated_episodes_and_fails_others() -> None:
+    """At temperature 1 on its demonstrated train entries the policy succeeds often but not always, and the
+    same entry both succeeds and fails: the mixed groups the bench needs (measured on all 40 entries × 4:
+    mean 0.67, 22 mixed; the first 8: 0.72, 4 mixed). Held-out entries it does not solve (0 of 20 measured:
+    it memorises its 40 entries, docs/paper/bfcl/README.md), so the floor is checked where it acts."""
+    from trace_agent.policy.demo import evaluate_policy, load_demo_policy, success_histogram
+
+    policy = load_demo_policy(SHIPPED)
+    ids = BFCLDemonstrator().demonstration_tasks().ids()[:SUCCESS_TASKS]
+    results = evaluate_policy(policy, ENV_ID, ids, samples=SUCCESS_SAMPLES, temperature=1.0, max_new_tokens=96,
+                              max_turns=16, seed=0, env_kwargs={"tasks": "train", "tool_detail": "names"})
+    summary = success_histogram(results)
+    assert 0.3 <= summary["mean_success"] <= 0.95, summary
+    assert summary["mixed"] >= 2, summary
     assert policy.context_cuts == 0
 
 

@@ -129,15 +129,18 @@ class BFCLDemonstrator:
     #: it renders any env's tools by name, as in its demonstrations
     policy_settings: Mapping[str, Any] = {"tool_detail": "names"}
     #: :class:`~trace_agent.policy.demo.DemoTrainConfig` fields of BFCL-v0's demo policy
+    #: (build K of docs/paper/bfcl/README.md: 300 first-turn steps of 16, then 1,200 whole-episode steps of 8;
+    #: about 26 min on 2 CPU threads)
     train_overrides: Mapping[str, Any] = {
-        "steps": 400,
-        "batch_size": 4,
+        "steps": 1200,
+        "batch_size": 8,
+        "first_turn_steps": 300,
         "learning_rate": 3e-3,
-        "flawed_fraction": 0.5,
+        "flawed_fraction": 0.35,
         "demos_per_task": 4,
         "max_turns": 20,
-        "model": {"vocab_size": 2048, "hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
-                  "head_dim": 32, "intermediate_size": 192, "max_position_embeddings": 4096},
+        "model": {"vocab_size": 2048, "hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+                  "head_dim": 32, "intermediate_size": 384, "max_position_embeddings": 4096},
     }
 
     def __init__(self, *, category: str = "multi_turn_base", num_tasks: int = 40) -> None:
