@@ -8,7 +8,7 @@
 
 * ``contexts``: root-context tokens of the 50 test entries with full / compact / names tool schemas, under
   PythonMath's shipped tokenizer (what ``--policy demo`` loaded on BFCL before it had its own) and BFCL's.
-* ``eval``: per-entry success rates of the shipped policy (or ``--policy-path DIR``) (``evaluate_policy``, temperature 1) on the
+* ``eval``: per-entry success rates of the shipped policy or ``--policy-path DIR`` (``evaluate_policy``, temperature 1) on the
   demonstrated train entries, on undemonstrated train entries and on held-out test entries.
 * ``turns``: per user-turn index, the share of episodes whose turn passes BFCL's turn check (state and
   results), and of episodes still valid through that turn, on demonstrated train entries.

@@ -1,7 +1,10 @@
-"""The demo-policy build loop checkpoints and resumes: stopped mid-way and restarted, it ends with the same weights."""
+"""The demo-policy build loop checkpoints and resumes: stopped mid-way and restarted, it ends with the same weights;
+every shipped demo policy was built with its env's preset."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +12,14 @@ import pytest
 import torch
 
 from trace_agent.policy import demo
-from trace_agent.policy.demo import DemoModelConfig, DemoTrainConfig, make_demo_model, tiny_policy
+from trace_agent.policy.demo import (
+    SHIPPED_DEMO_POLICIES,
+    DemoModelConfig,
+    DemoTrainConfig,
+    demo_train_config,
+    make_demo_model,
+    tiny_policy,
+)
 
 _MODEL = DemoModelConfig(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
                          intermediate_size=64)
@@ -78,3 +88,24 @@ def test_first_turn_cuts_after_the_first_assistant_turn() -> None:
     for seq, m in _data(tiny_policy().tokenizer):
         cut, cut_mask = demo.first_turn(seq, m)
         assert cut == seq[:len(cut)] and cut_mask[-1] and sum(cut_mask) == len(cut_mask) - cut_mask.index(True)
+
+
+def _json(value):
+    return json.loads(json.dumps(value))
+
+
+@pytest.mark.parametrize("env_id", sorted(SHIPPED_DEMO_POLICIES))
+def test_every_shipped_policy_was_built_with_its_env_preset(env_id: str) -> None:
+    """``scripts/build_demo_policy.py --env ENV`` rebuilds what is shipped: the settings a shipped build recorded in
+    its ``build_report.json`` are the env's preset (``demo_train_config``), field for field. A field the report
+    lacks was added to ``DemoTrainConfig`` after that build, and the preset must hold its default there (the
+    behaviour the build had)."""
+    report = SHIPPED_DEMO_POLICIES[env_id] / "build_report.json"
+    if not report.is_file():
+        pytest.skip(f"{env_id}: no shipped demo policy")
+    recorded = json.loads(report.read_text())["config"]
+    preset = _json(asdict(demo_train_config(env_id, seed=recorded["seed"])))
+    defaults = _json(asdict(DemoTrainConfig()))
+    assert {k: preset.get(k) for k in recorded} == recorded
+    assert {k: preset[k] for k in preset.keys() - recorded.keys()} == \
+        {k: defaults[k] for k in preset.keys() - recorded.keys()}
