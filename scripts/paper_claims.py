@@ -50,7 +50,7 @@ from trace_agent.analysis import (  # noqa: E402
     shape_costs,
     spread,
 )
-from trace_agent.bench import BenchConfig, BenchResult, run_bench  # noqa: E402
+from trace_agent.bench import BENCH_PREDICTORS, BenchConfig, BenchResult, run_bench  # noqa: E402
 from trace_agent.rollout import RolloutConfig  # noqa: E402
 from trace_agent.strategies import Budget  # noqa: E402
 
@@ -110,6 +110,8 @@ def _add_common(p: argparse.ArgumentParser, claim: str) -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--oracle-samples", type=int, default=None, help="Monte-Carlo continuations per anchor")
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--predictor", default="embedding", choices=BENCH_PREDICTORS,
+                   help="the bench's predictor: embedding (MiniLM), policy-states (frozen policy copy) or hashed")
     p.add_argument("--out", default=f"artifacts/paper/{claim}", help="output directory")
     p.add_argument("--raw", default=None, help="also keep the bench's own outputs (bench.json, trees.jsonl...) here")
     if claim in DEFAULT_STRATEGIES:
@@ -160,6 +162,7 @@ def bench_config(args: argparse.Namespace, *, strategies: Sequence[str], budget:
         warmup_prompts=_setting(args, "warmup_prompts"),
         rollout=RolloutConfig(max_new_tokens=_setting(args, "max_new_tokens"), temperature=args.temperature,
                               workers=args.workers, oracle_samples=_setting(args, "oracle_samples")),
+        predictor=args.predictor,
         command=args.command_line,
     )
 
@@ -441,7 +444,8 @@ def _probe_note(config: BenchConfig, k: int, anchors: Sequence[Any]) -> list[str
     return [f"Truth: each anchor's Monte-Carlo success rate from K = {k} fresh continuations from its snapshot "
             f"(binomial noise sd = sqrt(V(1-V)/{k}), up to {0.5 / math.sqrt(k):.2f}); anchors: {roots} prompts (every "
             f"candidate, {config.budget.group_size} root rollouts each) and {len(anchors) - roots} visited prefixes. "
-            "Predictor: the bench's EmbeddingPredictor after its TreePO-style warm-up, not updated while measured.", ""]
+            f"Predictor: the bench's ({config.predictor} features) after its TreePO-style warm-up, not updated while "
+            "measured.", ""]
 
 
 def run_predictor(args: argparse.Namespace, policy: Any) -> dict[str, Any]:

@@ -4,7 +4,8 @@ For every seed, a candidate pool of ``prompts`` tasks is drawn (the same pool fo
 strategy of that seed, and the same sampling seeds, so strategies see common random
 numbers) and each strategy collects one batch with :class:`~trace_agent.rollout.TreeCollector`
 under the same :class:`~trace_agent.strategies.Budget`. Before the measured batches the
-success predictor (the CPU :class:`~trace_agent.predictor.EmbeddingPredictor`) is warmed
+success predictor (the CPU :class:`~trace_agent.predictor.EmbeddingPredictor`; ``--predictor``
+picks its features, MiniLM by default or the policy's own hidden states) is warmed
 up on TreePO-style trees of *other* tasks of the same split, as in training where it
 learns from earlier batches; it is not updated during the measured batches, so every
 strategy meets the same predictor.
@@ -66,6 +67,10 @@ _SUMMARY_KEYS = ("effective_ratio", "success_rate", "mixed_trees", "active_promp
                  "oracle_generated_tokens")
 
 
+#: Predictor kinds the bench builds itself (the LM critic needs a checkpoint: pass it as ``predictor``).
+BENCH_PREDICTORS = ("embedding", "hashed", "policy-states")
+
+
 @dataclass(frozen=True, kw_only=True)
 class BenchConfig:
     """One benchmark run.
@@ -82,6 +87,10 @@ class BenchConfig:
             batches of ``budget.max_active`` prompts collected TreePO-style with ``budget``; the
             predictor is refreshed on each batch's trees as it returns (as in training).
         rollout: sampling settings (max_new_tokens, temperature, workers, oracle_samples...).
+        predictor: the success predictor's kind when :func:`run_bench` builds it
+            (:func:`~trace_agent.wiring.build_predictor`): ``embedding`` (MiniLM + logistic head),
+            ``hashed`` or ``policy-states`` (the same head on a frozen copy of the benched policy's
+            hidden states).
         command: the command line, recorded in the outputs.
     """
 
@@ -94,6 +103,7 @@ class BenchConfig:
     budget: Budget = field(default_factory=lambda: Budget(roots=32, continuations_per_root=2, group_size=4))
     warmup_prompts: int = 48
     rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(max_new_tokens=160))
+    predictor: str = "embedding"
     command: str = ""
 
     def __post_init__(self) -> None:
@@ -104,6 +114,8 @@ class BenchConfig:
                              f"({self.budget.max_active}) prompts")
         if not self.strategies:
             raise ValueError("name at least one strategy")
+        if self.predictor not in BENCH_PREDICTORS:
+            raise ValueError(f"predictor must be one of {', '.join(BENCH_PREDICTORS)}, got {self.predictor!r}")
 
 
 def load_policy(spec: str, *, cache_dir: str | Path | None = None, env_id: str = "trace_envs/PythonMath-v0",
@@ -289,7 +301,7 @@ def run_bench(
     """Warm the predictor up, then run every strategy for every seed; returns the rows and the summary.
 
     ``strategies`` overrides ``config.strategies`` (objects instead of names); ``predictor``
-    defaults to a fresh :class:`~trace_agent.predictor.EmbeddingPredictor`; ``make_env``
+    defaults to a fresh one of ``config.predictor``'s kind; ``make_env``
     defaults to :func:`~trace_agent.wiring.make_env_factory` (the env's own tasks, ``env_kwargs``
     as given: ``gym.make(config.env_id, max_turns=..., **env_kwargs).unwrapped``). ``progress``
     shows bars (with ETA) over the warm-up batches and the measured batches; ``log`` lines are
@@ -297,12 +309,15 @@ def run_bench(
     """
     from tqdm import tqdm
 
-    from trace_agent.predictor import EmbeddingPredictor, prediction_metrics, refresh_predictor, tree_examples
+    from trace_agent.config import PredictorSettings
+    from trace_agent.predictor import prediction_metrics, refresh_predictor, tree_examples
+    from trace_agent.wiring import build_predictor
 
     chosen = [resolve_strategy(s) for s in (strategies if strategies is not None else config.strategies)]
     env_kwargs = dict(config.env_kwargs)
     factory = make_env or make_env_factory(config.env_id, None, max_turns=config.max_turns, env_kwargs=env_kwargs)
-    predictor = predictor if predictor is not None else EmbeddingPredictor()
+    if predictor is None:
+        predictor = build_predictor(PredictorSettings(kind=config.predictor), policy=policy)  # type: ignore[arg-type]
     ids = task_ids(config.env_id, None, env_kwargs=env_kwargs)
     order = np.random.default_rng(12345).permutation(len(ids))
     n_warm = min(config.warmup_prompts, max(0, len(ids) - config.prompts))
@@ -499,6 +514,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--oracle-samples", type=int, default=8)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--predictor", default="embedding", choices=BENCH_PREDICTORS,
+                   help="embedding: MiniLM + logistic head; policy-states: the same head on a frozen copy of the "
+                        "policy's hidden states; hashed: hashed n-grams")
     p.add_argument("--out", default="artifacts/bench", help="output directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_cli)
@@ -534,6 +552,7 @@ def _cli(args: argparse.Namespace) -> int:
         prompts=args.prompts, budget=budget, warmup_prompts=args.warmup_prompts,
         rollout=RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               workers=args.workers, oracle_samples=args.oracle_samples),
+        predictor=args.predictor,
         command=" ".join(["trace-gym bench", *(shlex.quote(a) for a in args.argv)]),
     )
     from tqdm import tqdm

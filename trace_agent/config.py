@@ -395,9 +395,11 @@ class PredictorSettings:
 
     Attributes:
         kind: ``embedding`` (MiniLM features + logistic head, the CPU default; hashed n-grams
-            when MiniLM is missing), ``hashed`` (hashed n-grams, no model), ``lm-critic``
+            when MiniLM is missing), ``hashed`` (hashed n-grams, no model), ``policy-states``
+            (the same head on the pooled hidden states of a frozen copy of the starting policy:
+            :class:`~trace_agent.predictor.HiddenStateFeaturizer`), ``lm-critic``
             (``LMCritic.from_pretrained(path)``, the paper's Qwen3-0.6B critic on GPUs).
-        path: the critic checkpoint (``lm-critic``).
+        path: the critic checkpoint (``lm-critic``; the other kinds ignore it).
         prefixes: which inner nodes may train it ("all", "branched", "none").
         prefix_share: most share of prefix (non-prompt) examples in each step's training batch:
             every prompt example is kept and a random subset of the prefixes (branched ones

@@ -64,7 +64,7 @@ LoneChild = Literal["zero", "inherit"]
 LONE_CHILD: tuple[str, ...] = get_args(LoneChild)
 
 #: Success predictors the trainer builds (:func:`~trace_agent.wiring.build_predictor`).
-PredictorKind = Literal["embedding", "hashed", "lm-critic"]
+PredictorKind = Literal["embedding", "hashed", "policy-states", "lm-critic"]
 PREDICTOR_KINDS: tuple[str, ...] = get_args(PredictorKind)
 
 #: Which inner nodes may train the predictor.

@@ -116,7 +116,9 @@ class Trainer:
             engine = engine if engine is not None else built_engine
         self.learner = learner
         self.engine = engine if engine is not None else learner
-        self.predictor = predictor if predictor is not None else build_predictor(config.predictor, seed=config.seed)
+        if predictor is None:  # policy-states copies the learner now, before any update or resume
+            predictor = build_predictor(config.predictor, seed=config.seed, policy=learner)
+        self.predictor = predictor
         o = config.optim
         self.optimizer = torch.optim.AdamW([p for p in learner.model.parameters() if p.requires_grad], lr=o.lr,
                                            betas=o.betas, weight_decay=o.weight_decay)

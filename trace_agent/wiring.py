@@ -68,14 +68,29 @@ def build_engine(config: PolicyConfig, *, seed: int = 0, tokenizer: Any = None) 
     raise ValueError(f"policy kind {config.kind!r} has no vLLM engine")
 
 
-def build_predictor(config: PredictorSettings, *, seed: int = 0) -> Any:
-    """The success predictor for ``config`` (see :class:`~trace_agent.config.PredictorSettings`)."""
-    from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer, LMCritic, LMCriticConfig
+def build_predictor(config: PredictorSettings, *, seed: int = 0, policy: Any = None) -> Any:
+    """The success predictor for ``config`` (see :class:`~trace_agent.config.PredictorSettings`).
+
+    ``policy-states`` reads a frozen copy of ``policy`` (an HF policy with ``model`` and
+    ``tokenizer``: the learner as the run starts); it raises ``ValueError`` without one.
+    """
+    from trace_agent.predictor import (
+        EmbeddingPredictor,
+        HashedNGramFeaturizer,
+        HiddenStateFeaturizer,
+        LMCritic,
+        LMCriticConfig,
+    )
 
     if config.kind == "embedding":
         return EmbeddingPredictor()
     if config.kind == "hashed":
         return EmbeddingPredictor(HashedNGramFeaturizer())
+    if config.kind == "policy-states":
+        if getattr(policy, "model", None) is None or getattr(policy, "tokenizer", None) is None:
+            raise ValueError("predictor.kind policy-states needs a transformers policy (model and tokenizer) "
+                             f"to copy, got {type(policy).__name__}")
+        return EmbeddingPredictor(HiddenStateFeaturizer.from_policy(policy))
     return LMCritic.from_pretrained(config.path, config=LMCriticConfig(seed=seed))
 
 

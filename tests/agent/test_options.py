@@ -54,7 +54,7 @@ def test_every_listed_value_is_accepted_and_an_unlisted_one_refused() -> None:
     for batching in options.BATCHING:
         EngineConfig(batching=batching)
         RolloutSettings(batching=batching)
-    with pytest.raises(ConfigError, match="'embedding', 'hashed' or 'lm-critic'"):
+    with pytest.raises(ConfigError, match="'embedding', 'hashed', 'policy-states' or 'lm-critic'"):
         PredictorSettings(kind="nope")
     with pytest.raises(ConfigError, match="policy.kind must be one of"):
         PolicyConfig(kind="nope")

@@ -249,19 +249,23 @@ def test_step_metrics(tmp_path: Path) -> None:
     assert 0 <= m["time/predictor_share"] <= 1
 
 
-def test_resume_is_bit_exact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("predictor", ["hashed", "policy-states"])
+def test_resume_is_bit_exact(tmp_path: Path, predictor: str) -> None:
     """2 steps straight == 1 step + checkpoint + fresh objects + load + 1 step (batches and weights).
 
+    With ``policy-states`` the resumed predictor must read the *starting* policy's copy, as the
+    straight run's does, not the trained weights the checkpoint loads into the learner.
     (The slow test below runs 4 = 2 + 2 with the second half in a fresh process.)
     """
-    straight = Trainer(tiny_config(tmp_path / "a"))
+    settings = PredictorSettings(kind=predictor)
+    straight = Trainer(tiny_config(tmp_path / "a", predictor=settings))
     try:
         batches_a = _run_steps(straight, 2)
     finally:
         straight.collector.close()
     assert all(batches_a), "a step without segments would prove nothing"
 
-    first = Trainer(tiny_config(tmp_path / "b"))
+    first = Trainer(tiny_config(tmp_path / "b", predictor=settings))
     try:
         batches_b = _run_steps(first, 1)
         ckpt = first.save_checkpoint()
@@ -270,7 +274,7 @@ def test_resume_is_bit_exact(tmp_path: Path) -> None:
     del first
     torch.manual_seed(12345)  # disturb global RNGs: the checkpoint must restore them
     np.random.seed(999)
-    resumed = Trainer(tiny_config(tmp_path / "b"))
+    resumed = Trainer(tiny_config(tmp_path / "b", predictor=settings))
     try:
         assert resumed.load_checkpoint(ckpt) == 1
         batches_b += _run_steps(resumed, 1)
@@ -278,6 +282,10 @@ def test_resume_is_bit_exact(tmp_path: Path) -> None:
         resumed.collector.close()
     assert batches_b == batches_a
     assert state_equal(straight.learner.model.state_dict(), resumed.learner.model.state_dict())
+    if predictor == "policy-states":  # the copy is the starting policy, which training has since moved from
+        copy_state = resumed.predictor.featurizer.model.state_dict()
+        assert state_equal(copy_state, straight.predictor.featurizer.model.state_dict())
+        assert not state_equal(copy_state, resumed.learner.model.state_dict())
     assert state_equal(straight.optimizer.state_dict()["state"][0], resumed.optimizer.state_dict()["state"][0])
 
 

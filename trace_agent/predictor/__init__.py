@@ -14,6 +14,10 @@ Implementations
     L-BFGS on weighted cross-entropy with soft targets. Learns in seconds. Without the
     model package it falls back to hashed word n-grams, with a warning and
     ``featurizer_name`` saying so.
+    :class:`HiddenStateFeaturizer` - features for the same head from a *frozen copy of the
+    policy* (per-layer mean hidden states of prompt and history, and the last token's):
+    the cheap form of a critic that reads the context through the policy's own model
+    (``predictor.kind: policy-states``; ``trace-gym bench --predictor policy-states``).
     :class:`LMCritic` - any transformers ``AutoModel`` (default ``Qwen/Qwen3-0.6B``) with a
     scalar value head on the last token and a sigmoid; bf16 on GPU; trained end to end.
 
@@ -30,7 +34,7 @@ Online training
 Modules (one job each): :mod:`~trace_agent.predictor.base` (the protocol, the prediction
 check, :func:`score_nodes`), :mod:`~trace_agent.predictor.examples` (examples from trees,
 metrics, :func:`refresh_predictor`), :mod:`~trace_agent.predictor.featurizers`,
-:mod:`~trace_agent.predictor.embedding`, :mod:`~trace_agent.predictor.critic` (with the tiny
+:mod:`~trace_agent.predictor.embedding`, :mod:`~trace_agent.predictor.states`, :mod:`~trace_agent.predictor.critic` (with the tiny
 offline critic, built by :mod:`trace_agent.tiny_models`).
 
 Importing this package does not import torch, transformers or sentence-transformers.
@@ -56,18 +60,22 @@ from trace_agent.predictor.examples import (
     tree_examples,
 )
 from trace_agent.predictor.featurizers import (
+    CachingFeaturizer,
     Featurizer,
     HashedNGramFeaturizer,
     MiniLMFeaturizer,
     default_featurizer,
 )
+from trace_agent.predictor.states import HiddenStateFeaturizer
 
 __all__ = [
     "DEFAULT_CRITIC",
     "PAPER_PREFIX_SHARE",
     "PredictionError",
     "SuccessPredictor",
+    "CachingFeaturizer",
     "Featurizer",
+    "HiddenStateFeaturizer",
     "TreeExamples",
     "tree_examples",
     "prediction_metrics",

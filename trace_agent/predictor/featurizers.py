@@ -7,8 +7,9 @@ embedded apart. :class:`MiniLMFeaturizer` (all-MiniLM-L6-v2 from the offline
 is the fallback :func:`default_featurizer` picks, with a warning, when the model is missing.
 
 A featurizer's embedding cache is part of a predictor's learned state (it decides which
-vectors a resumed run reuses): :meth:`_TwoPartFeaturizer.cache_state` /
-:meth:`~_TwoPartFeaturizer.load_cache_state` hand it out and take it back as data.
+vectors a resumed run reuses): :meth:`CachingFeaturizer.cache_state` /
+:meth:`~CachingFeaturizer.load_cache_state` hand it out and take it back as data. The frozen
+policy's hidden states (:class:`~trace_agent.predictor.states.HiddenStateFeaturizer`) share that base.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from numpy.typing import NDArray
 from trace_agent.tree import split_context
 
 __all__ = [
+    "CachingFeaturizer",
     "Featurizer",
     "HashedNGramFeaturizer",
     "MiniLMFeaturizer",
@@ -81,20 +83,19 @@ class _Cache:
         self._data = OrderedDict(items)
 
 
-class _TwoPartFeaturizer:
-    """Shared logic: features = [embed(prompt), embed(history tail), has_history], cached by text hash."""
+class CachingFeaturizer:
+    """Shared logic of the frozen featurizers: vectors of texts cached by text hash (a bounded LRU).
 
-    name = "two-part"
+    Subclasses implement ``_embed(texts) -> one row per text``; :meth:`_lookup` embeds only
+    the texts not cached yet. The cache is learned state of a predictor (it decides which
+    vectors a resumed run reuses), handed out and taken back as data by :meth:`cache_state` /
+    :meth:`load_cache_state`.
+    """
 
-    def __init__(self, *, history_chars: int, cache_size: int) -> None:
-        if history_chars < 1:
-            raise ValueError("history_chars must be >= 1")
-        self.history_chars = history_chars
+    name = "cached"
+
+    def __init__(self, *, cache_size: int) -> None:
         self.cache = _Cache(cache_size)
-
-    @property
-    def part_dim(self) -> int:
-        raise NotImplementedError
 
     def _embed(self, texts: list[str]) -> NDArray[np.float64]:
         raise NotImplementedError
@@ -121,6 +122,22 @@ class _TwoPartFeaturizer:
         if len(keys) != len(vectors):
             raise ValueError("the embedding cache must have as many keys as vectors")
         self.cache.replace([(bytes.fromhex(k), np.array(v)) for k, v in zip(keys, vectors, strict=True)])
+
+
+class _TwoPartFeaturizer(CachingFeaturizer):
+    """Features = [embed(prompt), embed(history tail), has_history], cached by text hash."""
+
+    name = "two-part"
+
+    def __init__(self, *, history_chars: int, cache_size: int) -> None:
+        if history_chars < 1:
+            raise ValueError("history_chars must be >= 1")
+        super().__init__(cache_size=cache_size)
+        self.history_chars = history_chars
+
+    @property
+    def part_dim(self) -> int:
+        raise NotImplementedError
 
     def encode(self, contexts: Sequence[str]) -> NDArray[np.float64]:
         if not contexts:

@@ -1,0 +1,161 @@
+"""HiddenStateFeaturizer: predictor features from a frozen copy of the policy (trace_agent.predictor.states)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trace_agent.config import PredictorSettings
+from trace_agent.contexts import make_context
+from trace_agent.predictor import EmbeddingPredictor, HiddenStateFeaturizer, spearman
+from trace_agent.wiring import build_predictor
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def policy():  # type: ignore[no-untyped-def]
+    from trace_agent.policy.demo import tiny_policy
+
+    return tiny_policy(seed=3)
+
+
+def _reference_features(policy, prompt: str, history: str) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """Brute force: the prompt and history ids run alone (one sequence, no padding), pooled by hand."""
+    tok = policy.tokenizer
+    p = tok(prompt, add_special_tokens=False)["input_ids"]
+    h = tok(history, add_special_tokens=False)["input_ids"] if history else []
+    with torch.no_grad():
+        states = policy.model(input_ids=torch.tensor([p + h]), output_hidden_states=True).hidden_states[1:]
+    d = states[0].shape[-1]
+    prompt_part = np.concatenate([s[0, :len(p)].mean(0).numpy() for s in states])
+    history_part = (np.concatenate([s[0, len(p):].mean(0).numpy() for s in states]) if h
+                    else np.zeros(len(states) * d))
+    return np.concatenate([prompt_part, history_part, states[-1][0, -1].numpy(), [1.0 if h else 0.0]])
+
+
+def test_features_match_a_hand_pooled_forward_pass_in_any_batch(policy) -> None:  # type: ignore[no-untyped-def]
+    f = HiddenStateFeaturizer.from_policy(policy, batch_size=3)
+    cases = [("Solve 2 + 2.", ""), ("Solve 2 + 2.", "I call python: print(4)\n4"),
+             ("Write 17 in base 3, digits only, most significant first.", "ok"), ("x", "a b c d e f g h")]
+    got = f.encode([make_context(p, h) for p, h in cases])  # padded batches of mixed lengths
+    assert got.shape == (4, f.dim) == (4, 2 * f.layers * f.hidden + f.hidden + 1)
+    for row, (p, h) in zip(got, cases, strict=True):
+        np.testing.assert_allclose(row, _reference_features(policy, p, h), rtol=1e-4, atol=1e-5)
+
+
+def test_prompt_features_are_shared_by_a_prompt_and_its_prefixes(policy) -> None:  # type: ignore[no-untyped-def]
+    f = HiddenStateFeaturizer.from_policy(policy)
+    root, prefix = f.encode([make_context("Solve 3 * 7.", ""), make_context("Solve 3 * 7.", "<|assistant|>\n21")])
+    half = f.layers * f.hidden
+    np.testing.assert_allclose(root[:half], prefix[:half], rtol=1e-5, atol=1e-6)  # causal: the history cannot reach back
+    assert not np.any(root[half:2 * half]) and root[-1] == 0.0 and prefix[-1] == 1.0
+
+
+def test_history_is_cut_from_the_left_never_the_prompt(policy) -> None:  # type: ignore[no-untyped-def]
+    f = HiddenStateFeaturizer.from_policy(policy, max_length=24)
+    prompt = "Solve 5 + 6."
+    history = " ".join(f"step{i}" for i in range(200))
+    ids = f._token_ids([make_context(prompt, history)])[0]
+    p_ids = policy.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    h_ids = policy.tokenizer(history, add_special_tokens=False)["input_ids"]
+    assert ids[0] == p_ids and ids[1] == h_ids[-(24 - len(p_ids)):]
+    assert f.encode([make_context(prompt, history)]).shape == (1, f.dim)
+    assert f.encode([make_context("", "")]).shape == (1, f.dim)  # an empty context still gets features
+
+
+def test_copy_is_frozen_and_the_live_policy_is_not(policy) -> None:  # type: ignore[no-untyped-def]
+    import copy
+
+    live = copy.deepcopy(policy)
+    context = [make_context("Solve 1 + 1.", "")]
+    f = HiddenStateFeaturizer.from_policy(live)
+    before = f.encode(context)
+    f.cache.replace([])
+    assert all(p.requires_grad for p in live.model.parameters())
+    assert not any(p.requires_grad for p in f.model.parameters())
+    with torch.no_grad():  # the live policy trains on; the copy's features do not move
+        for p in live.model.parameters():
+            p.add_(0.5)
+    np.testing.assert_array_equal(f.encode(context), before)
+    assert not np.allclose(HiddenStateFeaturizer.from_policy(live).encode(context), before)
+
+
+def test_cache_round_trips_and_skips_the_model(policy) -> None:  # type: ignore[no-untyped-def]
+    f = HiddenStateFeaturizer.from_policy(policy)
+    contexts = [make_context(f"Solve {i} + 1.", "") for i in range(5)]
+    x = f.encode(contexts)
+    g = HiddenStateFeaturizer.from_policy(policy)
+    g.load_cache_state(f.cache_state())
+    g.model = None  # every vector must come from the cache
+    np.testing.assert_array_equal(g.encode(contexts), x)
+
+
+def test_the_head_learns_a_difficulty_it_can_read_off_the_states(policy) -> None:  # type: ignore[no-untyped-def]
+    """Two families of prompts with different success rates: held-out prompts of each are ranked apart."""
+    rng = np.random.default_rng(0)
+    easy = [f"Add {a} and {b}." for a, b in rng.integers(1, 9, (30, 2))]
+    hard = [f"Write the decimal number {n} in base {b}, digits only." for n, b in rng.integers(100, 999, (30, 2))]
+    contexts = [make_context(p, "") for p in easy + hard]
+    rates = np.array([0.8] * 30 + [0.1] * 30)
+    train = np.r_[0:20, 30:50]
+    test = np.r_[20:30, 50:60]
+    pred = EmbeddingPredictor(HiddenStateFeaturizer.from_policy(policy))
+    pred.update([contexts[i] for i in train], rates[train])
+    p = pred.predict([contexts[i] for i in test])
+    assert spearman(p, rates[test]) > 0.8
+    assert p[:10].min() > p[10:].max()
+
+
+def test_build_predictor_copies_the_policy_and_refuses_without_one(policy) -> None:  # type: ignore[no-untyped-def]
+    pred = build_predictor(PredictorSettings(kind="policy-states"), policy=policy)
+    assert isinstance(pred.featurizer, HiddenStateFeaturizer) and pred.featurizer.model is not policy.model
+    with pytest.raises(ValueError, match="policy-states needs a transformers policy"):
+        build_predictor(PredictorSettings(kind="policy-states"), policy=None)
+
+
+def test_from_pretrained_loads_a_saved_policy(policy, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    policy.model.save_pretrained(tmp_path)
+    policy.tokenizer.save_pretrained(tmp_path)
+    a = HiddenStateFeaturizer.from_pretrained(tmp_path).encode([make_context("Solve 4 + 4.", "4")])
+    b = HiddenStateFeaturizer.from_policy(policy).encode([make_context("Solve 4 + 4.", "4")])
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_predictor_features_bench_ranks_two_families_of_prompts(policy, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """scripts/bench/predictor_features.py end to end on saved trees: pooled rates, folds, the ratio column."""
+    import json
+    import runpy
+    import sys
+    from pathlib import Path
+
+    from tests.agent.conftest import build_tree
+    from trace_agent.tree import save_jsonl
+
+    rng = np.random.default_rng(1)
+    trees = [build_tree(prompt_id=f"e{i}", prompt=f"Add {a} and {b}.", rate=0.9, roots=8, depth=1,
+                        continuations=0, seed=i) for i, (a, b) in enumerate(rng.integers(1, 9, (16, 2)))]
+    trees += [build_tree(prompt_id=f"h{i}", prompt=f"Write the decimal number {n} in base {b}.", rate=0.05, roots=8,
+                         depth=1, continuations=0, seed=100 + i) for i, (n, b) in enumerate(rng.integers(100, 999, (16, 2)))]
+    trees.append(build_tree(prompt_id="e0", prompt="Add 1 and 2.", rate=0.9, roots=8, depth=1, continuations=0))
+    save_jsonl(trees, tmp_path / "trees.jsonl")
+    policy.model.save_pretrained(tmp_path / "policy")
+    policy.tokenizer.save_pretrained(tmp_path / "policy")
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "predictor_features.py"
+    module = runpy.run_path(str(script))
+    contexts, rates, counts = module["prompt_rates"](trees)
+    assert len(contexts) == 32 and counts[sorted(t.prompt_id for t in trees[:-1]).index("e0")] == 16  # e0 pooled
+    argv = sys.argv
+    try:
+        assert module["main"]([str(tmp_path / "trees.jsonl"), "--policy", str(tmp_path / "policy"),
+                               "--featurizers", "hashed,policy-states", "--folds", "4", "--repeats", "2",
+                               "--train-sizes", "12,0", "--out", str(tmp_path / "out.json")]) == 0
+    finally:
+        sys.argv = argv
+    rows = json.loads((tmp_path / "out.json").read_text())["rows"]
+    assert [(r["featurizer"], r["train_size"]) for r in rows] == [("hashed", 12), ("policy-states", 12),
+                                                                   ("hashed", 24), ("policy-states", 24)]
+    assert rows[0]["ratio_to_first"] == 1.0 and rows[0]["paired_diff"] == 0.0
+    states = [r for r in rows if r["featurizer"] == "policy-states"]
+    assert all(len(r["spearman"]) == 2 for r in rows)
+    assert min(r["mean"] for r in states) > 0.5  # the two families' rates are told apart out of fold
