@@ -9,12 +9,18 @@ ratio of each featurizer to the first (MiniLM, the baseline) measured on the sam
 featurizers: ``minilm`` (the bench's default), ``policy-states`` (the policy's own hidden states,
 :class:`~trace_agent.predictor.HiddenStateFeaturizer`), ``hashed`` (hashed n-grams).
 
+``--by-seed S`` measures roots *and prefixes* instead: the head learns from the trees of bench seeds
+below S (through :func:`~trace_agent.predictor.refresh_predictor`, with each ``--prefix-shares``
+value: the share of prefix examples in its batch, ``all`` for every prefix) and scores every node
+of the other trees: Spearman and MSE at roots and at prefixes against their bottom-up targets.
+
 Trees with 8 rollouts per prompt and no branching make the targets least noisy::
 
     trace-gym bench --policy demo --strategies grpo --seeds 3 --prompts 96 --budget 768,0 --group-size 8 \\
         --warmup-prompts 8 --out runs/features/math
     python scripts/bench/predictor_features.py runs/features/math/trees.jsonl \\
         --policy trace_agent/policy/assets/demo_policy --train-sizes 24,48,96,0
+    python scripts/bench/predictor_features.py runs/bench20/trees.jsonl --policy ... --by-seed 10
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from trace_agent.predictor import (  # noqa: E402
     HashedNGramFeaturizer,
     HiddenStateFeaturizer,
     MiniLMFeaturizer,
+    refresh_predictor,
     spearman,
 )
 from trace_agent.tree import RolloutTree, load_jsonl  # noqa: E402
@@ -70,6 +77,26 @@ def out_of_fold_spearman(featurizer: Any, contexts: Sequence[str], rates: np.nda
         head.update([contexts[i] for i in train], rates[train], counts[train])
         predicted[test] = head.predict([contexts[i] for i in test])
     return spearman(predicted, rates)
+
+
+def by_seed(trees: Sequence[RolloutTree], featurizers: dict[str, Any], *, split: int,
+            prefix_shares: Sequence[float | None]) -> list[dict[str, Any]]:
+    """Learn from the trees of seeds below ``split``, score every node of the rest: one row per (featurizer, share)."""
+    train = [t for t in trees if int(t.metadata.get("seed", 0)) < split]
+    test = [t for t in trees if int(t.metadata.get("seed", 0)) >= split]
+    if not train or not test:
+        raise SystemExit(f"predictor_features: --by-seed {split} leaves {len(train)} training and {len(test)} "
+                         "scored trees; both must be non-empty")
+    rows = []
+    for name, featurizer in featurizers.items():
+        for share in prefix_shares:
+            head = EmbeddingPredictor(featurizer)
+            refresh_predictor(head, train, prefix_share=share, evaluate=False)
+            m = refresh_predictor(head, test, prefix_share=share)
+            rows.append({"featurizer": name, "prefix_share": "all" if share is None else share,
+                         "train_trees": len(train), "scored_trees": len(test),
+                         **{k: m[f"pre_{k}"] for k in ("spearman_root", "mse_root", "spearman_prefix", "mse_prefix")}})
+    return rows
 
 
 def make_featurizer(name: str, policy: str | None) -> Any:
@@ -108,13 +135,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-sizes", default="0", help="prompts each fold's head trains on (0: all but the fold)")
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=5, help="fold shuffles (the spread)")
+    parser.add_argument("--by-seed", type=int, default=None,
+                        help="learn from the trees of seeds below this, score roots and prefixes of the rest")
+    parser.add_argument("--prefix-shares", default="0.06,all", help="with --by-seed: prefix shares of the head's batches")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.featurizers.split(",") if n.strip()]
     unknown = set(names) - set(FEATURIZERS)
     if unknown:
         parser.error(f"unknown featurizers {sorted(unknown)}")
-    contexts, rates, counts = prompt_rates([t for path in args.trees for t in load_jsonl(path)])
+    trees = [t for path in args.trees for t in load_jsonl(path)]
+    if args.by_seed is not None:
+        shares = [None if v.strip() == "all" else float(v) for v in args.prefix_shares.split(",")]
+        rows = by_seed(trees, {n: make_featurizer(n, args.policy) for n in names}, split=args.by_seed,
+                       prefix_shares=shares)
+        print("| featurizer | prefix share | root Spearman | root MSE | prefix Spearman | prefix MSE |")
+        print("|---|---|---:|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['featurizer']} | {r['prefix_share']} | {r['spearman_root']:.3f} | {r['mse_root']:.3f} "
+                  f"| {r['spearman_prefix']:.3f} | {r['mse_prefix']:.3f} |")
+        if args.out:
+            Path(args.out).write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+        return 0
+    contexts, rates, counts = prompt_rates(trees)
     print(f"{len(contexts)} prompts, {counts.mean():.1f} leaves each, mean success {rates.mean():.3f}, "
           f"never solved {np.mean(rates == 0):.2f}, always {np.mean(rates == 1):.2f}")
     featurizers = {n: make_featurizer(n, args.policy) for n in names}

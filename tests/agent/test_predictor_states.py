@@ -159,3 +159,30 @@ def test_predictor_features_bench_ranks_two_families_of_prompts(policy, tmp_path
     states = [r for r in rows if r["featurizer"] == "policy-states"]
     assert all(len(r["spearman"]) == 2 for r in rows)
     assert min(r["mean"] for r in states) > 0.5  # the two families' rates are told apart out of fold
+
+
+def test_predictor_features_by_seed_scores_roots_and_prefixes_of_held_out_seeds(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """--by-seed: the head learns from low seeds' trees, every node of the others is scored; an empty side is refused."""
+    import json
+    import runpy
+    from pathlib import Path
+
+    from tests.agent.conftest import build_tree
+    from trace_agent.tree import save_jsonl
+
+    trees = []
+    for seed in range(4):
+        for i in range(6):
+            t = build_tree(prompt_id=f"s{seed}p{i}", prompt=f"Task {i} of kind {'easy' if i % 2 else 'hard'}.",
+                           rate=0.8 if i % 2 else 0.2, roots=4, depth=2, continuations=3, seed=10 * seed + i)
+            t.metadata["seed"] = seed
+            trees.append(t)
+    save_jsonl(trees, tmp_path / "trees.jsonl")
+    module = runpy.run_path(str(Path(__file__).resolve().parents[2] / "scripts" / "bench" / "predictor_features.py"))
+    assert module["main"]([str(tmp_path / "trees.jsonl"), "--featurizers", "hashed", "--by-seed", "2",
+                           "--prefix-shares", "0.06,all", "--out", str(tmp_path / "o.json")]) == 0
+    rows = json.loads((tmp_path / "o.json").read_text())["rows"]
+    assert [(r["prefix_share"], r["train_trees"], r["scored_trees"]) for r in rows] == [(0.06, 12, 12), ("all", 12, 12)]
+    assert all(np.isfinite(r[k]) for r in rows for k in ("spearman_root", "mse_root", "spearman_prefix", "mse_prefix"))
+    with pytest.raises(SystemExit, match="both must be non-empty"):
+        module["main"]([str(tmp_path / "trees.jsonl"), "--featurizers", "hashed", "--by-seed", "9"])
