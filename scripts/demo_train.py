@@ -59,7 +59,7 @@ def demo_config(args: argparse.Namespace) -> TrainConfig:
                                 group_size=4),
         objective=ObjectiveConfig(name=args.objective, lone_child="inherit", clip_low=0.2, clip_high=0.28),
         optim=OptimConfig(lr=args.lr, epochs=1, minibatches=2, micro_batch=8, max_grad_norm=1.0),
-        predictor=PredictorSettings(kind="embedding"),
+        predictor=PredictorSettings(kind="policy-states"),  # a frozen copy of the starting policy reads the contexts
         eval=EvalConfig(split="test", tasks=args.eval_tasks, samples=args.eval_samples, temperature=1.0,
                         every=args.eval_every),
         log=LogConfig(checkpoint_every=1, keep_checkpoints=1, progress=not args.no_progress),
