@@ -122,3 +122,23 @@ def test_the_root_rank_ceiling_scores_monte_carlo_rates_and_the_predictor_on_the
     out = _root_rank_ceiling(predictions, examples, oracle)
     assert out == {"mc_spearman_root": pytest.approx(1.0), "pre_spearman_root_mc_prompts": pytest.approx(-1.0),
                    "mc_roots": 4.0}
+
+
+def test_bench_builds_the_policy_states_predictor_from_the_benched_policy(tmp_path) -> None:
+    """--predictor policy-states: the bench copies the policy it benches; a policy without weights is refused."""
+    from trace_agent.policy.demo import tiny_policy
+
+    budget = Budget(roots=4, continuations_per_root=1, group_size=2)
+    config = BenchConfig(strategies=("trace",), seeds=1, prompts=2, budget=budget, warmup_prompts=2, max_turns=2,
+                         rollout=RolloutConfig(workers=1, max_new_tokens=8), predictor="policy-states")
+    result = run_bench(config, policy=tiny_policy(seed=1), make_env=make_math_env, log=lambda _m: None)
+    assert result.predictor["warmup_refresh"]["update_buffer"] > 0  # the head learned from the warm-up trees
+    values = [p["value"] for p in result.rows[0]["prompts"]]
+    assert all(v is not None and 0.0 <= v <= 1.0 for v in values)
+    result.write(tmp_path)
+    assert json.loads((tmp_path / "bench.json").read_text())["config"]["predictor"] == "policy-states"
+    scripted, _ = scripted_setup(4)
+    with pytest.raises(ValueError, match="policy-states needs a transformers policy"):
+        run_bench(config, policy=scripted, make_env=make_math_env, log=lambda _m: None)
+    with pytest.raises(ValueError, match="predictor must be one of"):
+        BenchConfig(predictor="lm-critic")
