@@ -35,7 +35,8 @@ Modules (one job each): :mod:`~trace_agent.predictor.base` (the protocol, the pr
 check, :func:`score_nodes`), :mod:`~trace_agent.predictor.examples` (examples from trees,
 metrics, :func:`refresh_predictor`), :mod:`~trace_agent.predictor.featurizers`,
 :mod:`~trace_agent.predictor.embedding`, :mod:`~trace_agent.predictor.states`, :mod:`~trace_agent.predictor.critic` (with the tiny
-offline critic, built by :mod:`trace_agent.tiny_models`).
+offline critic, built by :mod:`trace_agent.tiny_models`), :mod:`~trace_agent.predictor.tokens` (how the last two
+turn contexts into token ids).
 
 Importing this package does not import torch, transformers or sentence-transformers.
 """

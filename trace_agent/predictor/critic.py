@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from trace_agent.predictor.base import DEFAULT_CRITIC, check_training_data
-from trace_agent.tree import split_context
+from trace_agent.predictor.tokens import context_token_ids, fit_to_length, pad_token_id
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -119,9 +119,7 @@ class LMCritic:
             self.model.requires_grad_(False)
         self._optimizer: torch.optim.Optimizer | None = None
         self._rng = np.random.default_rng(self.config.seed)
-        pad = getattr(tokenizer, "pad_token_id", None)
-        eos = getattr(tokenizer, "eos_token_id", None)
-        self.pad_id = int(pad if pad is not None else eos if eos is not None else 0)
+        self.pad_id = pad_token_id(tokenizer)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path = DEFAULT_CRITIC, *, config: LMCriticConfig | None = None,
@@ -154,24 +152,11 @@ class LMCritic:
 
     def encode(self, contexts: Sequence[str]) -> list[list[int]]:
         """Token ids per context: all of the prompt, then as much of the history's end as fits."""
-        parts = [split_context(c) for c in contexts]
-        prompts = self._tokenize([p for p, _ in parts])
-        histories = self._tokenize([h for _, h in parts])
-        limit = self.config.max_length
         out = []
-        for p, h in zip(prompts, histories, strict=True):
-            p = p[:limit]
-            room = limit - len(p)
-            ids = p + (h[len(h) - room:] if room > 0 and h else [])
-            out.append(ids if ids else [self.pad_id])
+        for p, h in context_token_ids(self.tokenizer, contexts):
+            p, h = fit_to_length(p, h, self.config.max_length)
+            out.append(p + h or [self.pad_id])
         return out
-
-    def _tokenize(self, texts: list[str]) -> list[list[int]]:
-        nonempty = [t for t in texts if t]
-        if not nonempty:
-            return [[] for _ in texts]
-        ids = iter(self.tokenizer(nonempty, add_special_tokens=False)["input_ids"])
-        return [list(next(ids)) if t else [] for t in texts]
 
     def _batch(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         import torch

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from trace_agent.contexts import split_context
 from trace_agent.predictor.featurizers import CachingFeaturizer
+from trace_agent.predictor.tokens import context_token_ids, fit_to_length, pad_token_id
 
 __all__ = ["HiddenStateFeaturizer"]
 
@@ -71,9 +71,7 @@ class HiddenStateFeaturizer(CachingFeaturizer):
         self.batch_size = batch_size
         self.layers = int(cfg.num_hidden_layers)
         self.hidden = int(cfg.hidden_size)
-        pad = getattr(tokenizer, "pad_token_id", None)
-        eos = getattr(tokenizer, "eos_token_id", None)
-        self.pad_id = int(pad if pad is not None else eos if eos is not None else 0)
+        self.pad_id = pad_token_id(tokenizer)
         self.name = name
 
     @classmethod
@@ -106,23 +104,9 @@ class HiddenStateFeaturizer(CachingFeaturizer):
     # ---------------------------------------------------------------- internals
 
     def _token_ids(self, contexts: Sequence[str]) -> list[tuple[list[int], list[int]]]:
-        """(prompt ids, history ids) per context, cut to ``max_length`` together."""
-        parts = [split_context(c) for c in contexts]
-        prompts = self._tokenize([p for p, _ in parts])
-        histories = self._tokenize([h for _, h in parts])
-        out = []
-        for p, h in zip(prompts, histories, strict=True):
-            p = p[: self.max_length] or [self.pad_id]  # an empty prompt still gets one position
-            room = self.max_length - len(p)
-            out.append((p, h[len(h) - room:] if room > 0 and h else []))
-        return out
-
-    def _tokenize(self, texts: list[str]) -> list[list[int]]:
-        nonempty = [t for t in texts if t]
-        if not nonempty:
-            return [[] for _ in texts]
-        ids = iter(self.tokenizer(nonempty, add_special_tokens=False)["input_ids"])
-        return [list(next(ids)) if t else [] for t in texts]
+        """(prompt ids, history ids) per context, cut to ``max_length`` together (an empty prompt: one pad)."""
+        return [fit_to_length(p or [self.pad_id], h, self.max_length)
+                for p, h in context_token_ids(self.tokenizer, contexts)]
 
     def _embed(self, texts: list[str]) -> NDArray[np.float64]:
         import torch
