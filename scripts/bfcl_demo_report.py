@@ -11,7 +11,8 @@
 * ``eval``: per-entry success rates of the shipped policy or ``--policy-path DIR`` (``evaluate_policy``, temperature 1) on the
   demonstrated train entries, on undemonstrated train entries and on held-out test entries.
 * ``turns``: per user-turn index, the share of episodes whose turn passes BFCL's turn check (state and
-  results), and of episodes still valid through that turn, on demonstrated train entries.
+  results), and of episodes still valid through that turn, on demonstrated train entries (``--split test``:
+  on held-out test entries).
 * ``prefixes``: from a ``trace-gym bench`` run's trees, per strategy, the branch points at depth >= 1 and the
   share whose continuations are mixed (a success and a failure below them), by depth.
 """
@@ -35,6 +36,22 @@ def _stats(values: list[int]) -> dict[str, float]:
     a = np.asarray(values, dtype=float)
     return {"min": float(a.min()), "mean": round(float(a.mean()), 1), "p90": float(np.percentile(a, 90)),
             "max": float(a.max())}
+
+
+def demonstrated_ids(policy_dir: Path) -> list[str]:
+    """The train entries a built BFCL policy was warm-started on: its ``build_report.json`` names the
+    demonstrator's options (``num_tasks``; a report without them is a 40-entry build)."""
+    from trace_agent.policy.demonstrators.bfcl import BFCLDemonstrator
+
+    config = json.loads((policy_dir / "build_report.json").read_text())["config"]
+    options = dict((config.get("demonstrator_options") or {}).get(ENV_ID, {}))
+    return BFCLDemonstrator(**options).demonstration_tasks().ids()
+
+
+def _policy_dir(args: argparse.Namespace) -> Path:
+    from trace_agent.policy.demo import shipped_demo_policy
+
+    return Path(args.policy_path) if args.policy_path else shipped_demo_policy(ENV_ID)
 
 
 def contexts(args: argparse.Namespace) -> dict:
@@ -63,16 +80,10 @@ def evaluate(args: argparse.Namespace) -> dict:
     import gymnasium as gym
 
     import trace_envs  # noqa: F401
-    from trace_agent.policy.demo import (
-        evaluate_policy,
-        load_demo_policy,
-        shipped_demo_policy,
-        success_histogram,
-    )
-    from trace_agent.policy.demonstrators.bfcl import BFCLDemonstrator
+    from trace_agent.policy.demo import evaluate_policy, load_demo_policy, success_histogram
 
-    policy = load_demo_policy(args.policy_path or shipped_demo_policy(ENV_ID))
-    demo_ids = BFCLDemonstrator().demonstration_tasks().ids()
+    policy = load_demo_policy(_policy_dir(args))
+    demo_ids = demonstrated_ids(_policy_dir(args))
     train = gym.make(ENV_ID, tasks="train").unwrapped.tasks.ids()
     test = gym.make(ENV_ID, tasks="test").unwrapped.tasks.ids()
     groups = {
@@ -100,12 +111,14 @@ def turns(args: argparse.Namespace) -> dict:
     import gymnasium as gym
 
     import trace_envs  # noqa: F401
-    from trace_agent.policy.demo import load_demo_policy, observation_messages, shipped_demo_policy
-    from trace_agent.policy.demonstrators.bfcl import BFCLDemonstrator
+    from trace_agent.policy.demo import load_demo_policy, observation_messages
 
-    policy = load_demo_policy(args.policy_path or shipped_demo_policy(ENV_ID))
-    ids = BFCLDemonstrator().demonstration_tasks().ids()[:args.tasks]
-    envs = [gym.make(ENV_ID, tasks="train", tool_detail="names", max_turns=args.max_turns).unwrapped
+    policy = load_demo_policy(_policy_dir(args))
+    if args.split == "train":
+        ids = demonstrated_ids(_policy_dir(args))[:args.tasks]
+    else:
+        ids = gym.make(ENV_ID, tasks="test").unwrapped.tasks.ids()[:args.tasks]
+    envs = [gym.make(ENV_ID, tasks=args.split, tool_detail="names", max_turns=args.max_turns).unwrapped
             for _ in range(len(ids) * args.samples)]
     contexts, checks, parse_errors, steps = [], [], 0, 0
     for k, env in enumerate(envs):
@@ -133,7 +146,7 @@ def turns(args: argparse.Namespace) -> dict:
         have = [c for c in checks if len(c) > t]
         by_turn[str(t)] = {"episodes": len(have), "turn_passes": round(sum(c[t] for c in have) / len(have), 3),
                            "valid_through_turn": round(sum(all(c[:t + 1]) for c in have) / len(have), 3)}
-    return {"tasks": ids, "samples": args.samples, "temperature": 1.0, "seed": args.seed, "steps": steps,
+    return {"split": args.split, "tasks": ids, "samples": args.samples, "temperature": 1.0, "seed": args.seed, "steps": steps,
             "steps_with_parse_errors": parse_errors, "episodes_valid": sum(all(c) and bool(c) for c in checks),
             "episodes": len(checks), "by_user_turn": by_turn}
 
@@ -166,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("turns")
     t.add_argument("--out", required=True)
     t.add_argument("--tasks", type=int, default=10)
+    t.add_argument("--split", choices=("train", "test"), default="train",
+                   help="train: the demonstrated entries; test: the held-out entries")
     t.add_argument("--samples", type=int, default=2)
     t.add_argument("--max-new-tokens", type=int, default=96)
     t.add_argument("--max-turns", type=int, default=16)

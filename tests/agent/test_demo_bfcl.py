@@ -122,6 +122,38 @@ def test_demonstrations_come_from_the_train_split_only_and_play_through_collect(
         assert all(set(t["function"]) == {"name"} for t in d.tools)
 
 
+@needs_bfcl
+def test_num_tasks_none_demonstrates_every_covered_train_entry() -> None:
+    """``BFCLDemonstrator(num_tasks=None)``: every train entry with a later-turn call (any number of user turns),
+    none from the test split; the 40-entry default pool is a subset of it."""
+    from trace_envs.tasks.bfcl import bfcl_split
+
+    train, test = bfcl_split("multi_turn_base", "train"), bfcl_split("multi_turn_base", "test")
+    everything = BFCLDemonstrator(num_tasks=None)
+    pool = everything.demonstration_tasks()
+    assert pool.ids() == [t for t in train.ids() if everything.covers(train[t])]
+    assert len(pool) == 149 and not set(pool.ids()) & set(test.ids())
+    assert {len(t.data["questions"]) for t in pool.values()} == {2, 3, 4, 5, 6, 7}
+    assert set(BFCLDemonstrator().demonstration_tasks().ids()) < set(pool.ids())
+    with pytest.raises(ValueError, match="num_tasks"):
+        BFCLDemonstrator(num_tasks=0)
+
+
+def test_demonstrator_options_reach_the_demonstrator_and_bad_ones_are_refused() -> None:
+    """A build's ``demonstrator_options`` are the demonstrator's keyword arguments; a name it does not take is
+    a PolicyError naming the env, never a half-built policy."""
+    from trace_agent.policy.demo import DemoTrainConfig
+    from trace_agent.policy.demonstrators import collect_demonstrations, demonstrator_for
+
+    assert demonstrator_for(ENV_ID, num_tasks=None).num_tasks is None
+    assert demonstrator_for(ENV_ID).num_tasks == 40
+    with pytest.raises(PolicyError, match="BFCL-v0.*no_such_option"):
+        demonstrator_for(ENV_ID, no_such_option=1)
+    with pytest.raises(PolicyError, match="no_such_option"):
+        collect_demonstrations(ENV_ID, options={"no_such_option": 1})
+    assert DemoTrainConfig().demonstrator_options == {}
+
+
 # ----------------------------------------------------------------------------------------- env options
 @needs_bfcl
 def test_tool_detail_levels_and_split_names() -> None:

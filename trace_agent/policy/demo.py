@@ -150,6 +150,9 @@ class DemoTrainConfig:
             swapped for others), train on that many augmented copies of each demonstration instead
             of the demonstration itself (0: no augmentation).
         max_turns: the env's turn limit while demonstrating.
+        demonstrator_options: env id -> keyword arguments of that env's demonstrator
+            (:func:`~trace_agent.policy.demonstrators.demonstrator_for`; BFCL-v0: ``num_tasks``, how many
+            train entries are demonstrated).
         model: the model and tokenizer shape.
     """
 
@@ -166,6 +169,7 @@ class DemoTrainConfig:
     first_turn_steps: int = 0
     augment_copies: int = 0
     max_turns: int = 4
+    demonstrator_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     model: DemoModelConfig = field(default_factory=DemoModelConfig)
 
     def __post_init__(self) -> None:
@@ -336,10 +340,11 @@ def build_demo_policy(
 
     demos: list[Demonstration] = []
     for k, env_id in enumerate(cfg.env_ids):
+        options = dict(cfg.demonstrator_options.get(env_id, {}))
         played = collect_demonstrations(env_id, limit=cfg.tasks_per_env, demos_per_task=cfg.demos_per_task,
                                         flawed_fraction=cfg.flawed_fraction, seed=cfg.seed * 1000 + k,
-                                        max_turns=cfg.max_turns)
-        augment = getattr(demonstrator_for(env_id), "augment", None)
+                                        max_turns=cfg.max_turns, options=options)
+        augment = getattr(demonstrator_for(env_id, **options), "augment", None)
         if cfg.augment_copies and augment is not None:
             rng = np.random.default_rng([cfg.seed, k, 7])
             played = [augment(d, rng) for d in played for _ in range(cfg.augment_copies)]

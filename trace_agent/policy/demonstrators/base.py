@@ -8,6 +8,7 @@ the tool observations are the env's own) and returns
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -56,21 +57,28 @@ class Demonstrator(Protocol):
         ...
 
 
-_DEMONSTRATORS: dict[str, Callable[[], Demonstrator]] = {}
+_DEMONSTRATORS: dict[str, Callable[..., Demonstrator]] = {}
 
 
-def register_demonstrator(env_id: str, factory: Callable[[], Demonstrator]) -> None:
-    """Make :func:`build_demo_policy` able to demonstrate ``env_id``."""
+def register_demonstrator(env_id: str, factory: Callable[..., Demonstrator]) -> None:
+    """Make :func:`build_demo_policy` able to demonstrate ``env_id`` (``factory(**options)`` makes one)."""
     _DEMONSTRATORS[env_id] = factory
 
 
-def demonstrator_for(env_id: str) -> Demonstrator:
+def demonstrator_for(env_id: str, **options: Any) -> Demonstrator:
+    """A new demonstrator of ``env_id``, made with ``options`` (its constructor's keyword arguments, e.g.
+    BFCL-v0's ``num_tasks``)."""
     try:
-        return _DEMONSTRATORS[env_id]()
+        factory = _DEMONSTRATORS[env_id]
     except KeyError:
         raise PolicyError(
             f"no Demonstrator for {env_id!r} (have {sorted(_DEMONSTRATORS)}); register one with register_demonstrator()"
         ) from None
+    try:
+        inspect.signature(factory).bind(**options)
+    except TypeError as exc:
+        raise PolicyError(f"bad demonstrator options for {env_id!r} {dict(options)}: {exc}") from None
+    return factory(**options)
 
 
 def tool_call(name: str, arguments: Mapping[str, Any]) -> str:
@@ -117,14 +125,15 @@ def collect_demonstrations(
     flawed_fraction: float = 0.0,
     seed: int = 0,
     max_turns: int = 4,
+    options: Mapping[str, Any] | None = None,
 ) -> list[Demonstration]:
-    """Play scripted episodes of ``env_id`` through the real env.
+    """Play scripted episodes of ``env_id`` through the real env (its demonstrator made with ``options``).
 
     With ``task_ids``, on those tasks of the env's default (train) task set. Without, on the
     env's demonstration pool (PythonMath-v0: 3,000 generated problems, none equal to a test
     problem; other envs: their train tasks), its first ``limit`` tasks when given.
     """
-    demonstrator = demonstrator_for(env_id)
+    demonstrator = demonstrator_for(env_id, **dict(options or {}))
     rng = np.random.default_rng(seed)
     pool = getattr(demonstrator, "demonstration_tasks", None)
     env = _make_env(env_id, max_turns=max_turns, tasks=pool() if pool is not None and task_ids is None else None,

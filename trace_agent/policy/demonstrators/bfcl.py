@@ -143,9 +143,9 @@ class BFCLDemonstrator:
                   "head_dim": 32, "intermediate_size": 384, "max_position_embeddings": 4096},
     }
 
-    def __init__(self, *, category: str = "multi_turn_base", num_tasks: int = 40) -> None:
-        if num_tasks < 1:
-            raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
+    def __init__(self, *, category: str = "multi_turn_base", num_tasks: int | None = 40) -> None:
+        if num_tasks is not None and num_tasks < 1:
+            raise ValueError(f"num_tasks must be >= 1 or None, got {num_tasks}")
         self.category = category
         self.num_tasks = num_tasks
         self._script: list[str] = []
@@ -158,8 +158,9 @@ class BFCLDemonstrator:
 
     def demonstration_tasks(self) -> TaskSet:
         """Entries of the category's ``train`` split (:func:`trace_envs.tasks.bfcl.bfcl_split`; no test
-        entry is demonstrated) with 3-5 user turns, the ``num_tasks`` shortest by the characters of
-        their questions and ground truth (ties by id), in the split's order.
+        entry is demonstrated) that the demonstrator :meth:`covers`: with ``num_tasks`` None all of them;
+        else those with 3-5 user turns, the ``num_tasks`` shortest by the characters of their questions
+        and ground truth (ties by id); in the split's order either way.
 
         Why a subset: on this project's 2-core CPU a warm-start step costs about the square of the
         episode's length, and a tiny model needs several passes over each entry to act on it; the
@@ -175,6 +176,8 @@ class BFCLDemonstrator:
             return (sum(len(str(m.get("content", ""))) for turn in data["questions"] for m in turn)
                     + sum(len(c) for turn in data["ground_truth"] for c in turn))
 
+        if self.num_tasks is None:
+            return _TaskSet([t for t in split.values() if self.covers(t)], name=f"{split.name}/covered")
         eligible = [t for t in split.values() if 3 <= len(t.data["questions"]) <= 5 and self.covers(t)]
         chosen = {t.task_id for t in sorted(eligible, key=lambda t: (size(t), t.task_id))[:self.num_tasks]}
         return _TaskSet([t for t in split.values() if t.task_id in chosen],
