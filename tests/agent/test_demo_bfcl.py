@@ -154,6 +154,66 @@ def test_demonstrator_options_reach_the_demonstrator_and_bad_ones_are_refused() 
     assert DemoTrainConfig().demonstrator_options == {}
 
 
+def test_name_boundaries_match_whole_names_only() -> None:
+    from trace_agent.policy.demonstrators.bfcl import _boundary_pattern
+
+    hits = lambda text: _boundary_pattern(["report", "a.txt"]).findall(text)  # noqa: E731
+    assert hits("the report. 'report' report/a.txt") == ["report", "report", "report", "a.txt"]
+    assert hits("report.txt reports subreport xa.txt a.txt2 my_report") == []
+
+
+def test_call_string_arguments_parse_and_never_run(tmp_path: Path) -> None:
+    from trace_agent.policy.demonstrators.bfcl import call_string_arguments
+
+    assert call_string_arguments("[cd(folder='temp'), grep(file_name='a.txt', pattern='x y')]") == \
+        ["temp", "a.txt", "x y"]
+    assert call_string_arguments("[post(tags=['#a', '#b'], n=3)]") == ["#a", "#b"]
+    assert call_string_arguments("Done.") == [] and call_string_arguments("[cd(folder='") == []
+    marker = tmp_path / "ran"
+    call_string_arguments(f"[open({str(marker)!r}, 'w').write('x')]")
+    assert not marker.exists()
+
+
+@needs_bfcl
+def test_augmented_demonstrations_rename_the_users_names_consistently() -> None:
+    """Every string argument the user spells out gets one fresh name, the same in the question, the calls and the
+    tool results; arguments the user does not spell out, the system prompt and the reward are kept; a seed gives
+    the same copy, another seed another one."""
+    from trace_agent.policy.demonstrators import collect_demonstrations
+    from trace_agent.policy.demonstrators.bfcl import _boundary_pattern, call_string_arguments
+
+    demonstrator = BFCLDemonstrator(num_tasks=None)
+    demos = collect_demonstrations(ENV_ID, limit=12, demos_per_task=1, flawed_fraction=0.5, seed=5, max_turns=20,
+                                   options={"num_tasks": None})
+    renamed_any = 0
+    for demo in demos:
+        copy = demonstrator.augment(demo, np.random.default_rng(1))
+        assert copy.reward == demo.reward and copy.flawed == demo.flawed and copy.task_id == demo.task_id
+        assert [m["role"] for m in copy.messages] == [m["role"] for m in demo.messages]
+        assert copy.messages[0] == demo.messages[0]
+        assert copy == demonstrator.augment(demo, np.random.default_rng(1))
+        user = " ".join(m["content"] for m in demo.messages if m["role"] == "user")
+        new_user = " ".join(m["content"] for m in copy.messages if m["role"] == "user")
+        before = [a for m in demo.messages if m["role"] == "assistant" for a in call_string_arguments(m["content"])]
+        after = [a for m in copy.messages if m["role"] == "assistant" for a in call_string_arguments(m["content"])]
+        assert len(before) == len(after)
+        swap: dict[str, str] = {}
+        for old, new in zip(before, after):
+            if " " not in old and 2 <= len(old) <= 40 and _boundary_pattern([old]).search(user):
+                assert new != old and swap.setdefault(old, new) == new  # consistent across calls
+                assert _boundary_pattern([new]).search(new_user)  # the renamed name is in the question
+        for old, new in zip(before, after):  # every other argument is kept, but for the renamed names in it
+            expected = _boundary_pattern(list(swap)).sub(lambda hit: swap[hit.group(1)], old) if swap else old
+            assert new == expected
+        assert len(set(swap.values())) == len(swap)  # one-to-one
+        rest = "\n".join(m["content"] for m in copy.messages[1:])
+        assert not any(_boundary_pattern([old]).search(rest) for old in swap)  # no old name survives anywhere
+        renamed_any += bool(swap)
+        if swap:
+            assert demonstrator.augment(demo, np.random.default_rng(2)) != copy
+    assert renamed_any >= 9
+
+
 # ----------------------------------------------------------------------------------------- env options
 @needs_bfcl
 def test_tool_detail_levels_and_split_names() -> None:

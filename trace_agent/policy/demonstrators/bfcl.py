@@ -26,17 +26,21 @@ listed by name only): a tiny model cannot read BFCL's schemas, which are most of
 
 from __future__ import annotations
 
+import ast
+import functools
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from trace_agent.policy.demonstrators.base import Demonstration
     from trace_envs.actions import PythonCall
     from trace_envs.core import BranchableEnv, Task, TaskSet
 
-__all__ = ["BFCLDemonstrator", "FLAW_KINDS", "FlawPlan", "flawed_turns"]
+__all__ = ["BFCLDemonstrator", "FLAW_KINDS", "FlawPlan", "flawed_turns", "call_string_arguments", "rename_names"]
 
 #: The kinds of mistake a flawed demonstration makes (see the module docstring).
 FLAW_KINDS: tuple[str, ...] = ("wrong_argument", "missing_call", "stale_call")
@@ -112,6 +116,89 @@ def flawed_turns(turn_calls: Sequence[Sequence[PythonCall]], plan: FlawPlan) -> 
     return turns
 
 
+def call_string_arguments(text: str) -> list[str]:
+    """The string arguments (and string items of list arguments) of a Python-style call list such as
+    ``[cd(folder='temp'), grep(file_name='a.txt', pattern='x')]``; ``[]`` for any other text. The text is
+    parsed with :func:`ast.parse`, never evaluated."""
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    calls = node.elts if isinstance(node, ast.List) else [node]
+    found: list[str] = []
+    for call in calls:
+        if not isinstance(call, ast.Call):
+            continue
+        for value in [kw.value for kw in call.keywords] + list(call.args):
+            items = value.elts if isinstance(value, (ast.List, ast.Tuple)) else [value]
+            found += [v.value for v in items if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+    return found
+
+
+#: a name the augmentation may rename: no whitespace, 2-40 characters
+_NAME = re.compile(r"\S{2,40}")
+
+
+def _boundary_pattern(names: Sequence[str]) -> re.Pattern[str]:
+    """Whole occurrences of ``names`` (longest first): not inside a longer word or file name, so ``report``
+    matches in ``the report.`` and ``report/a.txt`` but not in ``report.txt`` or ``reports``."""
+    alternation = "|".join(re.escape(n) for n in sorted(names, key=lambda n: (-len(n), n)))
+    return re.compile(rf"(?<![\w.])({alternation})(?![\w]|\.\w)")
+
+
+@functools.lru_cache(maxsize=4)
+def _name_stems(category: str) -> tuple[str, ...]:
+    """Word stems of the ``train`` split's string arguments (``final_report.pdf`` -> ``final``, ``report``): the
+    parts renamed names are made of (no test entry contributes)."""
+    from trace_envs.tasks.bfcl import bfcl_split
+
+    stems: set[str] = set()
+    for task in bfcl_split(category, "train").values():
+        for turn in task.data["ground_truth"]:
+            for call in turn:
+                for value in call_string_arguments(f"[{call}]"):
+                    if _NAME.fullmatch(value):
+                        stem = value.rsplit(".", 1)[0] if "." in value[1:] else value
+                        stems.update(w.lower() for w in re.split(r"[_\-.]+|(?<=[a-z])(?=[A-Z])", stem)
+                                     if w.isalpha() and len(w) >= 2)
+    return tuple(sorted(stems))
+
+
+def _new_name(old: str, stems: Sequence[str], rng: np.random.Generator) -> str:
+    """A fresh name shaped like ``old``: one or two random stems, ``old``'s extension and capitalisation."""
+    stem, dot, extension = old.rpartition(".") if "." in old[1:] else (old, "", "")
+    words = [stems[int(i)] for i in rng.choice(len(stems), size=int(rng.integers(1, 3)), replace=False)]
+    if stem[:1].isupper():
+        words = [w.capitalize() for w in words]
+    return "_".join(words) + (dot + extension if dot else "")
+
+
+def rename_names(messages: Sequence[Mapping[str, Any]], names: Sequence[str], stems: Sequence[str],
+                 rng: np.random.Generator) -> tuple[tuple[Mapping[str, Any], ...], dict[str, str]]:
+    """``messages`` with each of ``names`` renamed, one-to-one and consistently, in every non-system message
+    (questions, calls, tool results); the new names are fresh (in no message). Returns the messages and the map."""
+    names = sorted(set(names))
+    if not names:
+        return tuple(messages), {}
+    text = "\n".join(str(m.get("content", "")) for m in messages)
+    taken, swap = set(_NAME.findall(text)), {}
+    for old in names:
+        for _ in range(100):
+            new = _new_name(old, stems, rng)
+            if new not in taken and new not in text:
+                break
+        else:
+            continue
+        swap[old] = new
+        taken.add(new)
+    if not swap:
+        return tuple(messages), {}
+    pattern = _boundary_pattern(list(swap))
+    renamed = tuple({**m, "content": pattern.sub(lambda hit: swap[hit.group(1)], m["content"])}
+                    if m.get("role") != "system" and isinstance(m.get("content"), str) else m for m in messages)
+    return renamed, swap
+
+
 class BFCLDemonstrator:
     """BFCL-v0: replay the ground truth; a flawed episode makes one mistake at a user turn >= 1.
 
@@ -150,6 +237,24 @@ class BFCLDemonstrator:
         self.num_tasks = num_tasks
         self._script: list[str] = []
         self._plan = FlawPlan()
+
+    def augment(self, demo: Demonstration, rng: np.random.Generator) -> Demonstration:
+        """``demo`` with the names the user gives renamed: every string argument of the demonstration's calls
+        that appears, whole, in one of its user turns (a file, folder, pattern or account name) gets a fresh
+        name made of the train split's word stems, the same one in the questions, the calls and the tool
+        results, so the episode stays consistent (its reward is kept) and the calls can only be right by
+        copying the name from the question. Arguments the user does not spell out (canonical folder names,
+        results read from the state) are kept.
+
+        Not used by the shipped preset (``augment_copies: 0``): build M (stop 27, docs/paper/bfcl/README.md),
+        all 149 covered entries with 4 renamed copies of each demonstration, did not learn to copy at this
+        model size (5 of 95 generated string arguments on held-out first turns are in the question)."""
+        user = [str(m.get("content", "")) for m in demo.messages if m.get("role") == "user"]
+        arguments = {a for m in demo.messages if m.get("role") == "assistant"
+                     for a in call_string_arguments(str(m.get("content", ""))) if _NAME.fullmatch(a)}
+        spelled = [a for a in arguments if any(_boundary_pattern([a]).search(u) for u in user)]
+        messages, _ = rename_names(demo.messages, spelled, _name_stems(self.category), rng)
+        return replace(demo, messages=messages)
 
     def covers(self, task: Task) -> bool:
         """Entries with >= 2 user turns and a ground-truth call after the first (room for a later flaw)."""
