@@ -203,7 +203,7 @@ def test_augmented_demonstrations_rename_the_users_names_consistently() -> None:
                 assert new != old and swap.setdefault(old, new) == new  # consistent across calls
                 assert _boundary_pattern([new]).search(new_user)  # the renamed name is in the question
         for old, new in zip(before, after):  # every other argument is kept, but for the renamed names in it
-            expected = _boundary_pattern(list(swap)).sub(lambda hit: swap[hit.group(1)], old) if swap else old
+            expected = _boundary_pattern(list(swap)).sub(lambda hit, m=swap: m[hit.group(1)], old) if swap else old
             assert new == expected
         assert len(set(swap.values())) == len(swap)  # one-to-one
         rest = "\n".join(m["content"] for m in copy.messages[1:])
