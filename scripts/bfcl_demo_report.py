@@ -82,8 +82,9 @@ def evaluate(args: argparse.Namespace) -> dict:
     import trace_envs  # noqa: F401
     from trace_agent.policy.demo import evaluate_policy, load_demo_policy, success_histogram
 
-    policy = load_demo_policy(_policy_dir(args))
-    demo_ids = demonstrated_ids(_policy_dir(args))
+    policy_dir = _policy_dir(args)
+    policy = load_demo_policy(policy_dir)
+    demo_ids = demonstrated_ids(policy_dir)
     train = gym.make(ENV_ID, tasks="train").unwrapped.tasks.ids()
     test = gym.make(ENV_ID, tasks="test").unwrapped.tasks.ids()
     groups = {
@@ -113,9 +114,10 @@ def turns(args: argparse.Namespace) -> dict:
     import trace_envs  # noqa: F401
     from trace_agent.policy.demo import load_demo_policy, observation_messages
 
-    policy = load_demo_policy(_policy_dir(args))
+    policy_dir = _policy_dir(args)
+    policy = load_demo_policy(policy_dir)
     if args.split == "train":
-        ids = demonstrated_ids(_policy_dir(args))[:args.tasks]
+        ids = demonstrated_ids(policy_dir)[:args.tasks]
     else:
         ids = gym.make(ENV_ID, tasks="test").unwrapped.tasks.ids()[:args.tasks]
     envs = [gym.make(ENV_ID, tasks=args.split, tool_detail="names", max_turns=args.max_turns).unwrapped

@@ -26,7 +26,6 @@ listed by name only): a tiny model cannot read BFCL's schemas, which are most of
 
 from __future__ import annotations
 
-import ast
 import functools
 import re
 from collections.abc import Mapping, Sequence
@@ -118,20 +117,18 @@ def flawed_turns(turn_calls: Sequence[Sequence[PythonCall]], plan: FlawPlan) -> 
 
 def call_string_arguments(text: str) -> list[str]:
     """The string arguments (and string items of list arguments) of a Python-style call list such as
-    ``[cd(folder='temp'), grep(file_name='a.txt', pattern='x')]``; ``[]`` for any other text. The text is
-    parsed with :func:`ast.parse`, never evaluated."""
-    try:
-        node = ast.parse(text.strip(), mode="eval").body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    ``[cd(folder='temp'), grep(file_name='a.txt', pattern='x')]``; ``[]`` for any other text. Parsed by the
+    env's own :func:`~trace_envs.actions.parse_call_list` (bounded, never evaluated)."""
+    from trace_envs.actions import parse_call_list
+
+    parsed = parse_call_list(text)
+    if parsed.errors:
         return []
-    calls = node.elts if isinstance(node, ast.List) else [node]
     found: list[str] = []
-    for call in calls:
-        if not isinstance(call, ast.Call):
-            continue
-        for value in [kw.value for kw in call.keywords] + list(call.args):
-            items = value.elts if isinstance(value, (ast.List, ast.Tuple)) else [value]
-            found += [v.value for v in items if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+    for call in parsed.calls:
+        for value in (*call.kwargs.values(), *call.args):
+            items = value if isinstance(value, (list, tuple)) else [value]
+            found += [v for v in items if isinstance(v, str)]
     return found
 
 
@@ -181,16 +178,13 @@ def rename_names(messages: Sequence[Mapping[str, Any]], names: Sequence[str], st
     if not names:
         return tuple(messages), {}
     text = "\n".join(str(m.get("content", "")) for m in messages)
-    taken, swap = set(_NAME.findall(text)), {}
+    swap: dict[str, str] = {}
     for old in names:
         for _ in range(100):
             new = _new_name(old, stems, rng)
-            if new not in taken and new not in text:
+            if new not in text and new not in swap.values():
+                swap[old] = new
                 break
-        else:
-            continue
-        swap[old] = new
-        taken.add(new)
     if not swap:
         return tuple(messages), {}
     pattern = _boundary_pattern(list(swap))
