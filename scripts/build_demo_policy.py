@@ -2,6 +2,11 @@
 
     .venv/bin/python scripts/build_demo_policy.py --out artifacts/demo_policy --seed 0
     .venv/bin/python scripts/build_demo_policy.py --out artifacts/demo_policy --eval-tasks 30 --eval-samples 8
+    .venv/bin/python scripts/build_demo_policy.py --env trace_envs/BFCL-v0 --out DIR \
+        --set augment_copies=2 --set model.split=copy --set 'demonstrator_options={"trace_envs/BFCL-v0": {"num_tasks": null}}'
+
+``--set field=value`` changes one field of the preset (:func:`trace_agent.policy.demo.with_settings`; the
+value is JSON, or a plain string); ``build_report.json`` records the settings the build ran with.
 
 With ``--eval-tasks N`` it then plays ``--eval-samples`` episodes on each of the first N test tasks of
 each env and prints the per-task success-rate histogram (the spread that makes groups mixed).
@@ -23,6 +28,7 @@ from trace_agent.policy.demo import (  # noqa: E402
     build_demo_policy,
     demo_train_config,
     evaluate_policy,
+    with_settings,
     load_demo_policy,
     success_histogram,
 )
@@ -35,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="optimiser steps (default: the env's preset)")
     parser.add_argument("--flawed-fraction", type=float, default=None, help="default: the env's preset")
     parser.add_argument("--env", action="append", dest="envs", help=f"env id (repeatable; default {DEFAULT_ENV_IDS})")
+    parser.add_argument("--set", action="append", dest="settings", default=[], metavar="FIELD=VALUE",
+                        help="change a field of the preset (repeatable; model.FIELD for the model's)")
     parser.add_argument("--skip-build", action="store_true", help="only evaluate an existing --out")
     parser.add_argument("--eval-tasks", type=int, default=0, help="test tasks to evaluate per env (0: none)")
     parser.add_argument("--eval-samples", type=int, default=8)
@@ -48,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         # One env: its preset (demo_train_config); several: the defaults on all of them.
         config = (demo_train_config(envs[0], seed=args.seed, **overrides) if len(envs) == 1
                   else DemoTrainConfig(seed=args.seed, env_ids=envs, **overrides))
+        try:
+            config = with_settings(config, args.settings)
+        except (TypeError, ValueError) as exc:
+            parser.error(str(exc))
         report = build_demo_policy(args.out, seed=args.seed, steps=config.steps, config=config, log=lambda m: print(m, flush=True))
         print(f"built {args.out}: {report.num_parameters:,} parameters, {report.size_bytes / 1e6:.1f} MB, "
               f"{report.total_seconds:.0f}s (demonstrations {report.demonstration_seconds:.0f}s, "

@@ -23,6 +23,7 @@ from typing import Any
 
 __all__ = [
     "QWEN_SPLIT_PATTERN",
+    "COPY_SPLIT_PATTERN",
     "train_byte_bpe",
     "fast_tokenizer",
     "tiny_qwen3",
@@ -30,6 +31,14 @@ __all__ = [
 
 #: Qwen2/3's pre-tokenizer split: letter runs, single digits, punctuation runs, newlines, spaces.
 QWEN_SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                      r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+#: Qwen's split, except that a space is never glued to the word after it (``[^\s...]?`` where Qwen has
+#: ``[^\r\n...]?``): a name is the same pre-tokens after a space as after a quote or ``='``, so
+#: ``move analysis_report.csv`` and ``mv(source='analysis_report.csv')`` spell it with the same tokens and a
+#: policy can copy it token for token. Under Qwen's split the first reads `` analysis`` and the second
+#: ``analysis``. The price is one more token per space-separated word.
+COPY_SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\s\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                       r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 

@@ -106,6 +106,128 @@ def test_every_shipped_policy_was_built_with_its_env_preset(env_id: str) -> None
     recorded = json.loads(report.read_text())["config"]
     preset = _json(asdict(demo_train_config(env_id, seed=recorded["seed"])))
     defaults = _json(asdict(DemoTrainConfig()))
+    _assert_recorded(preset["model"], recorded.pop("model"), defaults["model"])
+    _assert_recorded(preset, recorded, defaults)
+
+
+def _assert_recorded(preset: dict, recorded: dict, defaults: dict) -> None:
     assert {k: preset.get(k) for k in recorded} == recorded
-    assert {k: preset[k] for k in preset.keys() - recorded.keys()} == \
-        {k: defaults[k] for k in preset.keys() - recorded.keys()}
+    assert {k: preset[k] for k in preset.keys() - recorded.keys() - {"model"}} == \
+        {k: defaults[k] for k in preset.keys() - recorded.keys() - {"model"}}
+
+
+# --------------------------------------------------------------------------- the tokenizer's split
+_CORPUS = ["Move the file to the archive folder, then list the folder.",
+           "[mv(source='notes.txt', destination='archive'), ls()]", "cd(folder='documents')"] * 4
+#: names none of the corpus holds: they are spelled from bytes and the few merges the corpus gave
+_NAMES = ["analysis_report.csv", "Velmorath", "qz_kx9.bin", "San Francisco", "x"]
+
+
+def _name_ids(tokenizer, text: str, name: str) -> list[int] | None:
+    """The ids of the tokens that spell ``name`` inside ``text`` (None: a token straddles its edge)."""
+    start = text.index(name)
+    end = start + len(name)
+    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+    ids = []
+    for tid, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]):
+        if start <= a and b <= end:
+            ids.append(tid)
+        elif a < end and b > start:
+            return None
+    return ids
+
+
+@pytest.mark.parametrize("name", _NAMES)
+def test_the_copy_split_spells_a_name_alike_in_prose_and_in_calls(name: str) -> None:
+    """Under ``split="copy"`` a name the user writes in running text is the very tokens it is in a call, quoted,
+    after ``='`` or in a list, so a policy can copy it; under Qwen's split a space glues to its first word."""
+    contexts = [f"Please move {name} to the archive.", f"[mv(source='{name}', destination='archive')]",
+                f"[cat(file_name=['a', '{name}'])]", f'Then open "{name}".', f"Open '{name}' now"]
+    copy = demo.train_demo_tokenizer(_CORPUS, vocab_size=400, split="copy")
+    spelled = [_name_ids(copy, text, name) for text in contexts]
+    assert spelled[0] is not None and all(s == spelled[0] for s in spelled)
+    # Qwen's pre-tokenizer glues the space before it to the name's first word (it becomes " analysis")
+    qwen = demo.train_demo_tokenizer(_CORPUS, vocab_size=400, split="qwen")
+    start = contexts[0].index(name)
+    pieces = qwen.backend_tokenizer.pre_tokenizer.pre_tokenize_str(contexts[0])
+    assert any(a == start - 1 and b > start for _, (a, b) in pieces)
+    pieces = copy.backend_tokenizer.pre_tokenizer.pre_tokenize_str(contexts[0])
+    assert start in {a for _, (a, _) in pieces}
+
+
+def test_the_copy_split_is_lossless_on_hostile_text() -> None:
+    copy = demo.train_demo_tokenizer(_CORPUS, vocab_size=400, split="copy")
+    for text in ["", "  two  spaces\tand a tab\n\nnewlines\r\n", "naïve café — 名前 \u200b zero-width",
+                 "it's the user's 'quoted' name", "\x00\x01 control bytes", "emoji 🙂 and ''' quotes"]:
+        assert copy.decode(copy(text, add_special_tokens=False)["input_ids"]) == text
+
+
+def test_an_unknown_split_is_refused() -> None:
+    with pytest.raises(ValueError, match="split"):
+        DemoModelConfig(split="bpe")
+    with pytest.raises(ValueError, match="split"):
+        demo.train_demo_tokenizer(_CORPUS, vocab_size=400, split="bpe")
+
+
+# --------------------------------------------------------------------------- --set settings
+def test_settings_change_the_preset_field_by_field() -> None:
+    preset = demo_train_config("trace_envs/BFCL-v0")
+    changed = demo.with_settings(preset, [
+        "augment_copies=2", "model.split=copy", "first_turn_steps = 10", "env_ids=[\"trace_envs/BFCL-v0\"]",
+        'demonstrator_options={"trace_envs/BFCL-v0": {"num_tasks": null}}'])
+    assert changed.augment_copies == 2 and changed.first_turn_steps == 10 and changed.model.split == "copy"
+    assert changed.env_ids == ("trace_envs/BFCL-v0",)
+    assert changed.demonstrator_options == {"trace_envs/BFCL-v0": {"num_tasks": None}}
+    assert demo.with_settings(preset, []) == preset
+    # everything not set is the preset's, the model's other fields included
+    assert demo.with_settings(changed, ["augment_copies=0", "model.split=qwen", "first_turn_steps=300",
+                                        "demonstrator_options={}"]) == preset
+
+
+@pytest.mark.parametrize("setting, error", [
+    ("nope=1", "unknown setting 'nope'"), ("model.width=3", "unknown setting 'model.width'"),
+    ("model=3", "unknown setting 'model'"), ("steps", "field=value"), ("=3", "field=value"),
+    ("model.split=bpe", "split"), ("flawed_fraction=2", "flawed_fraction"),
+])
+def test_a_bad_setting_is_a_value_error_naming_it(setting: str, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        demo.with_settings(demo_train_config(), [setting])
+
+
+def test_a_setting_is_read_as_data_never_run(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    code = f"__import__('pathlib').Path({str(marker)!r}).touch()"
+    with pytest.raises(TypeError):  # the string reaches DemoTrainConfig's own checks, and fails there
+        demo.with_settings(demo_train_config(), [f"steps={code}"])
+    with pytest.raises(ValueError, match="split"):
+        demo.with_settings(demo_train_config(), [f"model.split={code}"])
+    assert not marker.exists()
+
+
+def _build_script():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "build_demo_policy.py"
+    spec = importlib.util.spec_from_file_location("build_demo_policy_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_build_script_applies_and_records_its_settings(tmp_path: Path) -> None:
+    """``build_demo_policy.py --set`` reaches the build: the report records it and the saved tokenizer splits
+    as it says; a bad setting stops the script before anything is built."""
+    script = _build_script()
+    small = ["steps=2", "batch_size=2", "warmup_steps=1", "tasks_per_env=2", "demos_per_task=1",
+             "model.vocab_size=400", "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
+             "model.num_kv_heads=1", "model.head_dim=16", "model.intermediate_size=64", "model.split=copy"]
+    argv = ["--out", str(tmp_path / "p"), "--env", "trace_envs/PythonMath-v0"]
+    assert script.main([*argv, *(a for s in small for a in ("--set", s))]) == 0
+    config = json.loads((tmp_path / "p" / "build_report.json").read_text())["config"]
+    assert config["steps"] == 2 and config["tasks_per_env"] == 2 and config["model"]["split"] == "copy"
+    policy = demo.load_demo_policy(tmp_path / "p")
+    pieces = policy.tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str("move notes.txt")
+    assert [p for p, _ in pieces][:3] == ["move", "Ġ", "notes"]
+    with pytest.raises(SystemExit) as stop:
+        script.main(["--out", str(tmp_path / "q"), "--set", "model.width=3"])
+    assert stop.value.code == 2 and not (tmp_path / "q").exists()

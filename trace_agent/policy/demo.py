@@ -79,6 +79,8 @@ __all__ = [
     "shipped_demo_policy",
     "missing_shipped_policy",
     "demo_train_config",
+    "with_settings",
+    "SPLITS",
     "ensure_demo_policy",
     "build_demo_policy",
     "load_demo_policy",
@@ -91,6 +93,10 @@ DEFAULT_ENV_IDS: tuple[str, ...] = ("trace_envs/PythonMath-v0",)
 
 
 # --------------------------------------------------------------------------- configs
+#: the demo tokenizer's pre-tokenizer splits (:attr:`DemoModelConfig.split`)
+SPLITS: tuple[str, ...] = ("qwen", "copy")
+
+
 @dataclass(frozen=True, kw_only=True)
 class DemoModelConfig:
     """Shape of the demo LM (a ``Qwen3Config``) and its tokenizer.
@@ -105,6 +111,9 @@ class DemoModelConfig:
             supports 32, 64, 80, 96, 112, 128, ...).
         intermediate_size: MLP width.
         max_position_embeddings: longest context the rotary embedding is set up for.
+        split: the tokenizer's pre-tokenizer split (:data:`SPLITS`): ``"qwen"``, Qwen's own, or
+            ``"copy"``, Qwen's without a space glued to the next word, so that a name the user writes
+            after a space is the same tokens in a call (:data:`~trace_agent.tiny_models.COPY_SPLIT_PATTERN`).
     """
 
     vocab_size: int = 2048
@@ -115,8 +124,11 @@ class DemoModelConfig:
     head_dim: int = 32
     intermediate_size: int = 384
     max_position_embeddings: int = 4096
+    split: str = "qwen"
 
     def __post_init__(self) -> None:
+        if self.split not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {self.split!r}")
         if self.vocab_size < 300:
             raise ValueError(f"vocab_size must be >= 300 (256 bytes + specials + merges), got {self.vocab_size}")
         if min(self.hidden_size, self.num_layers, self.num_heads, self.num_kv_heads, self.intermediate_size) < 1:
@@ -254,20 +266,24 @@ def _wrap_tokenizer(backend: Any) -> Any:
                           model_max_length=32768)
 
 
-def _bpe_backend(vocab_size: int, texts: Sequence[str] | None) -> Any:
-    from trace_agent.tiny_models import QWEN_SPLIT_PATTERN, train_byte_bpe
+def _bpe_backend(vocab_size: int, texts: Sequence[str] | None, split: str = "qwen") -> Any:
+    from trace_agent.tiny_models import COPY_SPLIT_PATTERN, QWEN_SPLIT_PATTERN, train_byte_bpe
 
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    pattern = COPY_SPLIT_PATTERN if split == "copy" else QWEN_SPLIT_PATTERN
     return train_byte_bpe(texts or [], vocab_size=vocab_size, special_tokens=QWEN3_SPECIAL_TOKENS[:3],
-                          split_pattern=QWEN_SPLIT_PATTERN, added_tokens=QWEN3_SPECIAL_TOKENS[3:])
+                          split_pattern=pattern, added_tokens=QWEN3_SPECIAL_TOKENS[3:])
 
 
 def train_demo_tokenizer(
-    demos: Sequence[Demonstration] | Sequence[str], *, vocab_size: int = 2048
+    demos: Sequence[Demonstration] | Sequence[str], *, vocab_size: int = 2048, split: str = "qwen"
 ) -> Any:
     """A byte-level BPE ``PreTrainedTokenizerFast`` with the Qwen3 special tokens and chat template.
 
     Trained on the chat-template renderings of ``demos`` (or on the given texts), so the template's
-    boilerplate and the suite's vocabulary get merges. Deterministic for the same input.
+    boilerplate and the suite's vocabulary get merges; ``split`` picks the pre-tokenizer split
+    (:attr:`DemoModelConfig.split`). Deterministic for the same input.
     """
     if demos and isinstance(demos[0], str):
         texts = [str(t) for t in demos]
@@ -275,7 +291,7 @@ def train_demo_tokenizer(
         bootstrap = ChatRenderer(_wrap_tokenizer(_bpe_backend(300, [])), end_of_turn=END_OF_TURN)
         texts = [bootstrap.render_text(d.messages, d.tools, add_generation_prompt=False)
                  for d in demos]  # type: ignore[union-attr]
-    return _wrap_tokenizer(_bpe_backend(vocab_size, texts))
+    return _wrap_tokenizer(_bpe_backend(vocab_size, texts, split))
 
 
 def make_demo_model(tokenizer: Any, config: DemoModelConfig, *, seed: int = 0) -> Any:
@@ -353,7 +369,7 @@ def build_demo_policy(
     say(f"{len(demos)} demonstrations in {t_demo - t0:.1f}s "
         f"({sum(d.flawed for d in demos)} flawed, {sum(is_success(d.reward) for d in demos)} successful)")
 
-    tokenizer = train_demo_tokenizer(demos, vocab_size=cfg.model.vocab_size)
+    tokenizer = train_demo_tokenizer(demos, vocab_size=cfg.model.vocab_size, split=cfg.model.split)
     chat = ChatRenderer(tokenizer)
     encoded = [demonstration_tokens(chat, d) for d in demos]
     t_tok = time.perf_counter()
@@ -564,6 +580,35 @@ def demo_train_config(env_id: str = DEFAULT_ENV_IDS[0], **overrides: Any) -> Dem
     if isinstance(preset.get("model"), Mapping):
         preset["model"] = DemoModelConfig(**preset["model"])
     return DemoTrainConfig(**{"env_ids": (env_id,), **preset, **overrides})
+
+
+def with_settings(config: DemoTrainConfig, settings: Sequence[str]) -> DemoTrainConfig:
+    """``config`` with ``field=value`` settings applied (``model.field=value`` for a
+    :class:`DemoModelConfig` field), as ``scripts/build_demo_policy.py --set`` takes them.
+
+    A value is read as JSON (``2``, ``null``, ``{"trace_envs/BFCL-v0": {"num_tasks": null}}``; a list
+    for a tuple field), and as the plain string when it is not JSON (``model.split=copy``); it is never
+    evaluated. An unknown field or a malformed setting is a ``ValueError`` naming the fields; the
+    dataclasses' own checks then validate the values.
+    """
+    top: dict[str, Any] = {}
+    model: dict[str, Any] = {}
+    for setting in settings:
+        key, sep, text = setting.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"a setting is field=value, got {setting!r}")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        target, fields, name = (model, DemoModelConfig.__dataclass_fields__, key[6:]) if key.startswith("model.") \
+            else (top, DemoTrainConfig.__dataclass_fields__, key)
+        if name not in fields or name == "model":
+            raise ValueError(f"unknown setting {key!r}; settable: {', '.join(f for f in DemoTrainConfig.__dataclass_fields__ if f != 'model')}"
+                             f", model.{{{', '.join(DemoModelConfig.__dataclass_fields__)}}}")
+        target[name] = tuple(value) if isinstance(value, list) else value
+    return replace(config, **top, model=replace(config.model, **model))
 
 
 def ensure_demo_policy(path: str | Path | None = None, *, env_id: str = DEFAULT_ENV_IDS[0], seed: int = 0,
