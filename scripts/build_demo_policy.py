@@ -28,9 +28,9 @@ from trace_agent.policy.demo import (  # noqa: E402
     build_demo_policy,
     demo_train_config,
     evaluate_policy,
-    with_settings,
     load_demo_policy,
     success_histogram,
+    with_settings,
 )
 
 
