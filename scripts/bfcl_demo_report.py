@@ -3,6 +3,8 @@
     .venv/bin/python scripts/bfcl_demo_report.py contexts --out docs/paper/bfcl/context_lengths.json
     .venv/bin/python scripts/bfcl_demo_report.py eval --out docs/paper/bfcl/eval.json [--tasks 20 --samples 4]
     .venv/bin/python scripts/bfcl_demo_report.py turns --out docs/paper/bfcl/turns.json [--tasks 10 --samples 2]
+    .venv/bin/python scripts/bfcl_demo_report.py first-steps --split test --tasks 50 --out FILE [--policy-path DIR]
+    .venv/bin/python scripts/bfcl_demo_report.py spelling --out docs/paper/bfcl/spelling.json
     .venv/bin/python scripts/bfcl_demo_report.py prefixes --trees artifacts/bench-bfcl/trees.jsonl \\
         --out docs/paper/bfcl/prefixes.json
 
@@ -13,6 +15,14 @@
 * ``turns``: per user-turn index, the share of episodes whose turn passes BFCL's turn check (state and
   results), and of episodes still valid through that turn, on demonstrated train entries (``--split test``:
   on held-out test entries).
+* ``first-steps``: greedy, the policy's first step on the first ``--tasks`` entries of a split (``train``: the
+  demonstrated ones): how many are exactly the ground truth's first call list (positional arguments read as
+  keywords), how many parse, and how many of the string arguments the policy wrote appear in the first user
+  turn (copied from the user) against the ground truth's.
+* ``spelling``: of the ground truth's first-turn string arguments that the user writes in the first question (the
+  names a policy must copy), on every entry of a split, how many the tokenizer spells with the same tokens in the
+  question and in the call, under each pre-tokenizer split of the demo tokenizer (:data:`SPLITS`). Measured on
+  pre-token boundaries: when the name starts and ends on one in both texts, BPE gives it the same tokens in both.
 * ``prefixes``: from a ``trace-gym bench`` run's trees, per strategy, the branch points at depth >= 1 and the
   share whose continuations are mixed (a success and a failure below them), by depth.
 """
@@ -153,6 +163,87 @@ def turns(args: argparse.Namespace) -> dict:
             "episodes": len(checks), "by_user_turn": by_turn}
 
 
+def _keyword_sources(env, calls) -> list[str] | None:
+    try:
+        return [c.to_source() for c in env.keyword_calls(calls)]
+    except Exception:  # a name or argument the entry's backends do not have: not the ground truth
+        return None
+
+
+def first_steps(args: argparse.Namespace) -> dict:
+    import gymnasium as gym
+
+    import trace_envs  # noqa: F401
+    from trace_agent.policy.demo import load_demo_policy
+    from trace_agent.policy.demonstrators.bfcl import call_string_arguments
+    from trace_envs.actions import parse_call_list
+    from trace_envs.function_calling.env import render_calls
+
+    policy_dir = _policy_dir(args)
+    policy = load_demo_policy(policy_dir)
+    env = gym.make(ENV_ID, tasks=args.split, tool_detail="names").unwrapped
+    ids = (demonstrated_ids(policy_dir) if args.split == "train" else env.tasks.ids())[:args.tasks]
+    rows, contexts, truths = [], [], []
+    for task_id in ids:
+        env.reset(options={"task_id": task_id})
+        contexts.append(policy.render(env.messages, env.tools))
+        question = next(m["content"] for m in env.messages if m.get("role") == "user")
+        calls = env.ground_truth().turns[0].calls
+        truths.append((question, _keyword_sources(env, calls), call_string_arguments(render_calls(calls))))
+    gens = policy.generate(contexts, max_new_tokens=args.max_new_tokens, temperature=0.0)
+    for task_id, g, (question, truth, truth_args) in zip(ids, gens, truths):
+        env.reset(options={"task_id": task_id})
+        parsed = parse_call_list(g.text)
+        wrote = call_string_arguments(g.text)
+        rows.append({"task_id": task_id, "text": g.text, "parses": not parsed.errors,
+                     "exact": not parsed.errors and _keyword_sources(env, parsed.calls) == truth,
+                     "args": len(wrote), "args_in_question": sum(a in question for a in wrote),
+                     "truth_args": len(truth_args), "truth_args_in_question": sum(a in question for a in truth_args),
+                     "truth_args_in_question_written": sum(a in question and a in wrote for a in truth_args)})
+    total = {k: sum(int(r[k]) for r in rows) for k in ("exact", "parses", "args", "args_in_question", "truth_args",
+                                                       "truth_args_in_question", "truth_args_in_question_written")}
+    return {"policy": str(policy_dir), "split": args.split, "entries": len(rows), "greedy": True,
+            "max_new_tokens": args.max_new_tokens, **total, "rows": rows}
+
+
+def spelling(args: argparse.Namespace) -> dict:
+    import gymnasium as gym
+    from tokenizers import Regex, pre_tokenizers
+
+    import trace_envs  # noqa: F401
+    from trace_agent.policy.demo import SPLITS
+    from trace_agent.policy.demonstrators.bfcl import call_string_arguments
+    from trace_agent.tiny_models import COPY_SPLIT_PATTERN, QWEN_SPLIT_PATTERN
+    from trace_envs.function_calling.env import render_calls
+
+    patterns = {"qwen": QWEN_SPLIT_PATTERN, "copy": COPY_SPLIT_PATTERN}
+    assert set(patterns) == set(SPLITS)
+    env = gym.make(ENV_ID, tasks=args.split, tool_detail="names").unwrapped
+    cases = []  # (question, call text, name, where in the question, where in the call)
+    for task_id in env.tasks.ids():
+        env.reset(options={"task_id": task_id})
+        question = next(m["content"] for m in env.messages if m.get("role") == "user")
+        text = render_calls(env.keyword_calls(env.ground_truth().turns[0].calls))
+        for name in call_string_arguments(text):
+            at, quoted = question.find(name), text.find(repr(name))
+            if at >= 0 and quoted >= 0:
+                cases.append((question, text, name, at, quoted + 1))
+
+    def on_boundaries(splitter, text: str, start: int, end: int) -> bool:
+        cuts = {edge for _, span in splitter.pre_tokenize_str(text) for edge in span}
+        return start in cuts and end in cuts
+
+    out: dict = {"split": args.split, "entries": len(env.tasks.ids()), "names_in_question": len(cases)}
+    for split, pattern in patterns.items():
+        splitter = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+        alike = [on_boundaries(splitter, q, a, a + len(n)) and on_boundaries(splitter, t, c, c + len(n))
+                 for q, t, n, a, c in cases]
+        out[split] = {"spelled_alike": sum(alike),
+                      "examples_not_alike": [q[max(0, a - 8):a + len(n) + 4] for (q, _, n, a, _), ok
+                                             in zip(cases, alike) if not ok][:5]}
+    return out
+
+
 def prefixes(args: argparse.Namespace) -> dict:
     from trace_agent.analysis import prefix_mixing
     from trace_agent.tree import load_jsonl
@@ -187,13 +278,23 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--max-new-tokens", type=int, default=96)
     t.add_argument("--max-turns", type=int, default=16)
     t.add_argument("--seed", type=int, default=0)
-    for command in (e, t):
+    f = sub.add_parser("first-steps")
+    f.add_argument("--out", required=True)
+    f.add_argument("--tasks", type=int, default=50)
+    f.add_argument("--split", choices=("train", "test"), default="test",
+                   help="train: the demonstrated entries; test: the held-out entries")
+    f.add_argument("--max-new-tokens", type=int, default=96)
+    for command in (e, t, f):
         command.add_argument("--policy-path", default="", help="a built policy directory (default: the shipped one)")
+    w = sub.add_parser("spelling")
+    w.add_argument("--out", required=True)
+    w.add_argument("--split", choices=("train", "test"), default="test")
     p = sub.add_parser("prefixes")
     p.add_argument("--trees", required=True)
     p.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    result = {"contexts": contexts, "eval": evaluate, "turns": turns, "prefixes": prefixes}[args.what](args)
+    result = {"contexts": contexts, "eval": evaluate, "turns": turns, "first-steps": first_steps,
+              "spelling": spelling, "prefixes": prefixes}[args.what](args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1)[:3000])

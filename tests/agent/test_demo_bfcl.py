@@ -407,3 +407,37 @@ def test_bfcl_demo_config_trains_a_step(tmp_path: Path) -> None:
                  "--set", "sampling.max_turns=4", "--set", "predictor.kind=hashed", "--set", "log.tensorboard=false",
                  "--set", "log.wandb=false"]) == 0
     assert (run / "checkpoints" / "step_000001" / "manifest.json").is_file()
+
+
+def _report_script():
+    spec = importlib.util.spec_from_file_location("bfcl_demo_report", ROOT / "scripts" / "bfcl_demo_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@needs_bfcl
+def test_the_copy_split_spells_the_users_names_as_calls_do(tmp_path: Path) -> None:
+    """``bfcl_demo_report.py spelling``: of the held-out names a first call must copy from the question, Qwen's
+    split spells fewer than half alike in the question and the call; the copy split nearly all."""
+    out = tmp_path / "spelling.json"
+    assert _report_script().main(["spelling", "--split", "test", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    names = report["names_in_question"]
+    assert names > 20 and report["qwen"]["spelled_alike"] < names / 2 and report["copy"]["spelled_alike"] >= 0.9 * names
+    assert len(report["copy"]["examples_not_alike"]) == min(5, names - report["copy"]["spelled_alike"])
+
+
+@needs_bfcl
+@pytest.mark.slow
+def test_the_first_step_probe_grades_against_the_ground_truth(tmp_path: Path) -> None:
+    """``bfcl_demo_report.py first-steps`` on demonstrated entries: the shipped policy's greedy first steps are
+    mostly the ground truth's (as ``test_the_shipped_policy_acts_in_the_env`` finds), and the counts add up."""
+    out = tmp_path / "first.json"
+    assert _report_script().main(["first-steps", "--split", "train", "--tasks", "4", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    rows = report["rows"]
+    assert report["entries"] == len(rows) == 4 and report["exact"] >= 2
+    assert all(r["parses"] for r in rows if r["exact"]) and report["exact"] == sum(r["exact"] for r in rows)
+    for r in rows:
+        assert r["args_in_question"] <= r["args"] and r["truth_args_in_question_written"] <= r["truth_args_in_question"]
