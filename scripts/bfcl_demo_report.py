@@ -4,6 +4,7 @@
     .venv/bin/python scripts/bfcl_demo_report.py eval --out docs/paper/bfcl/eval.json [--tasks 20 --samples 4]
     .venv/bin/python scripts/bfcl_demo_report.py turns --out docs/paper/bfcl/turns.json [--tasks 10 --samples 2]
     .venv/bin/python scripts/bfcl_demo_report.py first-steps --split test --tasks 50 --out FILE [--policy-path DIR]
+    .venv/bin/python scripts/bfcl_demo_report.py copying --split test --out FILE [--policy-path DIR]
     .venv/bin/python scripts/bfcl_demo_report.py spelling --out docs/paper/bfcl/spelling.json
     .venv/bin/python scripts/bfcl_demo_report.py prefixes --trees artifacts/bench-bfcl/trees.jsonl \\
         --out docs/paper/bfcl/prefixes.json
@@ -19,6 +20,10 @@
   demonstrated ones): how many are exactly the ground truth's first call list (positional arguments read as
   keywords), how many parse, and how many of the string arguments the policy wrote appear in the first user
   turn (copied from the user) against the ground truth's.
+* ``copying``: teacher-forced on the ground truth's first call list of each entry of a split, for every string
+  argument the user writes in the first question, whether the policy's most likely next token is right at the
+  name's *first* token (choosing which name to copy) and at its *later* tokens (continuing a copy), against
+  the other tokens of the call (the syntax and function names).
 * ``spelling``: of the ground truth's first-turn string arguments that the user writes in the first question (the
   names a policy must copy), on every entry of a split, how many the tokenizer spells with the same tokens in the
   question and in the call, under each pre-tokenizer split of the demo tokenizer (:data:`SPLITS`). Measured on
@@ -206,6 +211,45 @@ def first_steps(args: argparse.Namespace) -> dict:
             "max_new_tokens": args.max_new_tokens, **total, "rows": rows}
 
 
+def copying(args: argparse.Namespace) -> dict:
+    import gymnasium as gym
+    import torch
+
+    import trace_envs  # noqa: F401
+    from trace_agent.policy.demo import load_demo_policy
+    from trace_agent.policy.demonstrators.bfcl import call_string_arguments
+    from trace_envs.function_calling.env import render_calls
+
+    policy_dir = _policy_dir(args)
+    policy = load_demo_policy(policy_dir)
+    env = gym.make(ENV_ID, tasks=args.split, tool_detail="names").unwrapped
+    ids = (demonstrated_ids(policy_dir) if args.split == "train" else env.tasks.ids())[:args.tasks]
+    right = {"first": [0, 0], "later": [0, 0], "other": [0, 0]}  # [right, total] per kind of call token
+    for task_id in ids:
+        env.reset(options={"task_id": task_id})
+        question = next(m["content"] for m in env.messages if m.get("role") == "user")
+        text = render_calls(env.keyword_calls(env.ground_truth().turns[0].calls))
+        enc = policy.tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+        kind = ["other"] * len(enc["input_ids"])
+        for name in {n for n in call_string_arguments(text) if n in question}:
+            at = 0
+            while (at := text.find(repr(name), at)) >= 0:
+                start, end = at + 1, at + 1 + len(name)
+                inside = [i for i, (a, b) in enumerate(enc["offset_mapping"]) if start <= a and b <= end and b > a]
+                for j, i in enumerate(inside):
+                    kind[i] = "first" if j == 0 else "later"
+                at = end
+        context = list(policy.render(env.messages, env.tools).token_ids)
+        full = torch.tensor([context + list(enc["input_ids"])])
+        with torch.no_grad():
+            guess = policy.model(input_ids=full).logits[0, len(context) - 1:-1].argmax(-1).tolist()
+        for k, g, t in zip(kind, guess, enc["input_ids"]):
+            right[k][0] += int(g == t)
+            right[k][1] += 1
+    return {"policy": str(policy_dir), "split": args.split, "entries": len(ids), "teacher_forced": True,
+            **{k: {"right": r, "tokens": n, "share": round(r / n, 3) if n else None} for k, (r, n) in right.items()}}
+
+
 def spelling(args: argparse.Namespace) -> dict:
     import gymnasium as gym
     from tokenizers import Regex, pre_tokenizers
@@ -286,6 +330,11 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--max-new-tokens", type=int, default=96)
     for command in (e, t, f):
         command.add_argument("--policy-path", default="", help="a built policy directory (default: the shipped one)")
+    c = sub.add_parser("copying")
+    c.add_argument("--out", required=True)
+    c.add_argument("--tasks", type=int, default=50)
+    c.add_argument("--split", choices=("train", "test"), default="test")
+    c.add_argument("--policy-path", default="", help="a built policy directory (default: the shipped one)")
     w = sub.add_parser("spelling")
     w.add_argument("--out", required=True)
     w.add_argument("--split", choices=("train", "test"), default="test")
@@ -294,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     result = {"contexts": contexts, "eval": evaluate, "turns": turns, "first-steps": first_steps,
-              "spelling": spelling, "prefixes": prefixes}[args.what](args)
+              "copying": copying, "spelling": spelling, "prefixes": prefixes}[args.what](args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1)[:3000])

@@ -441,3 +441,27 @@ def test_the_first_step_probe_grades_against_the_ground_truth(tmp_path: Path) ->
     assert all(r["parses"] for r in rows if r["exact"]) and report["exact"] == sum(r["exact"] for r in rows)
     for r in rows:
         assert r["args_in_question"] <= r["args"] and r["truth_args_in_question_written"] <= r["truth_args_in_question"]
+
+
+@needs_bfcl
+@pytest.mark.slow
+def test_the_copying_probe_splits_name_tokens_from_the_rest(tmp_path: Path) -> None:
+    """``bfcl_demo_report.py copying``: teacher-forced on the ground truth, the shipped policy predicts every token
+    of its demonstrated entries' first calls (it memorised them), names included; the three kinds of token
+    partition the call."""
+    out = tmp_path / "copying.json"
+    assert _report_script().main(["copying", "--split", "train", "--tasks", "3", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["first"]["tokens"] > 0 and report["later"]["tokens"] > 0
+    assert all(report[k]["share"] >= 0.9 for k in ("first", "later", "other"))
+    env = _env(tasks="train", tool_detail="names")
+    from trace_agent.policy.demo import load_demo_policy
+    from trace_envs.function_calling.env import render_calls
+
+    tokenizer = load_demo_policy(SHIPPED).tokenizer
+    total = 0
+    for task_id in BFCLDemonstrator().demonstration_tasks().ids()[:3]:
+        env.reset(options={"task_id": task_id})
+        total += len(tokenizer(render_calls(env.keyword_calls(env.ground_truth().turns[0].calls)),
+                               add_special_tokens=False)["input_ids"])
+    assert sum(report[k]["tokens"] for k in ("first", "later", "other")) == total
