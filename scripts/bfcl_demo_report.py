@@ -171,7 +171,7 @@ def turns(args: argparse.Namespace) -> dict:
 def _keyword_sources(env, calls) -> list[str] | None:
     try:
         return [c.to_source() for c in env.keyword_calls(calls)]
-    except Exception:  # a name or argument the entry's backends do not have: not the ground truth
+    except ValueError:  # a function or arguments the entry's backends do not have: not the ground truth
         return None
 
 

@@ -173,7 +173,7 @@ def test_an_unknown_split_is_refused() -> None:
 def test_settings_change_the_preset_field_by_field() -> None:
     preset = demo_train_config("trace_envs/BFCL-v0")
     changed = demo.with_settings(preset, [
-        "augment_copies=2", "model.split=copy", "first_turn_steps = 10", "env_ids=[\"trace_envs/BFCL-v0\"]",
+        "augment_copies=2", "model.split = copy", "first_turn_steps = 10", "env_ids=[\"trace_envs/BFCL-v0\"]",
         'demonstrator_options={"trace_envs/BFCL-v0": {"num_tasks": null}}'])
     assert changed.augment_copies == 2 and changed.first_turn_steps == 10 and changed.model.split == "copy"
     assert changed.env_ids == ("trace_envs/BFCL-v0",)

@@ -595,7 +595,7 @@ def with_settings(config: DemoTrainConfig, settings: Sequence[str]) -> DemoTrain
     model: dict[str, Any] = {}
     for setting in settings:
         key, sep, text = setting.partition("=")
-        key = key.strip()
+        key, text = key.strip(), text.strip()
         if not sep or not key:
             raise ValueError(f"a setting is field=value, got {setting!r}")
         try:
@@ -605,8 +605,9 @@ def with_settings(config: DemoTrainConfig, settings: Sequence[str]) -> DemoTrain
         target, fields, name = (model, DemoModelConfig.__dataclass_fields__, key[6:]) if key.startswith("model.") \
             else (top, DemoTrainConfig.__dataclass_fields__, key)
         if name not in fields or name == "model":
-            raise ValueError(f"unknown setting {key!r}; settable: {', '.join(f for f in DemoTrainConfig.__dataclass_fields__ if f != 'model')}"
-                             f", model.{{{', '.join(DemoModelConfig.__dataclass_fields__)}}}")
+            settable = [f for f in DemoTrainConfig.__dataclass_fields__ if f != "model"]
+            raise ValueError(f"unknown setting {key!r}; settable: {', '.join(settable)}, "
+                             f"model.{{{', '.join(DemoModelConfig.__dataclass_fields__)}}}")
         target[name] = tuple(value) if isinstance(value, list) else value
     return replace(config, **top, model=replace(config.model, **model))
 
