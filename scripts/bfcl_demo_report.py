@@ -26,7 +26,7 @@
   the other tokens of the call (the syntax and function names).
 * ``spelling``: of the ground truth's first-turn string arguments that the user writes in the first question (the
   names a policy must copy), on every entry of a split, how many the tokenizer spells with the same tokens in the
-  question and in the call, under each pre-tokenizer split of the demo tokenizer (:data:`SPLITS`). Measured on
+  question and in the call, under each pre-tokenizer split of the demo tokenizer (``SPLIT_PATTERNS``). Measured on
   pre-token boundaries: when the name starts and ends on one in both texts, BPE gives it the same tokens in both.
 * ``prefixes``: from a ``trace-gym bench`` run's trees, per strategy, the branch points at depth >= 1 and the
   share whose continuations are mixed (a success and a failure below them), by depth.
@@ -131,10 +131,7 @@ def turns(args: argparse.Namespace) -> dict:
 
     policy_dir = _policy_dir(args)
     policy = load_demo_policy(policy_dir)
-    if args.split == "train":
-        ids = demonstrated_ids(policy_dir)[:args.tasks]
-    else:
-        ids = gym.make(ENV_ID, tasks="test").unwrapped.tasks.ids()[:args.tasks]
+    ids = _entry_ids(gym.make(ENV_ID, tasks=args.split).unwrapped, policy_dir, args.split, args.tasks)
     envs = [gym.make(ENV_ID, tasks=args.split, tool_detail="names", max_turns=args.max_turns).unwrapped
             for _ in range(len(ids) * args.samples)]
     contexts, checks, parse_errors, steps = [], [], 0, 0
@@ -168,6 +165,18 @@ def turns(args: argparse.Namespace) -> dict:
             "episodes": len(checks), "by_user_turn": by_turn}
 
 
+def _entry_ids(env, policy_dir: Path, split: str, tasks: int) -> list[str]:
+    """The first ``tasks`` entries measured on ``split``: the policy's demonstrated ones on train, else ``env``'s."""
+    return (demonstrated_ids(policy_dir) if split == "train" else env.tasks.ids())[:tasks]
+
+
+def _first_turn(env, task_id: str) -> tuple[str, list]:
+    """``env`` reset to ``task_id``: its first user question and the ground truth's first-turn calls."""
+    env.reset(options={"task_id": task_id})
+    question = next(m["content"] for m in env.messages if m.get("role") == "user")
+    return question, list(env.ground_truth().turns[0].calls)
+
+
 def _keyword_sources(env, calls) -> list[str] | None:
     try:
         return [c.to_source() for c in env.keyword_calls(calls)]
@@ -187,17 +196,15 @@ def first_steps(args: argparse.Namespace) -> dict:
     policy_dir = _policy_dir(args)
     policy = load_demo_policy(policy_dir)
     env = gym.make(ENV_ID, tasks=args.split, tool_detail="names").unwrapped
-    ids = (demonstrated_ids(policy_dir) if args.split == "train" else env.tasks.ids())[:args.tasks]
+    ids = _entry_ids(env, policy_dir, args.split, args.tasks)
     rows, contexts, truths = [], [], []
     for task_id in ids:
-        env.reset(options={"task_id": task_id})
+        question, calls = _first_turn(env, task_id)
         contexts.append(policy.render(env.messages, env.tools))
-        question = next(m["content"] for m in env.messages if m.get("role") == "user")
-        calls = env.ground_truth().turns[0].calls
         truths.append((question, _keyword_sources(env, calls), call_string_arguments(render_calls(calls))))
     gens = policy.generate(contexts, max_new_tokens=args.max_new_tokens, temperature=0.0)
     for task_id, g, (question, truth, truth_args) in zip(ids, gens, truths):
-        env.reset(options={"task_id": task_id})
+        env.reset(options={"task_id": task_id})  # its backends read the generated calls' arguments
         parsed = parse_call_list(g.text)
         wrote = call_string_arguments(g.text)
         rows.append({"task_id": task_id, "text": g.text, "parses": not parsed.errors,
@@ -223,12 +230,11 @@ def copying(args: argparse.Namespace) -> dict:
     policy_dir = _policy_dir(args)
     policy = load_demo_policy(policy_dir)
     env = gym.make(ENV_ID, tasks=args.split, tool_detail="names").unwrapped
-    ids = (demonstrated_ids(policy_dir) if args.split == "train" else env.tasks.ids())[:args.tasks]
+    ids = _entry_ids(env, policy_dir, args.split, args.tasks)
     right = {"first": [0, 0], "later": [0, 0], "other": [0, 0]}  # [right, total] per kind of call token
     for task_id in ids:
-        env.reset(options={"task_id": task_id})
-        question = next(m["content"] for m in env.messages if m.get("role") == "user")
-        text = render_calls(env.keyword_calls(env.ground_truth().turns[0].calls))
+        question, calls = _first_turn(env, task_id)
+        text = render_calls(env.keyword_calls(calls))
         enc = policy.tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
         kind = ["other"] * len(enc["input_ids"])
         for name in {n for n in call_string_arguments(text) if n in question}:
@@ -255,19 +261,15 @@ def spelling(args: argparse.Namespace) -> dict:
     from tokenizers import Regex, pre_tokenizers
 
     import trace_envs  # noqa: F401
-    from trace_agent.policy.demo import SPLITS
+    from trace_agent.policy.demo import SPLIT_PATTERNS
     from trace_agent.policy.demonstrators.bfcl import call_string_arguments
-    from trace_agent.tiny_models import COPY_SPLIT_PATTERN, QWEN_SPLIT_PATTERN
     from trace_envs.function_calling.env import render_calls
 
-    patterns = {"qwen": QWEN_SPLIT_PATTERN, "copy": COPY_SPLIT_PATTERN}
-    assert set(patterns) == set(SPLITS)
     env = gym.make(ENV_ID, tasks=args.split, tool_detail="names").unwrapped
     cases = []  # (question, call text, name, where in the question, where in the call)
     for task_id in env.tasks.ids():
-        env.reset(options={"task_id": task_id})
-        question = next(m["content"] for m in env.messages if m.get("role") == "user")
-        text = render_calls(env.keyword_calls(env.ground_truth().turns[0].calls))
+        question, calls = _first_turn(env, task_id)
+        text = render_calls(env.keyword_calls(calls))
         for name in call_string_arguments(text):
             at, quoted = question.find(name), text.find(repr(name))
             if at >= 0 and quoted >= 0:
@@ -278,7 +280,7 @@ def spelling(args: argparse.Namespace) -> dict:
         return start in cuts and end in cuts
 
     out: dict = {"split": args.split, "entries": len(env.tasks.ids()), "names_in_question": len(cases)}
-    for split, pattern in patterns.items():
+    for split, pattern in SPLIT_PATTERNS.items():
         splitter = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
         alike = [on_boundaries(splitter, q, a, a + len(n)) and on_boundaries(splitter, t, c, c + len(n))
                  for q, t, n, a, c in cases]
@@ -323,18 +325,15 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--max-turns", type=int, default=16)
     t.add_argument("--seed", type=int, default=0)
     f = sub.add_parser("first-steps")
-    f.add_argument("--out", required=True)
-    f.add_argument("--tasks", type=int, default=50)
-    f.add_argument("--split", choices=("train", "test"), default="test",
-                   help="train: the demonstrated entries; test: the held-out entries")
     f.add_argument("--max-new-tokens", type=int, default=96)
-    for command in (e, t, f):
-        command.add_argument("--policy-path", default="", help="a built policy directory (default: the shipped one)")
     c = sub.add_parser("copying")
-    c.add_argument("--out", required=True)
-    c.add_argument("--tasks", type=int, default=50)
-    c.add_argument("--split", choices=("train", "test"), default="test")
-    c.add_argument("--policy-path", default="", help="a built policy directory (default: the shipped one)")
+    for command in (f, c):
+        command.add_argument("--out", required=True)
+        command.add_argument("--tasks", type=int, default=50)
+        command.add_argument("--split", choices=("train", "test"), default="test",
+                             help="train: the demonstrated entries; test: the held-out entries")
+    for command in (e, t, f, c):
+        command.add_argument("--policy-path", default="", help="a built policy directory (default: the shipped one)")
     w = sub.add_parser("spelling")
     w.add_argument("--out", required=True)
     w.add_argument("--split", choices=("train", "test"), default="test")

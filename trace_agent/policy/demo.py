@@ -53,6 +53,7 @@ from trace_agent.policy.demonstrators import (
 )
 from trace_agent.policy.episodes import evaluate_policy, observation_messages, success_histogram
 from trace_agent.success import is_success
+from trace_agent.tiny_models import COPY_SPLIT_PATTERN, QWEN_SPLIT_PATTERN
 
 if TYPE_CHECKING:
     from trace_agent.policy.hf import HFPolicy
@@ -81,6 +82,8 @@ __all__ = [
     "demo_train_config",
     "with_settings",
     "SPLITS",
+    "SPLIT_PATTERNS",
+    "split_pattern",
     "ensure_demo_policy",
     "build_demo_policy",
     "load_demo_policy",
@@ -93,8 +96,16 @@ DEFAULT_ENV_IDS: tuple[str, ...] = ("trace_envs/PythonMath-v0",)
 
 
 # --------------------------------------------------------------------------- configs
-#: the demo tokenizer's pre-tokenizer splits (:attr:`DemoModelConfig.split`)
-SPLITS: tuple[str, ...] = ("qwen", "copy")
+#: the demo tokenizer's pre-tokenizer splits (:attr:`DemoModelConfig.split`) and their regexes
+SPLIT_PATTERNS: Mapping[str, str] = {"qwen": QWEN_SPLIT_PATTERN, "copy": COPY_SPLIT_PATTERN}
+SPLITS: tuple[str, ...] = tuple(SPLIT_PATTERNS)
+
+
+def split_pattern(split: str) -> str:
+    """The pre-tokenizer regex of ``split`` (:data:`SPLITS`); any other name is a ``ValueError``."""
+    if split not in SPLIT_PATTERNS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    return SPLIT_PATTERNS[split]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,8 +138,7 @@ class DemoModelConfig:
     split: str = "qwen"
 
     def __post_init__(self) -> None:
-        if self.split not in SPLITS:
-            raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {self.split!r}")
+        split_pattern(self.split)
         if self.vocab_size < 300:
             raise ValueError(f"vocab_size must be >= 300 (256 bytes + specials + merges), got {self.vocab_size}")
         if min(self.hidden_size, self.num_layers, self.num_heads, self.num_kv_heads, self.intermediate_size) < 1:
@@ -267,13 +277,10 @@ def _wrap_tokenizer(backend: Any) -> Any:
 
 
 def _bpe_backend(vocab_size: int, texts: Sequence[str] | None, split: str = "qwen") -> Any:
-    from trace_agent.tiny_models import COPY_SPLIT_PATTERN, QWEN_SPLIT_PATTERN, train_byte_bpe
+    from trace_agent.tiny_models import train_byte_bpe
 
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
-    pattern = COPY_SPLIT_PATTERN if split == "copy" else QWEN_SPLIT_PATTERN
     return train_byte_bpe(texts or [], vocab_size=vocab_size, special_tokens=QWEN3_SPECIAL_TOKENS[:3],
-                          split_pattern=pattern, added_tokens=QWEN3_SPECIAL_TOKENS[3:])
+                          split_pattern=split_pattern(split), added_tokens=QWEN3_SPECIAL_TOKENS[3:])
 
 
 def train_demo_tokenizer(
