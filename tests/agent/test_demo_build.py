@@ -194,6 +194,26 @@ def test_a_bad_setting_is_a_value_error_naming_it(setting: str, error: str) -> N
         demo.with_settings(demo_train_config(), [setting])
 
 
+@pytest.mark.parametrize("setting", [
+    "steps=1.5", "steps=true", "steps=\"12\"", "learning_rate=false", "model.split=3", "env_ids=[1]",
+    "env_ids=\"trace_envs/BFCL-v0\"", "demonstrator_options=[]", "tasks_per_env=2.0", "model.num_layers=null",
+])
+def test_a_setting_of_the_wrong_type_is_a_type_error_naming_it(setting: str) -> None:
+    with pytest.raises(TypeError, match=repr(setting.partition("=")[0])):
+        demo.with_settings(demo_train_config(), [setting])
+
+
+def test_every_field_takes_its_own_value_back_as_a_setting() -> None:
+    """Each settable field's preset value, written as JSON, is accepted with its type (an int for a float field
+    becomes a float; ``null`` for an optional one): no field is left unsettable by the type check."""
+    preset = demo_train_config("trace_envs/BFCL-v0", tasks_per_env=3)
+    settings = [f"{name}={json.dumps(getattr(preset, name))}" for name in preset.__dataclass_fields__ if name != "model"]
+    settings += [f"model.{name}={json.dumps(getattr(preset.model, name))}" for name in preset.model.__dataclass_fields__]
+    assert demo.with_settings(demo_train_config("trace_envs/BFCL-v0"), settings) == preset
+    assert demo.with_settings(preset, ["tasks_per_env=null"]).tasks_per_env is None
+    assert demo.with_settings(preset, ["learning_rate=1"]).learning_rate == 1.0
+
+
 def test_a_setting_is_read_as_data_never_run(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     code = f"__import__('pathlib').Path({str(marker)!r}).touch()"

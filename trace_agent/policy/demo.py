@@ -595,8 +595,9 @@ def with_settings(config: DemoTrainConfig, settings: Sequence[str]) -> DemoTrain
 
     A value is read as JSON (``2``, ``null``, ``{"trace_envs/BFCL-v0": {"num_tasks": null}}``; a list
     for a tuple field), and as the plain string when it is not JSON (``model.split=copy``); it is never
-    evaluated. An unknown field or a malformed setting is a ``ValueError`` naming the fields; the
-    dataclasses' own checks then validate the values.
+    evaluated. An unknown field or a malformed setting is a ``ValueError`` naming the fields; a value of
+    the wrong type (``steps=1.5``, ``env_ids=[1]``) a ``TypeError`` naming the setting; the dataclasses' own
+    checks then validate the values.
     """
     top: dict[str, Any] = {}
     model: dict[str, Any] = {}
@@ -615,8 +616,31 @@ def with_settings(config: DemoTrainConfig, settings: Sequence[str]) -> DemoTrain
             settable = [f for f in DemoTrainConfig.__dataclass_fields__ if f != "model"]
             raise ValueError(f"unknown setting {key!r}; settable: {', '.join(settable)}, "
                              f"model.{{{', '.join(DemoModelConfig.__dataclass_fields__)}}}")
-        target[name] = tuple(value) if isinstance(value, list) else value
+        target[name] = _typed(key, fields[name].type, value)
     return replace(config, **top, model=replace(config.model, **model))
+
+
+def _typed(key: str, annotation: Any, value: Any) -> Any:
+    """``value`` as a setting of a field annotated ``annotation`` (the configs' annotations are strings: ``int``,
+    ``float``, ``str``, ``int | None``, ``tuple[str, ...]``, ``Mapping[...]``); any other type is a ``TypeError``
+    naming the setting. An int is a valid float; a bool is neither an int nor a float."""
+    kind = str(annotation)
+    if kind.endswith("| None"):
+        if value is None:
+            return None
+        kind = kind[:-len("| None")].strip()
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "int" and number and isinstance(value, int):
+        return value
+    if kind == "float" and number:
+        return float(value)
+    if kind == "str" and isinstance(value, str):
+        return value
+    if kind.startswith("tuple[str") and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    if kind.startswith("Mapping[") and isinstance(value, dict):
+        return value
+    raise TypeError(f"setting {key!r} takes {kind}, got {value!r} ({type(value).__name__})")
 
 
 def ensure_demo_policy(path: str | Path | None = None, *, env_id: str = DEFAULT_ENV_IDS[0], seed: int = 0,
