@@ -214,6 +214,73 @@ def test_augmented_demonstrations_rename_the_users_names_consistently() -> None:
     assert renamed_any >= 9
 
 
+def test_copy_drills_name_made_up_files_the_call_copies_from_the_question(tmp_path: Path) -> None:
+    """Both kinds of drill: one user turn and one call list, no system prompt or tools; every string argument of a
+    list drill, and every name a renamed first turn's user spells, is a made-up word found in the question and (but for
+    chance coincidences) in no demonstration; the calls parse and are never run; a seed gives the same drills."""
+    from trace_agent.policy.demonstrators import collect_demonstrations
+    from trace_agent.policy.demonstrators.bfcl import call_string_arguments, made_up_word
+    from trace_envs.actions import parse_call_list
+
+    demonstrator = BFCLDemonstrator(num_tasks=None)
+    demos = collect_demonstrations(ENV_ID, limit=10, demos_per_task=1, flawed_fraction=0.0, seed=3, max_turns=20,
+                                   options={"num_tasks": None})
+    seen = "\n".join(m["content"] for d in demos for m in d.messages)
+    drills = demonstrator.copy_drills(demos, 60, np.random.default_rng(4))
+    assert drills == demonstrator.copy_drills(demos, 60, np.random.default_rng(4))
+    assert drills != demonstrator.copy_drills(demos, 60, np.random.default_rng(5))
+    kinds = {"list": 0, "first turn": 0}
+    fresh = total = 0
+    for drill in drills:
+        assert [m["role"] for m in drill.messages] == ["user", "assistant"] and drill.tools == ()
+        question, call = (m["content"] for m in drill.messages)
+        parsed = parse_call_list(call)
+        assert not parsed.errors and parsed.calls
+        names = call_string_arguments(call)
+        if question.startswith("Please run "):
+            kinds["list"] += 1
+            assert len({c.name for c in parsed.calls}) == 1 and 2 <= len(names) == len(parsed.calls) <= 6
+            assert all(n in question for n in names)
+            fresh += sum(n not in seen for n in names)
+            total += len(names)
+        else:
+            kinds["first turn"] += 1
+            source = next(d for d in demos if drill.task_id == f"{d.task_id}/copy-drill")
+            first_call = next(m["content"] for m in source.messages if m["role"] == "assistant")
+            assert [c.name for c in parsed.calls] == [c.name for c in parse_call_list(first_call).calls]
+            renamed = [n for n in names if n in question and n not in first_call]
+            fresh += sum(n not in seen for n in renamed)
+            total += len(renamed)
+    assert min(kinds.values()) >= 15 and fresh >= 0.9 * total  # made-up names: a real word only by chance
+    assert all(len(made_up_word(np.random.default_rng(i))) in (4, 6) for i in range(20))
+    marker = tmp_path / "ran"
+    hostile = demos[0].__class__(env_id=ENV_ID, task_id="x", tools=(), reward=0.0, flawed=False, messages=(
+        {"role": "user", "content": "Write it."},
+        {"role": "assistant", "content": f"[touch(file_name=__import__('pathlib').Path({str(marker)!r}).touch())]"}))
+    with pytest.raises(ValueError, match="string argument"):
+        demonstrator.copy_drills([hostile], 5, np.random.default_rng(0))
+    assert not marker.exists()
+    with pytest.raises(ValueError):
+        demonstrator.copy_drills(demos, -1, np.random.default_rng(0))
+
+
+def test_a_build_with_copy_drills_trains_them_first(tmp_path: Path) -> None:
+    """``copy_drill_steps`` adds a first stage (its losses come first in the report, then the first turns, then
+    whole episodes); an env without ``copy_drills`` refuses the setting before training."""
+    from trace_agent.policy.demo import DemoModelConfig, build_demo_policy, demo_train_config
+
+    model = DemoModelConfig(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                            intermediate_size=64, max_position_embeddings=4096, split="copy")
+    config = demo_train_config(ENV_ID, steps=2, first_turn_steps=2, copy_drill_steps=3, batch_size=2, demos_per_task=1,
+                               tasks_per_env=3, warmup_steps=1, model=model)
+    report = build_demo_policy(tmp_path / "p", config=config)
+    assert len(report.losses) == 3 + 2 + 2 and report.config["copy_drill_steps"] == 3
+    assert not (tmp_path / "p" / ".build-drills").exists()
+    with pytest.raises(PolicyError, match="copy_drills"):
+        build_demo_policy(tmp_path / "q", config=demo_train_config("trace_envs/PythonMath-v0", steps=1,
+                                                                  copy_drill_steps=1, tasks_per_env=2, model=model))
+
+
 # ----------------------------------------------------------------------------------------- env options
 @needs_bfcl
 def test_tool_detail_levels_and_split_names() -> None:

@@ -168,6 +168,12 @@ class DemoTrainConfig:
             ``2 * batch_size``), before the ``steps`` on whole episodes: a cheap curriculum (a first
             turn is a few dozen tokens after the shared system prompt) that teaches the opening move
             (WikiQA-v0: copy the question's entity into the first search) before the long episodes.
+        copy_drill_steps: optimiser steps on *copy drills* (batches of ``4 * batch_size``) before the
+            first-turn and whole-episode stages, with a demonstrator that has
+            ``copy_drills(demos, count, rng)`` (BFCL-v0: short user turns naming made-up files and the
+            call that uses them, :meth:`BFCLDemonstrator.copy_drills`): names no model can have
+            memorised, so the loss falls only once it copies from the question. The pool holds one
+            drill per ``copy_drill_steps * batch_size`` (each seen about four times). 0: no drills.
         augment_copies: with a demonstrator that has ``augment(demo, rng)`` (WikiQA-v0: names
             swapped for others), train on that many augmented copies of each demonstration instead
             of the demonstration itself (0: no augmentation).
@@ -189,6 +195,7 @@ class DemoTrainConfig:
     tasks_per_env: int | None = None
     demos_per_task: int = 2
     first_turn_steps: int = 0
+    copy_drill_steps: int = 0
     augment_copies: int = 0
     max_turns: int = 4
     demonstrator_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -203,8 +210,8 @@ class DemoTrainConfig:
             raise ValueError(f"flawed_fraction must be in [0, 1], got {self.flawed_fraction}")
         if not self.env_ids:
             raise ValueError("env_ids must name at least one env")
-        if self.augment_copies < 0 or self.first_turn_steps < 0:
-            raise ValueError("augment_copies and first_turn_steps must be >= 0")
+        if min(self.augment_copies, self.first_turn_steps, self.copy_drill_steps) < 0:
+            raise ValueError("augment_copies, first_turn_steps and copy_drill_steps must be >= 0")
         if self.tasks_per_env is not None and self.tasks_per_env < 1:
             raise ValueError("tasks_per_env must be >= 1 or None")
 
@@ -362,12 +369,18 @@ def build_demo_policy(
     t0 = time.perf_counter()
 
     demos: list[Demonstration] = []
+    drills: list[Demonstration] = []
     for k, env_id in enumerate(cfg.env_ids):
         options = dict(cfg.demonstrator_options.get(env_id, {}))
         played = collect_demonstrations(env_id, limit=cfg.tasks_per_env, demos_per_task=cfg.demos_per_task,
                                         flawed_fraction=cfg.flawed_fraction, seed=cfg.seed * 1000 + k,
                                         max_turns=cfg.max_turns, options=options)
-        augment = getattr(demonstrator_for(env_id, **options), "augment", None)
+        demonstrator = demonstrator_for(env_id, **options)
+        copy_drills = getattr(demonstrator, "copy_drills", None)
+        if cfg.copy_drill_steps and copy_drills is not None:
+            count = -(-cfg.copy_drill_steps * cfg.batch_size // len(cfg.env_ids))
+            drills += copy_drills(played, count, np.random.default_rng([cfg.seed, k, 11]))
+        augment = getattr(demonstrator, "augment", None)
         if cfg.augment_copies and augment is not None:
             rng = np.random.default_rng([cfg.seed, k, 7])
             played = [augment(d, rng) for d in played for _ in range(cfg.augment_copies)]
@@ -386,6 +399,14 @@ def build_demo_policy(
 
     model = make_demo_model(tokenizer, cfg.model, seed=cfg.seed)
     losses: list[float] = []
+    if cfg.copy_drill_steps:
+        if not drills:
+            raise PolicyError(f"copy_drill_steps={cfg.copy_drill_steps} needs a demonstrator with copy_drills; "
+                              f"none of {', '.join(cfg.env_ids)} has one")
+        say(f"copy drills: {cfg.copy_drill_steps} steps of {4 * cfg.batch_size} from {len(drills)} drills")
+        drilling = replace(cfg, steps=cfg.copy_drill_steps, batch_size=4 * cfg.batch_size)
+        losses += _train(model, [demonstration_tokens(chat, d) for d in drills], drilling, pad_id=chat.pad_token_id,
+                         log=say, checkpoint_dir=out / ".build-drills", progress=progress, group_prefix=0)
     if cfg.first_turn_steps:
         say(f"first turns only: {cfg.first_turn_steps} steps of {2 * cfg.batch_size}")
         opening = replace(cfg, steps=cfg.first_turn_steps, batch_size=2 * cfg.batch_size)
@@ -403,6 +424,7 @@ def build_demo_policy(
 
     shutil.rmtree(out / ".build", ignore_errors=True)
     shutil.rmtree(out / ".build-first-turns", ignore_errors=True)
+    shutil.rmtree(out / ".build-drills", ignore_errors=True)
     size = _directory_size(out)
     report = DemoBuildReport(
         out_dir=str(out),
@@ -445,12 +467,14 @@ def _common_prefix_length(seqs: Sequence[Sequence[int]]) -> int:
 
 def _train(model: Any, encoded: Sequence[tuple[list[int], list[bool]]], cfg: DemoTrainConfig, *,
            pad_id: int, log: Callable[[str], None], checkpoint_dir: Path | None = None,
-           checkpoint_every: int = 100, progress: bool = False) -> list[float]:
+           checkpoint_every: int = 100, progress: bool = False, group_prefix: int = 32) -> list[float]:
     """Masked next-token loss on assistant tokens, with the shared prompt prefix computed once per step.
 
     Demonstrations of one env share a long prefix (system prompt and tool schemas): each step runs it
     once (batch 1, with gradients), repeats its KV cache over the batch and runs only the rest of every
-    sequence on top of it, which cuts the tokens processed per step about fourfold.
+    sequence on top of it, which cuts the tokens processed per step about fourfold. A batch is drawn from
+    one group of sequences that share their first ``group_prefix`` tokens (0: one group of all, for short
+    sequences with no common prompt, such as copy drills).
 
     With ``checkpoint_dir`` the loop saves model, optimiser, schedule, batch generator and losses
     there every ``checkpoint_every`` steps (safetensors + JSON, :mod:`trace_agent.checkpoint`) and,
@@ -467,7 +491,7 @@ def _train(model: Any, encoded: Sequence[tuple[list[int], list[bool]]], cfg: Dem
 
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, (seq, _) in enumerate(encoded):
-        groups.setdefault(tuple(seq[:32]), []).append(i)
+        groups.setdefault(tuple(seq[:group_prefix]), []).append(i)
     plans = []  # (prefix ids, member indices), prefix never covering a trained token
     for members in groups.values():
         n = _common_prefix_length([encoded[i][0] for i in members])

@@ -39,7 +39,8 @@ if TYPE_CHECKING:
     from trace_envs.actions import PythonCall
     from trace_envs.core import BranchableEnv, Task, TaskSet
 
-__all__ = ["BFCLDemonstrator", "FLAW_KINDS", "FlawPlan", "flawed_turns", "call_string_arguments", "rename_names"]
+__all__ = ["BFCLDemonstrator", "FLAW_KINDS", "FlawPlan", "flawed_turns", "call_string_arguments", "rename_names",
+           "made_up_word"]
 
 #: The kinds of mistake a flawed demonstration makes (see the module docstring).
 FLAW_KINDS: tuple[str, ...] = ("wrong_argument", "missing_call", "stale_call")
@@ -170,6 +171,18 @@ def _new_name(old: str, stems: Sequence[str], rng: np.random.Generator) -> str:
     return "_".join(words) + (dot + extension if dot else "")
 
 
+_CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
+_EXTENSIONS = ("", "", "", ".txt", ".pdf", ".csv", ".md", ".py", ".log")
+
+
+def made_up_word(rng: np.random.Generator) -> str:
+    """A pronounceable word of 2-3 random consonant-vowel syllables (``kovime``; 70² to 70³ of them): a word of the
+    suite only by chance, so a tokenizer trained on the suite mostly spells it in short pieces that only copying
+    can predict."""
+    return "".join(_CONSONANTS[int(rng.integers(len(_CONSONANTS)))] + _VOWELS[int(rng.integers(len(_VOWELS)))]
+                   for _ in range(int(rng.integers(2, 4))))
+
+
 def rename_names(messages: Sequence[Mapping[str, Any]], names: Sequence[str], stems: Sequence[str],
                  rng: np.random.Generator) -> tuple[tuple[Mapping[str, Any], ...], dict[str, str]]:
     """``messages`` with each of ``names`` renamed, one-to-one and consistently, in every non-system message
@@ -249,6 +262,58 @@ class BFCLDemonstrator:
         spelled = [a for a in arguments if any(_boundary_pattern([a]).search(u) for u in user)]
         messages, _ = rename_names(demo.messages, spelled, _name_stems(self.category), rng)
         return replace(demo, messages=messages)
+
+    def copy_drills(self, demos: Sequence[Demonstration], count: int, rng: np.random.Generator, *,
+                    list_share: float = 0.5) -> list[Demonstration]:
+        """``count`` short copying exercises (a user turn and the one call list that answers it; no system prompt,
+        no tools), the first stage of a build with ``copy_drill_steps``:
+
+        * with probability ``list_share`` a *list drill*: "Please run ``f`` on ``a``, ``b`` and ``c``." answered by
+          ``[f(x='a'), f(x='b'), f(x='c')]``, 2-6 made-up names (:func:`made_up_word`, sometimes with a file
+          extension, quoted or not), ``f`` and its string argument ``x`` drawn from the calls of ``demos``;
+        * else a *renamed first turn*: a demonstration's first question and first call with every name the user
+          spells and the call uses replaced by a made-up word (:func:`rename_names`), so the call is right only by
+          copying the name from the question, as on an entry never seen.
+
+        Made-up names cannot be memorised, so the loss on them falls only once the model copies (an induction
+        circuit: find the current token earlier in the context, predict the one after it); the later stages then
+        teach the task on the real entries. Deterministic given ``rng``; nothing is executed (calls are parsed by
+        :func:`~trace_envs.actions.parse_call_list` only to read function and argument names).
+        """
+        from trace_envs.actions import parse_call_list
+
+        if count < 0 or not 0.0 <= list_share <= 1.0:
+            raise ValueError(f"count must be >= 0 and list_share in [0, 1], got {count}, {list_share}")
+        firsts = []
+        for demo in demos:
+            k = next((i for i, m in enumerate(demo.messages) if m.get("role") == "assistant"), None)
+            if k is not None and k >= 1 and demo.messages[k - 1].get("role") == "user":
+                firsts.append((demo, (dict(demo.messages[k - 1]), dict(demo.messages[k]))))
+        targets = sorted({(c.name, name) for _, (_, call) in firsts
+                          for c in parse_call_list(str(call.get("content", ""))).calls
+                          for name, value in c.kwargs.items() if isinstance(value, str)})
+        if not firsts or not targets:
+            raise ValueError("copy drills need demonstrations whose first turn is a call with a string argument")
+        drills = []
+        for _ in range(count):
+            if rng.random() < list_share:
+                function, argument = targets[int(rng.integers(len(targets)))]
+                names = [made_up_word(rng) + _EXTENSIONS[int(rng.integers(len(_EXTENSIONS)))]
+                         for _ in range(int(rng.integers(2, 7)))]
+                shown = [f"'{n}'" for n in names] if rng.random() < 0.5 else names
+                question = f"Please run {function} on {', '.join(shown[:-1])} and {shown[-1]}."
+                call = "[" + ", ".join(f"{function}({argument}={n!r})" for n in names) + "]"
+                demo, messages = firsts[0][0], ({"role": "user", "content": question},
+                                                {"role": "assistant", "content": call})
+            else:
+                demo, pair = firsts[int(rng.integers(len(firsts)))]
+                arguments = {a for a in call_string_arguments(str(pair[1].get("content", ""))) if _NAME.fullmatch(a)}
+                spelled = [a for a in arguments if _boundary_pattern([a]).search(str(pair[0].get("content", "")))]
+                words = sorted({made_up_word(rng) for _ in range(40)})
+                messages, _ = rename_names(pair, spelled, words, rng)
+            drills.append(replace(demo, task_id=f"{demo.task_id}/copy-drill", messages=tuple(messages), tools=(),
+                                  reward=0.0, flawed=False))
+        return drills
 
     def covers(self, task: Task) -> bool:
         """Entries with >= 2 user turns and a ground-truth call after the first (room for a later flaw)."""
