@@ -270,7 +270,9 @@ class BFCLDemonstrator:
 
         * with probability ``list_share`` a *list drill*: "Please run ``f`` on ``a``, ``b`` and ``c``." answered by
           ``[f(x='a'), f(x='b'), f(x='c')]``, 2-6 made-up names (:func:`made_up_word`, sometimes with a file
-          extension, quoted or not), ``f`` and its string argument ``x`` drawn from the calls of ``demos``;
+          extension, quoted or not), ``f`` and its string argument ``x`` drawn from the calls of ``demos``; half
+          of them say "in any order" and call in a random order, so that a name's later tokens can only be
+          found by matching its first one in the question (not by counting positions);
         * else a *renamed first turn*: a demonstration's first question and first call with every name the user
           spells and the call uses replaced by a made-up word (:func:`rename_names`), so the call is right only by
           copying the name from the question, as on an entry never seen.
@@ -301,8 +303,12 @@ class BFCLDemonstrator:
                 names = [made_up_word(rng) + _EXTENSIONS[int(rng.integers(len(_EXTENSIONS)))]
                          for _ in range(int(rng.integers(2, 7)))]
                 shown = [f"'{n}'" for n in names] if rng.random() < 0.5 else names
-                question = f"Please run {function} on {', '.join(shown[:-1])} and {shown[-1]}."
+                question = f"Please run {function} on {', '.join(shown[:-1])} and {shown[-1]}"
+                if rng.random() < 0.5:  # the call's order is not the question's: a name is copied by content
+                    question += ", in any order"
+                    names = [names[int(i)] for i in rng.permutation(len(names))]
                 call = "[" + ", ".join(f"{function}({argument}={n!r})" for n in names) + "]"
+                question += "."
                 demo, messages = firsts[0][0], ({"role": "user", "content": question},
                                                 {"role": "assistant", "content": call})
             else:
