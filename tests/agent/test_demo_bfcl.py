@@ -175,14 +175,17 @@ def test_call_string_arguments_parse_and_never_run(tmp_path: Path) -> None:
 
 
 @needs_bfcl
-def test_augmented_demonstrations_rename_the_users_names_consistently() -> None:
+@pytest.mark.parametrize("words", BFCLDemonstrator.RENAME_WORDS)
+def test_augmented_demonstrations_rename_the_users_names_consistently(words: str) -> None:
     """Every string argument the user spells out gets one fresh name, the same in the question, the calls and the
     tool results; arguments the user does not spell out, the system prompt and the reward are kept; a seed gives
-    the same copy, another seed another one."""
+    the same copy, another seed another one. The new names' words are the train split's stems, or made up."""
     from trace_agent.policy.demonstrators import collect_demonstrations
-    from trace_agent.policy.demonstrators.bfcl import _boundary_pattern, call_string_arguments
+    from trace_agent.policy.demonstrators.bfcl import _boundary_pattern, _name_stems, call_string_arguments
 
-    demonstrator = BFCLDemonstrator(num_tasks=None)
+    demonstrator = BFCLDemonstrator(num_tasks=None, rename_words=words)
+    stems = set(_name_stems("multi_turn_base"))
+    new_words: list[str] = []
     demos = collect_demonstrations(ENV_ID, limit=12, demos_per_task=1, flawed_fraction=0.5, seed=5, max_turns=20,
                                    options={"num_tasks": None})
     renamed_any = 0
@@ -202,6 +205,7 @@ def test_augmented_demonstrations_rename_the_users_names_consistently() -> None:
             if " " not in old and 2 <= len(old) <= 40 and _boundary_pattern([old]).search(user):
                 assert new != old and swap.setdefault(old, new) == new  # consistent across calls
                 assert _boundary_pattern([new]).search(new_user)  # the renamed name is in the question
+                new_words += [w.lower() for w in new.rsplit(".", 1)[0].split("_")]
         for old, new in zip(before, after):  # every other argument is kept, but for the renamed names in it
             expected = _boundary_pattern(list(swap)).sub(lambda hit, m=swap: m[hit.group(1)], old) if swap else old
             assert new == expected
@@ -212,6 +216,10 @@ def test_augmented_demonstrations_rename_the_users_names_consistently() -> None:
         if swap:
             assert demonstrator.augment(demo, np.random.default_rng(2)) != copy
     assert renamed_any >= 9
+    from_stems = sum(w in stems for w in new_words)
+    assert from_stems == len(new_words) if words == "stems" else from_stems <= 0.2 * len(new_words)
+    with pytest.raises(ValueError, match="rename_words"):
+        BFCLDemonstrator(rename_words="random")
 
 
 def test_copy_drills_name_made_up_files_the_call_copies_from_the_question(tmp_path: Path) -> None:

@@ -237,18 +237,27 @@ class BFCLDemonstrator:
                   "head_dim": 32, "intermediate_size": 384, "max_position_embeddings": 4096},
     }
 
-    def __init__(self, *, category: str = "multi_turn_base", num_tasks: int | None = 40) -> None:
+    #: where :meth:`augment`'s new names come from: ``"stems"``, the train split's word stems
+    #: (``final_report.pdf`` -> ``budget_notes.pdf``), or ``"made_up"``, :func:`made_up_word`s (``kovi_lamezu.pdf``)
+    RENAME_WORDS: tuple[str, ...] = ("stems", "made_up")
+
+    def __init__(self, *, category: str = "multi_turn_base", num_tasks: int | None = 40,
+                 rename_words: str = "stems") -> None:
         if num_tasks is not None and num_tasks < 1:
             raise ValueError(f"num_tasks must be >= 1 or None, got {num_tasks}")
+        if rename_words not in self.RENAME_WORDS:
+            raise ValueError(f"rename_words must be one of {', '.join(self.RENAME_WORDS)}, got {rename_words!r}")
         self.category = category
         self.num_tasks = num_tasks
+        self.rename_words = rename_words
         self._script: list[str] = []
         self._plan = FlawPlan()
 
     def augment(self, demo: Demonstration, rng: np.random.Generator) -> Demonstration:
         """``demo`` with the names the user gives renamed: every string argument of the demonstration's calls
         that appears, whole, in one of its user turns (a file, folder, pattern or account name) gets a fresh
-        name made of the train split's word stems, the same one in the questions, the calls and the tool
+        name made of the train split's word stems (``rename_words="made_up"``: of :func:`made_up_word`s, which no
+        model can guess without reading the question), the same one in the questions, the calls and the tool
         results, so the episode stays consistent (its reward is kept) and the calls can only be right by
         copying the name from the question. Arguments the user does not spell out (canonical folder names,
         results read from the state) are kept.
@@ -260,7 +269,9 @@ class BFCLDemonstrator:
         arguments = {a for m in demo.messages if m.get("role") == "assistant"
                      for a in call_string_arguments(str(m.get("content", ""))) if _NAME.fullmatch(a)}
         spelled = [a for a in arguments if any(_boundary_pattern([a]).search(u) for u in user)]
-        messages, _ = rename_names(demo.messages, spelled, _name_stems(self.category), rng)
+        words = (_name_stems(self.category) if self.rename_words == "stems"
+                 else sorted({made_up_word(rng) for _ in range(40)}))
+        messages, _ = rename_names(demo.messages, spelled, words, rng)
         return replace(demo, messages=messages)
 
     def copy_drills(self, demos: Sequence[Demonstration], count: int, rng: np.random.Generator, *,
