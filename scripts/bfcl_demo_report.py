@@ -4,7 +4,8 @@
     .venv/bin/python scripts/bfcl_demo_report.py eval --out docs/paper/bfcl/eval.json [--tasks 20 --samples 4]
     .venv/bin/python scripts/bfcl_demo_report.py turns --out docs/paper/bfcl/turns.json [--tasks 10 --samples 2]
     .venv/bin/python scripts/bfcl_demo_report.py first-steps --split test --tasks 50 --out FILE [--policy-path DIR]
-    .venv/bin/python scripts/bfcl_demo_report.py copying --split test --out FILE [--policy-path DIR]
+    .venv/bin/python scripts/bfcl_demo_report.py copying --split test --out FILE [--policy-path DIR] \\
+        [--cases real,made_up,bare,list,any_order] [--checkpoint DIR/.build-first-turns]
     .venv/bin/python scripts/bfcl_demo_report.py spelling --out docs/paper/bfcl/spelling.json
     .venv/bin/python scripts/bfcl_demo_report.py prefixes --trees artifacts/bench-bfcl/trees.jsonl \\
         --out docs/paper/bfcl/prefixes.json
@@ -23,7 +24,10 @@
 * ``copying``: teacher-forced on the ground truth's first call list of each entry of a split, for every string
   argument the user writes in the first question, whether the policy's most likely next token is right at the
   name's *first* token (choosing which name to copy) and at its *later* tokens (continuing a copy), against
-  the other tokens of the call (the syntax and function names).
+  the other tokens of the call (the syntax and function names). ``--cases`` adds the same with the user's names
+  made up (``made_up``: no model can have memorised them), that without the system prompt and tools (``bare``),
+  and the build's list drills (``list``, ``any_order``; :meth:`BFCLDemonstrator.copy_drills`); ``--checkpoint``
+  measures a build stage's checkpoint on the finished policy's tokenizer.
 * ``spelling``: of the ground truth's first-turn string arguments that the user writes in the first question (the
   names a policy must copy), on every entry of a split, how many the tokenizer spells with the same tokens in the
   question and in the call, under each pre-tokenizer split of the demo tokenizer (``SPLIT_PATTERNS``). Measured on
@@ -218,6 +222,54 @@ def first_steps(args: argparse.Namespace) -> dict:
             "max_new_tokens": args.max_new_tokens, **total, "rows": rows}
 
 
+#: ``copying --cases``: the ground truth's first call on each entry as is, with the user's names made up (in the
+#: question and the call), the same without system prompt and tools, and the build's list drills
+COPY_CASES = ("real", "made_up", "bare", "list", "any_order")
+
+
+def _copy_cases(env, ids: list[str], kinds: list[str], seed: int) -> dict[str, list[tuple[list, list, str]]]:
+    """Per case kind, (context messages, tools, call text) triples; the call is what is teacher-forced."""
+    import numpy as np
+
+    from trace_agent.policy.demonstrators import collect_demonstrations
+    from trace_agent.policy.demonstrators.bfcl import (
+        _NAME,
+        BFCLDemonstrator,
+        _boundary_pattern,
+        call_string_arguments,
+        made_up_word,
+        rename_names,
+    )
+    from trace_envs.function_calling.env import render_calls
+
+    rng = np.random.default_rng(seed)
+    cases: dict[str, list[tuple[list, list, str]]] = {k: [] for k in kinds}
+    for task_id in ids:
+        question, calls = _first_turn(env, task_id)
+        text = render_calls(env.keyword_calls(calls))
+        messages = [dict(m) for m in env.messages]
+        if "real" in cases:
+            cases["real"].append((messages, list(env.tools), text))
+        if "made_up" in cases or "bare" in cases:
+            spelled = [a for a in set(call_string_arguments(text)) if _NAME.fullmatch(a)
+                       and _boundary_pattern([a]).search(question)]
+            pair = [messages[-1], {"role": "assistant", "content": text}]
+            (user, call), _ = rename_names(pair, spelled, sorted({made_up_word(rng) for _ in range(40)}), rng)
+            if "made_up" in cases:
+                cases["made_up"].append(([*messages[:-1], user], list(env.tools), call["content"]))
+            if "bare" in cases:
+                cases["bare"].append(([user], [], call["content"]))
+    if "list" in cases or "any_order" in cases:
+        demos = collect_demonstrations(ENV_ID, limit=10, demos_per_task=1, flawed_fraction=0.0, seed=seed,
+                                       max_turns=20)
+        for drill in BFCLDemonstrator().copy_drills(demos, 2 * len(ids), rng, list_share=1.0):
+            user, call = drill.messages
+            kind = "any_order" if "any order" in user["content"] else "list"
+            if kind in cases:
+                cases[kind].append(([dict(user)], [], call["content"]))
+    return cases
+
+
 def copying(args: argparse.Namespace) -> dict:
     import gymnasium as gym
     import torch
@@ -225,35 +277,50 @@ def copying(args: argparse.Namespace) -> dict:
     import trace_envs  # noqa: F401
     from trace_agent.policy.demo import load_demo_policy
     from trace_agent.policy.demonstrators.bfcl import call_string_arguments
-    from trace_envs.function_calling.env import render_calls
 
     policy_dir = _policy_dir(args)
     policy = load_demo_policy(policy_dir)
+    if args.checkpoint:  # a build stage's weights (trace_agent.checkpoint), on this policy's tokenizer and shape
+        from trace_agent.checkpoint import read_checkpoint
+
+        state = read_checkpoint(args.checkpoint)
+        policy.model.load_state_dict(state["model"])
+        policy.model.eval()
     env = gym.make(ENV_ID, tasks=args.split, tool_detail="names").unwrapped
     ids = _entry_ids(env, policy_dir, args.split, args.tasks)
-    right = {"first": [0, 0], "later": [0, 0], "other": [0, 0]}  # [right, total] per kind of call token
-    for task_id in ids:
-        question, calls = _first_turn(env, task_id)
-        text = render_calls(env.keyword_calls(calls))
-        enc = policy.tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
-        kind = ["other"] * len(enc["input_ids"])
-        for name in {n for n in call_string_arguments(text) if n in question}:
-            at = 0
-            while (at := text.find(repr(name), at)) >= 0:
-                start, end = at + 1, at + 1 + len(name)
-                inside = [i for i, (a, b) in enumerate(enc["offset_mapping"]) if start <= a and b <= end and b > a]
-                for j, i in enumerate(inside):
-                    kind[i] = "first" if j == 0 else "later"
-                at = end
-        context = list(policy.render(env.messages, env.tools).token_ids)
-        full = torch.tensor([context + list(enc["input_ids"])])
-        with torch.no_grad():
-            guess = policy.model(input_ids=full).logits[0, len(context) - 1:-1].argmax(-1).tolist()
-        for k, g, t in zip(kind, guess, enc["input_ids"]):
-            right[k][0] += int(g == t)
-            right[k][1] += 1
-    return {"policy": str(policy_dir), "split": args.split, "entries": len(ids), "teacher_forced": True,
-            **{k: {"right": r, "tokens": n, "share": round(r / n, 3) if n else None} for k, (r, n) in right.items()}}
+    kinds = [k.strip() for k in args.cases.split(",") if k.strip()]
+    unknown = sorted(set(kinds) - set(COPY_CASES))
+    if unknown or not kinds:
+        raise SystemExit(f"--cases takes a comma-separated subset of {', '.join(COPY_CASES)}, got {args.cases!r}")
+    out: dict = {"policy": str(policy_dir), "checkpoint": args.checkpoint or None, "split": args.split,
+                 "entries": len(ids), "teacher_forced": True}
+    for kind, cases in _copy_cases(env, ids, kinds, args.seed).items():
+        right = {"first": [0, 0], "later": [0, 0], "other": [0, 0]}  # [right, total] per kind of call token
+        for messages, tools, text in cases:
+            question = next(m["content"] for m in reversed(messages) if m.get("role") == "user")
+            enc = policy.tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+            token_kind = ["other"] * len(enc["input_ids"])
+            for name in {n for n in call_string_arguments(text) if n in question}:
+                at = 0
+                while (at := text.find(repr(name), at)) >= 0:
+                    start, end = at + 1, at + 1 + len(name)
+                    inside = [i for i, (a, b) in enumerate(enc["offset_mapping"]) if start <= a and b <= end and b > a]
+                    for j, i in enumerate(inside):
+                        token_kind[i] = "first" if j == 0 else "later"
+                    at = end
+            context = list(policy.render(messages, tools).token_ids)
+            full = torch.tensor([context + list(enc["input_ids"])])
+            with torch.no_grad():
+                guess = policy.model(input_ids=full).logits[0, len(context) - 1:-1].argmax(-1).tolist()
+            for k, g, t in zip(token_kind, guess, enc["input_ids"]):
+                right[k][0] += int(g == t)
+                right[k][1] += 1
+        summary = {k: {"right": r, "tokens": n, "share": round(r / n, 3) if n else None} for k, (r, n) in right.items()}
+        if kind == "real":
+            out.update(summary)
+        else:
+            out[kind] = {"calls": len(cases), **summary}
+    return out
 
 
 def spelling(args: argparse.Namespace) -> dict:
@@ -327,6 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     f = sub.add_parser("first-steps")
     f.add_argument("--max-new-tokens", type=int, default=96)
     c = sub.add_parser("copying")
+    c.add_argument("--cases", default="real", help=f"comma-separated, of: {', '.join(COPY_CASES)}")
+    c.add_argument("--checkpoint", default="", help="a demo-build stage checkpoint (DIR/.build*) to load instead "
+                   "of the policy's weights; same tokenizer and shape as --policy-path")
+    c.add_argument("--seed", type=int, default=0, help="seeds the made-up names and the drills")
     for command in (f, c):
         command.add_argument("--out", required=True)
         command.add_argument("--tasks", type=int, default=50)

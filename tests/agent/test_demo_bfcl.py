@@ -540,3 +540,36 @@ def test_the_copying_probe_splits_name_tokens_from_the_rest(tmp_path: Path) -> N
         total += len(tokenizer(render_calls(env.keyword_calls(env.ground_truth().turns[0].calls)),
                                add_special_tokens=False)["input_ids"])
     assert sum(report[k]["tokens"] for k in ("first", "later", "other")) == total
+
+
+@needs_bfcl
+@pytest.mark.slow
+def test_the_copying_probe_measures_made_up_names_drills_and_checkpoints(tmp_path: Path) -> None:
+    """``copying --cases``: every case kind has name tokens to grade; ``--checkpoint`` loads a build stage's weights
+    (the policy's own weights written as one give the same figures; zeroed weights other ones)."""
+    import torch
+
+    from trace_agent.checkpoint import write_checkpoint
+    from trace_agent.policy.demo import load_demo_policy
+
+    cases = "real,made_up,bare,list,any_order"
+    out = tmp_path / "copying.json"
+    assert _report_script().main(["copying", "--split", "test", "--tasks", "3", "--cases", cases,
+                                  "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["first"]["tokens"] > 0
+    for kind in cases.split(",")[1:]:
+        assert report[kind]["calls"] > 0 and report[kind]["first"]["tokens"] > 0 and report[kind]["later"]["tokens"] > 0
+    assert report["made_up"]["first"]["tokens"] == report["bare"]["first"]["tokens"]  # the same calls, two contexts
+    model = load_demo_policy(SHIPPED).model
+    write_checkpoint(tmp_path / "own", {"step": 1, "model": model.state_dict()})
+    write_checkpoint(tmp_path / "zero", {"step": 1, "model": {k: torch.zeros_like(v) for k, v in model.state_dict().items()}})
+    for name in ("own", "zero"):
+        assert _report_script().main(["copying", "--split", "test", "--tasks", "3", "--cases", cases, "--checkpoint",
+                                      str(tmp_path / name), "--out", str(tmp_path / f"{name}.json")]) == 0
+    same = json.loads((tmp_path / "own.json").read_text())
+    zero = json.loads((tmp_path / "zero.json").read_text())
+    strip = lambda r: {k: v for k, v in r.items() if k != "checkpoint"}  # noqa: E731
+    assert strip(same) == strip(report) and strip(zero) != strip(report)
+    with pytest.raises(SystemExit):
+        _report_script().main(["copying", "--cases", "real,nope", "--out", str(tmp_path / "bad.json")])
