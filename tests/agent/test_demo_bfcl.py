@@ -175,6 +175,12 @@ def test_call_string_arguments_parse_and_never_run(tmp_path: Path) -> None:
 
 
 @needs_bfcl
+def seen_arguments(demo) -> set[str]:
+    from trace_agent.policy.demonstrators.bfcl import call_string_arguments
+
+    return {a for m in demo.messages if m["role"] == "assistant" for a in call_string_arguments(m["content"])}
+
+
 @pytest.mark.parametrize("words", BFCLDemonstrator.RENAME_WORDS)
 def test_augmented_demonstrations_rename_the_users_names_consistently(words: str) -> None:
     """Every string argument the user spells out gets one fresh name, the same in the question, the calls and the
@@ -217,7 +223,17 @@ def test_augmented_demonstrations_rename_the_users_names_consistently(words: str
             assert demonstrator.augment(demo, np.random.default_rng(2)) != copy
     assert renamed_any >= 9
     from_stems = sum(w in stems for w in new_words)
-    assert from_stems == len(new_words) if words == "stems" else from_stems <= 0.2 * len(new_words)
+    if words != "mixed":
+        assert from_stems == len(new_words) if words == "stems" else from_stems <= 0.2 * len(new_words)
+    else:  # per copy, stems or made-up words: over seeds, both
+        demo = next(d for d in demos if demonstrator.augment(d, np.random.default_rng(0)) != d)
+        kinds = set()
+        for seed in range(16):
+            after = [a for m in demonstrator.augment(demo, np.random.default_rng(seed)).messages
+                     if m["role"] == "assistant" for a in call_string_arguments(m["content"])]
+            fresh = [w.lower() for a in after if a not in seen_arguments(demo) for w in a.rsplit(".", 1)[0].split("_")]
+            kinds.add(all(w in stems for w in fresh))
+        assert kinds == {True, False}
     with pytest.raises(ValueError, match="rename_words"):
         BFCLDemonstrator(rename_words="random")
 

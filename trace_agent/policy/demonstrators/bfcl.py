@@ -238,8 +238,9 @@ class BFCLDemonstrator:
     }
 
     #: where :meth:`augment`'s new names come from: ``"stems"``, the train split's word stems
-    #: (``final_report.pdf`` -> ``budget_notes.pdf``), or ``"made_up"``, :func:`made_up_word`s (``kovi_lamezu.pdf``)
-    RENAME_WORDS: tuple[str, ...] = ("stems", "made_up")
+    #: (``final_report.pdf`` -> ``budget_notes.pdf``), ``"made_up"``, :func:`made_up_word`s (``kovi_lamezu.pdf``),
+    #: or ``"mixed"``, either of the two per augmented copy (even odds)
+    RENAME_WORDS: tuple[str, ...] = ("stems", "made_up", "mixed")
 
     def __init__(self, *, category: str = "multi_turn_base", num_tasks: int | None = 40,
                  rename_words: str = "stems") -> None:
@@ -257,7 +258,7 @@ class BFCLDemonstrator:
         """``demo`` with the names the user gives renamed: every string argument of the demonstration's calls
         that appears, whole, in one of its user turns (a file, folder, pattern or account name) gets a fresh
         name made of the train split's word stems (``rename_words="made_up"``: of :func:`made_up_word`s, which no
-        model can guess without reading the question), the same one in the questions, the calls and the tool
+        model can guess without reading the question; ``"mixed"``: either, per copy), the same one in the questions, the calls and the tool
         results, so the episode stays consistent (its reward is kept) and the calls can only be right by
         copying the name from the question. Arguments the user does not spell out (canonical folder names,
         results read from the state) are kept.
@@ -269,8 +270,8 @@ class BFCLDemonstrator:
         arguments = {a for m in demo.messages if m.get("role") == "assistant"
                      for a in call_string_arguments(str(m.get("content", ""))) if _NAME.fullmatch(a)}
         spelled = [a for a in arguments if any(_boundary_pattern([a]).search(u) for u in user)]
-        words = (_name_stems(self.category) if self.rename_words == "stems"
-                 else sorted({made_up_word(rng) for _ in range(40)}))
+        stems = self.rename_words == "stems" or (self.rename_words == "mixed" and rng.random() < 0.5)
+        words = _name_stems(self.category) if stems else sorted({made_up_word(rng) for _ in range(40)})
         messages, _ = rename_names(demo.messages, spelled, words, rng)
         return replace(demo, messages=messages)
 
