@@ -3,7 +3,8 @@
     .venv/bin/python scripts/bfcl_demo_report.py contexts --out docs/paper/bfcl/context_lengths.json
     .venv/bin/python scripts/bfcl_demo_report.py eval --out docs/paper/bfcl/eval.json [--tasks 20 --samples 4]
     .venv/bin/python scripts/bfcl_demo_report.py turns --out docs/paper/bfcl/turns.json [--tasks 10 --samples 2]
-    .venv/bin/python scripts/bfcl_demo_report.py first-steps --split test --tasks 50 --out FILE [--policy-path DIR]
+    .venv/bin/python scripts/bfcl_demo_report.py first-steps --split test --tasks 50 --out FILE [--policy-path DIR] \\
+        [--checkpoint DIR/.build-first-turns]
     .venv/bin/python scripts/bfcl_demo_report.py copying --split test --out FILE [--policy-path DIR] \\
         [--cases real,made_up,bare,list,any_order] [--checkpoint DIR/.build-first-turns]
     .venv/bin/python scripts/bfcl_demo_report.py spelling --out docs/paper/bfcl/spelling.json
@@ -27,7 +28,7 @@
   the other tokens of the call (the syntax and function names). ``--cases`` adds the same with the user's names
   made up (``made_up``: no model can have memorised them), that without the system prompt and tools (``bare``),
   and the build's list drills (``list``, ``any_order``; :meth:`BFCLDemonstrator.copy_drills`); ``--checkpoint``
-  measures a build stage's checkpoint on the finished policy's tokenizer.
+  (``first-steps`` too) measures a build stage's checkpoint on a built policy's tokenizer and shape.
 * ``spelling``: of the ground truth's first-turn string arguments that the user writes in the first question (the
   names a policy must copy), on every entry of a split, how many the tokenizer spells with the same tokens in the
   question and in the call, under each pre-tokenizer split of the demo tokenizer (``SPLIT_PATTERNS``). Measured on
@@ -169,6 +170,21 @@ def turns(args: argparse.Namespace) -> dict:
             "episodes": len(checks), "by_user_turn": by_turn}
 
 
+def _load_policy(args: argparse.Namespace):
+    """The measured policy's directory and the policy; with ``--checkpoint``, a demo-build stage's weights
+    (:mod:`trace_agent.checkpoint`, ``DIR/.build*``) on that policy's tokenizer and shape."""
+    from trace_agent.policy.demo import load_demo_policy
+
+    policy_dir = _policy_dir(args)
+    policy = load_demo_policy(policy_dir)
+    if getattr(args, "checkpoint", ""):
+        from trace_agent.checkpoint import read_checkpoint
+
+        policy.model.load_state_dict(read_checkpoint(args.checkpoint)["model"])
+        policy.model.eval()
+    return policy_dir, policy
+
+
 def _entry_ids(env, policy_dir: Path, split: str, tasks: int) -> list[str]:
     """The first ``tasks`` entries measured on ``split``: the policy's demonstrated ones on train, else ``env``'s."""
     return (demonstrated_ids(policy_dir) if split == "train" else env.tasks.ids())[:tasks]
@@ -192,13 +208,11 @@ def first_steps(args: argparse.Namespace) -> dict:
     import gymnasium as gym
 
     import trace_envs  # noqa: F401
-    from trace_agent.policy.demo import load_demo_policy
     from trace_agent.policy.demonstrators.bfcl import call_string_arguments
     from trace_envs.actions import parse_call_list
     from trace_envs.function_calling.env import render_calls
 
-    policy_dir = _policy_dir(args)
-    policy = load_demo_policy(policy_dir)
+    policy_dir, policy = _load_policy(args)
     env = gym.make(ENV_ID, tasks=args.split, tool_detail="names").unwrapped
     ids = _entry_ids(env, policy_dir, args.split, args.tasks)
     rows, contexts, truths = [], [], []
@@ -275,17 +289,9 @@ def copying(args: argparse.Namespace) -> dict:
     import torch
 
     import trace_envs  # noqa: F401
-    from trace_agent.policy.demo import load_demo_policy
     from trace_agent.policy.demonstrators.bfcl import call_string_arguments
 
-    policy_dir = _policy_dir(args)
-    policy = load_demo_policy(policy_dir)
-    if args.checkpoint:  # a build stage's weights (trace_agent.checkpoint), on this policy's tokenizer and shape
-        from trace_agent.checkpoint import read_checkpoint
-
-        state = read_checkpoint(args.checkpoint)
-        policy.model.load_state_dict(state["model"])
-        policy.model.eval()
+    policy_dir, policy = _load_policy(args)
     env = gym.make(ENV_ID, tasks=args.split, tool_detail="names").unwrapped
     ids = _entry_ids(env, policy_dir, args.split, args.tasks)
     kinds = [k.strip() for k in args.cases.split(",") if k.strip()]
@@ -395,10 +401,10 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--max-new-tokens", type=int, default=96)
     c = sub.add_parser("copying")
     c.add_argument("--cases", default="real", help=f"comma-separated, of: {', '.join(COPY_CASES)}")
-    c.add_argument("--checkpoint", default="", help="a demo-build stage checkpoint (DIR/.build*) to load instead "
-                   "of the policy's weights; same tokenizer and shape as --policy-path")
     c.add_argument("--seed", type=int, default=0, help="seeds the made-up names and the drills")
     for command in (f, c):
+        command.add_argument("--checkpoint", default="", help="a demo-build stage checkpoint (DIR/.build*) to load "
+                             "instead of the policy's weights; same tokenizer and shape as --policy-path")
         command.add_argument("--out", required=True)
         command.add_argument("--tasks", type=int, default=50)
         command.add_argument("--split", choices=("train", "test"), default="test",

@@ -587,5 +587,10 @@ def test_the_copying_probe_measures_made_up_names_drills_and_checkpoints(tmp_pat
     zero = json.loads((tmp_path / "zero.json").read_text())
     strip = lambda r: {k: v for k, v in r.items() if k != "checkpoint"}  # noqa: E731
     assert strip(same) == strip(report) and strip(zero) != strip(report)
+    steps = [tmp_path / f"first_{name}.json" for name in ("plain", "own")]
+    assert _report_script().main(["first-steps", "--split", "test", "--tasks", "2", "--out", str(steps[0])]) == 0
+    assert _report_script().main(["first-steps", "--split", "test", "--tasks", "2", "--checkpoint", str(tmp_path / "own"),
+                                  "--out", str(steps[1])]) == 0
+    assert json.loads(steps[0].read_text())["rows"] == json.loads(steps[1].read_text())["rows"]
     with pytest.raises(SystemExit):
         _report_script().main(["copying", "--cases", "real,nope", "--out", str(tmp_path / "bad.json")])
