@@ -247,28 +247,24 @@ def _copy_cases(env, ids: list[str], kinds: list[str], seed: int) -> dict[str, l
 
     from trace_agent.policy.demonstrators import collect_demonstrations
     from trace_agent.policy.demonstrators.bfcl import (
-        _NAME,
         BFCLDemonstrator,
-        _boundary_pattern,
-        call_string_arguments,
-        made_up_word,
+        made_up_words,
         rename_names,
+        spelled_names,
     )
     from trace_envs.function_calling.env import render_calls
 
     rng = np.random.default_rng(seed)
     cases: dict[str, list[tuple[list, list, str]]] = {k: [] for k in kinds}
     for task_id in ids:
-        question, calls = _first_turn(env, task_id)
+        _, calls = _first_turn(env, task_id)
         text = render_calls(env.keyword_calls(calls))
         messages = [dict(m) for m in env.messages]
         if "real" in cases:
             cases["real"].append((messages, list(env.tools), text))
         if "made_up" in cases or "bare" in cases:
-            spelled = [a for a in set(call_string_arguments(text)) if _NAME.fullmatch(a)
-                       and _boundary_pattern([a]).search(question)]
             pair = [messages[-1], {"role": "assistant", "content": text}]
-            (user, call), _ = rename_names(pair, spelled, sorted({made_up_word(rng) for _ in range(40)}), rng)
+            (user, call), _ = rename_names(pair, spelled_names(pair), made_up_words(rng), rng)
             if "made_up" in cases:
                 cases["made_up"].append(([*messages[:-1], user], list(env.tools), call["content"]))
             if "bare" in cases:

@@ -385,6 +385,9 @@ def build_demo_policy(
             rng = np.random.default_rng([cfg.seed, k, 7])
             played = [augment(d, rng) for d in played for _ in range(cfg.augment_copies)]
         demos += played
+    if cfg.copy_drill_steps and not drills:
+        raise PolicyError(f"copy_drill_steps={cfg.copy_drill_steps} needs a demonstrator with copy_drills; "
+                          f"none of {', '.join(cfg.env_ids)} has one")
     t_demo = time.perf_counter()
     say(f"{len(demos)} demonstrations in {t_demo - t0:.1f}s "
         f"({sum(d.flawed for d in demos)} flawed, {sum(is_success(d.reward) for d in demos)} successful)")
@@ -400,9 +403,6 @@ def build_demo_policy(
     model = make_demo_model(tokenizer, cfg.model, seed=cfg.seed)
     losses: list[float] = []
     if cfg.copy_drill_steps:
-        if not drills:
-            raise PolicyError(f"copy_drill_steps={cfg.copy_drill_steps} needs a demonstrator with copy_drills; "
-                              f"none of {', '.join(cfg.env_ids)} has one")
         say(f"copy drills: {cfg.copy_drill_steps} steps of {4 * cfg.batch_size} from {len(drills)} drills")
         drilling = replace(cfg, steps=cfg.copy_drill_steps, batch_size=4 * cfg.batch_size)
         losses += _train(model, [demonstration_tokens(chat, d) for d in drills], drilling, pad_id=chat.pad_token_id,

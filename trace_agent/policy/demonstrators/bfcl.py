@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from trace_envs.core import BranchableEnv, Task, TaskSet
 
 __all__ = ["BFCLDemonstrator", "FLAW_KINDS", "FlawPlan", "flawed_turns", "call_string_arguments", "rename_names",
-           "made_up_word"]
+           "spelled_names", "made_up_word", "made_up_words"]
 
 #: The kinds of mistake a flawed demonstration makes (see the module docstring).
 FLAW_KINDS: tuple[str, ...] = ("wrong_argument", "missing_call", "stale_call")
@@ -183,6 +183,20 @@ def made_up_word(rng: np.random.Generator) -> str:
                    for _ in range(int(rng.integers(2, 4))))
 
 
+def made_up_words(rng: np.random.Generator, count: int = 40) -> list[str]:
+    """``count`` draws of :func:`made_up_word`, sorted and without repeats: the words renamed names are made of."""
+    return sorted({made_up_word(rng) for _ in range(count)})
+
+
+def spelled_names(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The string arguments of the assistant turns' calls (names: no whitespace, 2-40 characters) that one of the
+    user turns spells, whole: the names a policy must copy from the user."""
+    user = [str(m.get("content", "")) for m in messages if m.get("role") == "user"]
+    arguments = {a for m in messages if m.get("role") == "assistant"
+                 for a in call_string_arguments(str(m.get("content", ""))) if _NAME.fullmatch(a)}
+    return [a for a in arguments if any(_boundary_pattern([a]).search(u) for u in user)]
+
+
 def rename_names(messages: Sequence[Mapping[str, Any]], names: Sequence[str], stems: Sequence[str],
                  rng: np.random.Generator) -> tuple[tuple[Mapping[str, Any], ...], dict[str, str]]:
     """``messages`` with each of ``names`` renamed, one-to-one and consistently, in every non-system message
@@ -266,13 +280,9 @@ class BFCLDemonstrator:
         Not used by the shipped preset (``augment_copies: 0``): build M (stop 27, docs/paper/bfcl/README.md),
         all 149 covered entries with 4 renamed copies of each demonstration, did not learn to copy at this
         model size (5 of 95 generated string arguments on held-out first turns are in the question)."""
-        user = [str(m.get("content", "")) for m in demo.messages if m.get("role") == "user"]
-        arguments = {a for m in demo.messages if m.get("role") == "assistant"
-                     for a in call_string_arguments(str(m.get("content", ""))) if _NAME.fullmatch(a)}
-        spelled = [a for a in arguments if any(_boundary_pattern([a]).search(u) for u in user)]
         stems = self.rename_words == "stems" or (self.rename_words == "mixed" and rng.random() < 0.5)
-        words = _name_stems(self.category) if stems else sorted({made_up_word(rng) for _ in range(40)})
-        messages, _ = rename_names(demo.messages, spelled, words, rng)
+        words = _name_stems(self.category) if stems else made_up_words(rng)
+        messages, _ = rename_names(demo.messages, spelled_names(demo.messages), words, rng)
         return replace(demo, messages=messages)
 
     def copy_drills(self, demos: Sequence[Demonstration], count: int, rng: np.random.Generator, *,
@@ -325,10 +335,7 @@ class BFCLDemonstrator:
                                                 {"role": "assistant", "content": call})
             else:
                 demo, pair = firsts[int(rng.integers(len(firsts)))]
-                arguments = {a for a in call_string_arguments(str(pair[1].get("content", ""))) if _NAME.fullmatch(a)}
-                spelled = [a for a in arguments if _boundary_pattern([a]).search(str(pair[0].get("content", "")))]
-                words = sorted({made_up_word(rng) for _ in range(40)})
-                messages, _ = rename_names(pair, spelled, words, rng)
+                messages, _ = rename_names(pair, spelled_names(pair), made_up_words(rng), rng)
             drills.append(replace(demo, task_id=f"{demo.task_id}/copy-drill", messages=tuple(messages), tools=(),
                                   reward=0.0, flawed=False))
         return drills
