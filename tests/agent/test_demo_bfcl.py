@@ -288,6 +288,69 @@ def test_copy_drills_name_made_up_files_the_call_copies_from_the_question(tmp_pa
         demonstrator.copy_drills(demos, -1, np.random.default_rng(0))
 
 
+@pytest.mark.parametrize("words", ["stems", "mixed"])
+def test_copy_drills_of_real_words_and_in_context(words: str) -> None:
+    """``drill_words="stems"``: every list drill's name is one or two train-split stems (an extension aside), each
+    spelled in the question; ``"mixed"``: per drill, stems or made-up words, both over a pool. ``in_context``: the
+    same kinds of drill after the system prompt and the tools of a demonstration whose tools hold the drilled
+    function; without it the drills are unchanged by ``drill_words`` only when it is ``"made_up"``."""
+    from trace_agent.policy.demonstrators import collect_demonstrations
+    from trace_agent.policy.demonstrators.bfcl import _name_stems, _tool_names, call_string_arguments
+    from trace_envs.actions import parse_call_list
+
+    stems = set(_name_stems("multi_turn_base"))
+    demos = collect_demonstrations(ENV_ID, limit=10, demos_per_task=1, flawed_fraction=0.0, seed=3, max_turns=20,
+                                   options={"num_tasks": None})
+    demonstrator = BFCLDemonstrator(num_tasks=None, drill_words=words)
+    kinds = []
+    for in_context in (False, True):
+        drills = demonstrator.copy_drills(demos, 80, np.random.default_rng(4), in_context=in_context)
+        assert drills == demonstrator.copy_drills(demos, 80, np.random.default_rng(4), in_context=in_context)
+        for drill in drills:
+            roles = [m["role"] for m in drill.messages]
+            question, call = (m["content"] for m in drill.messages[-2:])
+            parsed = parse_call_list(call)
+            assert not parsed.errors and parsed.calls
+            if in_context:
+                source = next(d for d in demos if drill.tools == d.tools and drill.messages[0] == d.messages[0])
+                assert roles == ["system", "user", "assistant"] and source.messages[0]["role"] == "system"
+                assert {c.name for c in parsed.calls} <= _tool_names(drill.tools)
+            else:
+                assert roles == ["user", "assistant"] and drill.tools == ()
+            if question.startswith("Please run "):
+                names = call_string_arguments(call)
+                assert all(n in question for n in names)
+                parts = [[w.lower() for w in n.rsplit(".", 1)[0].split("_")] if "." in n[1:] else
+                         [w.lower() for w in n.split("_")] for n in names]
+                kinds.append(all(w in stems for ws in parts for w in ws))
+                if words == "stems":
+                    assert kinds[-1] and all(1 <= len(ws) <= 2 for ws in parts)
+    assert set(kinds) == ({True} if words == "stems" else {True, False})
+    with pytest.raises(ValueError, match="drill_words"):
+        BFCLDemonstrator(drill_words="vocabulary")
+
+
+def test_a_build_mixes_copy_drills_in_context_into_the_later_stages(tmp_path: Path) -> None:
+    """``copy_drill_mix``: the given share of the later stages' sequences are in-context drills (logged), the build
+    ends and records the setting; an env without ``copy_drills`` refuses it; the share must be in [0, 1)."""
+    from trace_agent.policy.demo import DemoModelConfig, DemoTrainConfig, build_demo_policy, demo_train_config
+
+    model = DemoModelConfig(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                            intermediate_size=64, max_position_embeddings=4096, split="copy")
+    config = demo_train_config(ENV_ID, steps=2, first_turn_steps=2, copy_drill_mix=0.25, batch_size=2,
+                               demos_per_task=1, tasks_per_env=6, warmup_steps=1, model=model)
+    lines: list[str] = []
+    report = build_demo_policy(tmp_path / "p", config=config, log=lines.append)
+    assert len(report.losses) == 2 + 2 and report.config["copy_drill_mix"] == 0.25
+    assert "copy drills in context: 2 mixed into the later stages (25% of each stage's sequences)" in lines
+    with pytest.raises(PolicyError, match="copy_drill_mix"):
+        build_demo_policy(tmp_path / "q", config=demo_train_config("trace_envs/PythonMath-v0", steps=1,
+                                                                  copy_drill_mix=0.5, tasks_per_env=2, model=model))
+    for share in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="copy_drill_mix"):
+            DemoTrainConfig(copy_drill_mix=share)
+
+
 def test_a_build_with_copy_drills_trains_them_first(tmp_path: Path) -> None:
     """``copy_drill_steps`` adds a first stage (its losses come first in the report, then the first turns, then
     whole episodes); an env without ``copy_drills`` refuses the setting before training."""

@@ -174,6 +174,10 @@ class DemoTrainConfig:
             call that uses them, :meth:`BFCLDemonstrator.copy_drills`): names no model can have
             memorised, so the loss falls only once it copies from the question. The pool holds one
             drill per ``copy_drill_steps * batch_size`` (each seen about four times). 0: no drills.
+        copy_drill_mix: share of the first-turn and whole-episode stages' training sequences that are
+            copy drills *in context* (after the env's system prompt and tools: ``copy_drills(...,
+            in_context=True)``), so that the copying the drills teach is kept, and practised where an
+            entry's names are, while the later stages teach the task. 0: none.
         augment_copies: with a demonstrator that has ``augment(demo, rng)`` (WikiQA-v0: names
             swapped for others), train on that many augmented copies of each demonstration instead
             of the demonstration itself (0: no augmentation).
@@ -196,6 +200,7 @@ class DemoTrainConfig:
     demos_per_task: int = 2
     first_turn_steps: int = 0
     copy_drill_steps: int = 0
+    copy_drill_mix: float = 0.0
     augment_copies: int = 0
     max_turns: int = 4
     demonstrator_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -212,6 +217,8 @@ class DemoTrainConfig:
             raise ValueError("env_ids must name at least one env")
         if min(self.augment_copies, self.first_turn_steps, self.copy_drill_steps) < 0:
             raise ValueError("augment_copies, first_turn_steps and copy_drill_steps must be >= 0")
+        if not 0.0 <= self.copy_drill_mix < 1.0:
+            raise ValueError(f"copy_drill_mix must be in [0, 1), got {self.copy_drill_mix}")
         if self.tasks_per_env is not None and self.tasks_per_env < 1:
             raise ValueError("tasks_per_env must be >= 1 or None")
 
@@ -370,6 +377,7 @@ def build_demo_policy(
 
     demos: list[Demonstration] = []
     drills: list[Demonstration] = []
+    mixed_drills: list[Demonstration] = []
     for k, env_id in enumerate(cfg.env_ids):
         options = dict(cfg.demonstrator_options.get(env_id, {}))
         played = collect_demonstrations(env_id, limit=cfg.tasks_per_env, demos_per_task=cfg.demos_per_task,
@@ -381,13 +389,18 @@ def build_demo_policy(
             count = -(-cfg.copy_drill_steps * cfg.batch_size // len(cfg.env_ids))
             drills += copy_drills(played, count, np.random.default_rng([cfg.seed, k, 11]))
         augment = getattr(demonstrator, "augment", None)
+        pool = played
         if cfg.augment_copies and augment is not None:
             rng = np.random.default_rng([cfg.seed, k, 7])
-            played = [augment(d, rng) for d in played for _ in range(cfg.augment_copies)]
-        demos += played
-    if cfg.copy_drill_steps and not drills:
-        raise PolicyError(f"copy_drill_steps={cfg.copy_drill_steps} needs a demonstrator with copy_drills; "
-                          f"none of {', '.join(cfg.env_ids)} has one")
+            pool = [augment(d, rng) for d in played for _ in range(cfg.augment_copies)]
+        if cfg.copy_drill_mix and copy_drills is not None:
+            count = math.ceil(cfg.copy_drill_mix / (1.0 - cfg.copy_drill_mix) * len(pool))
+            mixed_drills += copy_drills(played, count, np.random.default_rng([cfg.seed, k, 13]), in_context=True)
+        demos += pool
+    for setting in ("copy_drill_steps", "copy_drill_mix"):
+        if getattr(cfg, setting) and not (drills or mixed_drills):
+            raise PolicyError(f"{setting}={getattr(cfg, setting)} needs a demonstrator with copy_drills; "
+                              f"none of {', '.join(cfg.env_ids)} has one")
     t_demo = time.perf_counter()
     say(f"{len(demos)} demonstrations in {t_demo - t0:.1f}s "
         f"({sum(d.flawed for d in demos)} flawed, {sum(is_success(d.reward) for d in demos)} successful)")
@@ -401,6 +414,10 @@ def build_demo_policy(
         f"tokens (mean {sum(lengths) / len(lengths):.0f})")
 
     model = make_demo_model(tokenizer, cfg.model, seed=cfg.seed)
+    mixed = [demonstration_tokens(chat, d) for d in mixed_drills]
+    if mixed:
+        say(f"copy drills in context: {len(mixed)} mixed into the later stages "
+            f"({len(mixed) / (len(mixed) + len(encoded)):.0%} of each stage's sequences)")
     losses: list[float] = []
     if cfg.copy_drill_steps:
         say(f"copy drills: {cfg.copy_drill_steps} steps of {4 * cfg.batch_size} from {len(drills)} drills")
@@ -410,9 +427,9 @@ def build_demo_policy(
     if cfg.first_turn_steps:
         say(f"first turns only: {cfg.first_turn_steps} steps of {2 * cfg.batch_size}")
         opening = replace(cfg, steps=cfg.first_turn_steps, batch_size=2 * cfg.batch_size)
-        losses += _train(model, [first_turn(ids, mask) for ids, mask in encoded], opening, pad_id=chat.pad_token_id,
-                         log=say, checkpoint_dir=out / ".build-first-turns", progress=progress)
-    losses += _train(model, encoded, cfg, pad_id=chat.pad_token_id, log=say, checkpoint_dir=out / ".build",
+        losses += _train(model, [first_turn(ids, mask) for ids, mask in encoded] + mixed, opening,
+                         pad_id=chat.pad_token_id, log=say, checkpoint_dir=out / ".build-first-turns", progress=progress)
+    losses += _train(model, encoded + mixed, cfg, pad_id=chat.pad_token_id, log=say, checkpoint_dir=out / ".build",
                      progress=progress)
     t_train = time.perf_counter()
 

@@ -188,6 +188,19 @@ def made_up_words(rng: np.random.Generator, count: int = 40) -> list[str]:
     return sorted({made_up_word(rng) for _ in range(count)})
 
 
+def _drill_name(words: Sequence[str], rng: np.random.Generator) -> str:
+    """A list drill's name of real words: one or two of ``words`` joined by ``_`` (a quarter capitalised), maybe
+    with a file extension."""
+    picked = [words[int(i)] for i in rng.choice(len(words), size=int(rng.integers(1, 3)), replace=False)]
+    name = "_".join(w.capitalize() for w in picked) if rng.random() < 0.25 else "_".join(picked)
+    return name + _EXTENSIONS[int(rng.integers(len(_EXTENSIONS)))]
+
+
+def _tool_names(tools: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The function names of OpenAI-style tool schemas."""
+    return {str(t.get("function", {}).get("name", "")) for t in tools if isinstance(t.get("function"), Mapping)}
+
+
 def spelled_names(messages: Sequence[Mapping[str, Any]]) -> list[str]:
     """The string arguments of the assistant turns' calls (names: no whitespace, 2-40 characters) that one of the
     user turns spells, whole: the names a policy must copy from the user."""
@@ -253,18 +266,21 @@ class BFCLDemonstrator:
 
     #: where :meth:`augment`'s new names come from: ``"stems"``, the train split's word stems
     #: (``final_report.pdf`` -> ``budget_notes.pdf``), ``"made_up"``, :func:`made_up_word`s (``kovi_lamezu.pdf``),
-    #: or ``"mixed"``, either of the two per augmented copy (even odds)
+    #: or ``"mixed"``, either of the two per augmented copy (even odds); ``drill_words`` takes the same values
+    #: for the names of :meth:`copy_drills` (per drill)
     RENAME_WORDS: tuple[str, ...] = ("stems", "made_up", "mixed")
 
     def __init__(self, *, category: str = "multi_turn_base", num_tasks: int | None = 40,
-                 rename_words: str = "stems") -> None:
+                 rename_words: str = "stems", drill_words: str = "made_up") -> None:
         if num_tasks is not None and num_tasks < 1:
             raise ValueError(f"num_tasks must be >= 1 or None, got {num_tasks}")
-        if rename_words not in self.RENAME_WORDS:
-            raise ValueError(f"rename_words must be one of {', '.join(self.RENAME_WORDS)}, got {rename_words!r}")
+        for setting, value in (("rename_words", rename_words), ("drill_words", drill_words)):
+            if value not in self.RENAME_WORDS:
+                raise ValueError(f"{setting} must be one of {', '.join(self.RENAME_WORDS)}, got {value!r}")
         self.category = category
         self.num_tasks = num_tasks
         self.rename_words = rename_words
+        self.drill_words = drill_words
         self._script: list[str] = []
         self._plan = FlawPlan()
 
@@ -280,15 +296,21 @@ class BFCLDemonstrator:
         Not used by the shipped preset (``augment_copies: 0``): build M (stop 27, docs/paper/bfcl/README.md),
         all 149 covered entries with 4 renamed copies of each demonstration, did not learn to copy at this
         model size (5 of 95 generated string arguments on held-out first turns are in the question)."""
-        stems = self.rename_words == "stems" or (self.rename_words == "mixed" and rng.random() < 0.5)
-        words = _name_stems(self.category) if stems else made_up_words(rng)
-        messages, _ = rename_names(demo.messages, spelled_names(demo.messages), words, rng)
+        messages, _ = rename_names(demo.messages, spelled_names(demo.messages), self._words(self.rename_words, rng),
+                                   rng)
         return replace(demo, messages=messages)
 
+    def _words(self, kind: str, rng: np.random.Generator) -> Sequence[str]:
+        """The words one renamed copy or drill names are made of, for ``kind`` in :attr:`RENAME_WORDS`."""
+        stems = kind == "stems" or (kind == "mixed" and rng.random() < 0.5)
+        return _name_stems(self.category) if stems else made_up_words(rng)
+
     def copy_drills(self, demos: Sequence[Demonstration], count: int, rng: np.random.Generator, *,
-                    list_share: float = 0.5) -> list[Demonstration]:
+                    list_share: float = 0.5, in_context: bool = False) -> list[Demonstration]:
         """``count`` short copying exercises (a user turn and the one call list that answers it; no system prompt,
-        no tools), the first stage of a build with ``copy_drill_steps``:
+        no tools, or with ``in_context`` after the system prompt and tools of the demonstration drawn, as an
+        entry's first turn is seen), the first stage of a build with ``copy_drill_steps`` (in context: the drills
+        ``copy_drill_mix`` mixes into the later stages):
 
         * with probability ``list_share`` a *list drill*: "Please run ``f`` on ``a``, ``b`` and ``c``." answered by
           ``[f(x='a'), f(x='b'), f(x='c')]``, 2-6 made-up names (:func:`made_up_word`, sometimes with a file
@@ -299,6 +321,8 @@ class BFCLDemonstrator:
           spells and the call uses replaced by a made-up word (:func:`rename_names`), so the call is right only by
           copying the name from the question, as on an entry never seen.
 
+        The names' words follow ``drill_words`` (per drill): made-up words, or the train split's word stems (a
+        copied name is then spelled in the vocabulary's own word tokens, as real names are), or either.
         Made-up names cannot be memorised, so the loss on them falls only once the model copies (an induction
         circuit: find the current token earlier in the context, predict the one after it); the later stages then
         teach the task on the real entries. Deterministic given ``rng``; nothing is executed (calls are parsed by
@@ -322,8 +346,7 @@ class BFCLDemonstrator:
         for _ in range(count):
             if rng.random() < list_share:
                 function, argument = targets[int(rng.integers(len(targets)))]
-                names = [made_up_word(rng) + _EXTENSIONS[int(rng.integers(len(_EXTENSIONS)))]
-                         for _ in range(int(rng.integers(2, 7)))]
+                names = self._list_drill_names(int(rng.integers(2, 7)), rng)
                 shown = [f"'{n}'" for n in names] if rng.random() < 0.5 else names
                 question = f"Please run {function} on {', '.join(shown[:-1])} and {shown[-1]}"
                 if rng.random() < 0.5:  # the call's order is not the question's: a name is copied by content
@@ -331,14 +354,26 @@ class BFCLDemonstrator:
                     names = [names[int(i)] for i in rng.permutation(len(names))]
                 call = "[" + ", ".join(f"{function}({argument}={n!r})" for n in names) + "]"
                 question += "."
-                demo, messages = firsts[0][0], ({"role": "user", "content": question},
-                                                {"role": "assistant", "content": call})
+                demo = firsts[0][0]
+                if in_context:  # a context whose tools hold the drilled function (its own first call's does)
+                    holders = [d for d, _ in firsts if function in _tool_names(d.tools)]
+                    demo = holders[int(rng.integers(len(holders)))]
+                messages = ({"role": "user", "content": question}, {"role": "assistant", "content": call})
             else:
                 demo, pair = firsts[int(rng.integers(len(firsts)))]
-                messages, _ = rename_names(pair, spelled_names(pair), made_up_words(rng), rng)
-            drills.append(replace(demo, task_id=f"{demo.task_id}/copy-drill", messages=tuple(messages), tools=(),
-                                  reward=0.0, flawed=False))
+                messages, _ = rename_names(pair, spelled_names(pair), self._words(self.drill_words, rng), rng)
+            system = tuple(m for m in demo.messages[:1] if m.get("role") == "system") if in_context else ()
+            drills.append(replace(demo, task_id=f"{demo.task_id}/copy-drill", messages=system + tuple(messages),
+                                  tools=demo.tools if in_context else (), reward=0.0, flawed=False))
         return drills
+
+    def _list_drill_names(self, count: int, rng: np.random.Generator) -> list[str]:
+        """``count`` names for one list drill, each maybe with a file extension: fresh :func:`made_up_word` words
+        (``drill_words="made_up"``), or one or two train-split stems each (``"stems"``), or either (``"mixed"``)."""
+        stems = self.drill_words == "stems" or (self.drill_words == "mixed" and rng.random() < 0.5)
+        if stems:
+            return [_drill_name(_name_stems(self.category), rng) for _ in range(count)]
+        return [made_up_word(rng) + _EXTENSIONS[int(rng.integers(len(_EXTENSIONS)))] for _ in range(count)]
 
     def covers(self, task: Task) -> bool:
         """Entries with >= 2 user turns and a ground-truth call after the first (room for a later flaw)."""
