@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--steps", type=int, default=None)
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     t.add_argument("--out", default="artifacts/paper/train")
+    t.add_argument("--merge", default=None, metavar="FILE[,FILE...]",
+                   help="train nothing: pool the runs of earlier train.json / compare.json files of the same "
+                        "comparison (seeds run in parts) into one table under --out")
     return parser
 
 
@@ -585,19 +588,23 @@ def train_config(args: argparse.Namespace) -> Any:
 
 
 def run_train(args: argparse.Namespace, policy: Any = None) -> dict[str, Any]:
-    from trace_agent.compare import compare_training
+    from trace_agent.compare import ComparisonResult, compare_training
 
-    config = train_config(args)
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    result = compare_training(config, strategies, seeds, log=lambda m: print(m, file=sys.stderr, flush=True),
-                              command=args.command_line)
+    if args.merge:
+        result = ComparisonResult.merge([ComparisonResult.from_json(Path(f).read_text())
+                                         for f in args.merge.split(",") if f.strip()])
+    else:
+        strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        result = compare_training(train_config(args), strategies, seeds,
+                                  log=lambda m: print(m, file=sys.stderr, flush=True), command=args.command_line)
     result.write(args.out)
     md = "\n".join(["### train", "", f"Paper: {PAPER['train']}.", "", result.to_markdown()])
     data = json.loads(result.to_json())
+    env = str(result.config["env_id"]).split("/")[-1]
     write_claim(args.out, "train", data, md, [lambda out: _bars(
-        out / "train.png", {n: [r["after"] for r in result.rows if r["strategy"] == n] for n in strategies},
-        "held-out success after training", f"{config.env_id.split('/')[-1]}: equal budget (dots = seeds)")])
+        out / "train.png", {n: [r["after"] for r in result.rows if r["strategy"] == n] for n in result.strategies},
+        "held-out success after training", f"{env}: equal budget (dots = seeds)")])
     return data
 
 

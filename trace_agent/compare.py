@@ -132,10 +132,67 @@ class ComparisonResult:
                        else "-")
             lines.append(
                 f"| {name} | {a['mean']:.3f} ± {a['std']:.3f} [{a['min']:.3f}, {a['max']:.3f}] "
-                f"| {' / '.join(f'{x:.3f}' for x in s['per_seed'].values())} | {vs_text} "
+                f"| {self._per_seed_text(s['per_seed'])} | {vs_text} "
                 f"| {s['effective_ratio']:.2f} | {s['train_success']:.2f} | {s['paper_units']:.0f} "
                 f"| {s['generated_tokens']:.0f} | {s['predictor_share']:.1%} | {s['seconds']:.0f} |")
         return "\n".join(lines).strip() + "\n"
+
+    def _per_seed_text(self, per_seed: dict[str, float]) -> str:
+        """Values in seed order; labelled with their seeds when a strategy ran on only some of the seeds."""
+        if [int(k) for k in per_seed] == list(self.seeds):
+            return " / ".join(f"{x:.3f}" for x in per_seed.values())
+        return " / ".join(f"{k}: {x:.3f}" for k, x in per_seed.items())
+
+    @classmethod
+    def from_json(cls, text: str) -> ComparisonResult:
+        """The result :meth:`to_json` wrote (extra keys, such as a claim file's ``claim`` and ``paper``, ignored).
+
+        Raises ValueError when a key is missing or has the wrong type (the text is only ever parsed as JSON)."""
+        data = json.loads(text)
+        try:
+            rows = tuple(dict(r) for r in data["rows"])
+            result = cls(config=dict(data["config"]), strategies=tuple(str(s) for s in data["strategies"]),
+                         seeds=tuple(int(s) for s in data["seeds"]), base=dict(data["base"]), rows=rows,
+                         command=str(data.get("command", "")))
+            for r in rows:
+                r["strategy"], r["seed"], r["after"] = str(r["strategy"]), int(r["seed"]), float(r["after"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"not a training comparison: {exc!r}") from None
+        return result
+
+    @classmethod
+    def merge(cls, parts: Sequence[ComparisonResult]) -> ComparisonResult:
+        """One comparison of runs measured in parts (seeds or strategies split over processes or machines).
+
+        The parts must agree on the config (``out_dir`` aside) and on the starting policy's held-out result, so
+        only runs of the same comparison are pooled; strategies keep their first-seen order (the first part's
+        reference stays the reference), seeds are sorted, commands are kept in order. Raises ValueError when
+        ``parts`` is empty, the parts disagree, or a (strategy, seed) run is in two parts.
+        """
+        if not parts:
+            raise ValueError("merge needs at least one comparison")
+        first = parts[0]
+        config = {k: v for k, v in first.config.items() if k != "out_dir"}
+        rows: dict[tuple[str, int], dict[str, Any]] = {}
+        strategies: list[str] = []
+        for k, part in enumerate(parts):
+            other = {key: v for key, v in part.config.items() if key != "out_dir"}
+            if other != config:
+                keys = sorted(key for key in set(config) | set(other) if config.get(key) != other.get(key))
+                raise ValueError(f"part {k} was trained with another config (differs in {', '.join(keys)})")
+            if part.base != first.base:
+                raise ValueError(f"part {k} starts from another held-out result ({part.base} vs {first.base})")
+            for row in part.rows:
+                key = (row["strategy"], row["seed"])
+                if key in rows:
+                    raise ValueError(f"{key[0]} seed {key[1]} is in two parts")
+                rows[key] = row
+            strategies += [name for name in part.strategies if name not in strategies]
+        order = {name: i for i, name in enumerate(strategies)}
+        return cls(config=dict(first.config), strategies=tuple(strategies),
+                   seeds=tuple(sorted({seed for _, seed in rows})), base=dict(first.base),
+                   rows=tuple(rows[k] for k in sorted(rows, key=lambda k: (order[k[0]], k[1]))),
+                   command="; ".join(dict.fromkeys(p.command for p in parts if p.command)))
 
     def write(self, out_dir: str | Path) -> list[Path]:
         """``compare.json`` and ``compare.md`` under ``out_dir``; returns the paths."""

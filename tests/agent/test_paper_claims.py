@@ -7,6 +7,7 @@ import importlib.util
 import itertools
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -256,6 +257,53 @@ def test_comparison_summary_pairs_each_seed_with_the_reference() -> None:
     assert "| trace |" in md and "2/3" in md and "0.500 / 0.300 / 0.600" in md
     data = json.loads(result.to_json())
     assert data["summary"]["grpo"]["after"]["max"] == 0.5 and len(data["rows"]) == 6
+
+
+def _comparison(strategies: tuple[str, ...], seeds: tuple[int, ...], *, steps: int = 4,
+                out_dir: str = "a") -> ComparisonResult:
+    from trace_agent.config import TrainConfig, config_to_dict
+
+    rows = tuple({"strategy": name, "seed": seed, "after": 0.1 * seed + 0.01 * len(name), "after_se": 0.01,
+                  "effective_ratio": 0.5, "train_success": 0.4, "paper_units": 100.0, "generated_tokens": 10.0,
+                  "predictor_share": 0.1, "seconds": 3.0, "out_dir": f"{out_dir}/{name}_s{seed}"}
+                 for name in strategies for seed in seeds)
+    config = {**config_to_dict(TrainConfig()), "steps": steps, "out_dir": out_dir}
+    return ComparisonResult(config=config, strategies=strategies, seeds=seeds, rows=rows, command=f"run {out_dir}",
+                            base={"success": 0.2, "success_se": 0.02, "tasks": 10, "samples": 2, "episodes": 20})
+
+
+def test_comparisons_run_in_parts_merge_into_the_whole(claims, tmp_path) -> None:
+    """Seeds (and a strategy) run in three parts pool into the comparison run at once: the same summary, the
+    reference kept, seeds sorted; a round trip through the JSON changes nothing; parts of another config, another
+    start or a run measured twice are refused; ``paper_claims.py train --merge`` writes the pooled table."""
+    whole = _comparison(("trace", "grpo"), (0, 1, 2, 3))
+    parts = [_comparison(("trace", "grpo"), (2, 3), out_dir="b"), _comparison(("trace", "grpo"), (0, 1)),
+             _comparison(("treepo",), (0, 1), out_dir="c")]
+    merged = ComparisonResult.merge(parts)
+    assert merged.strategies == ("trace", "grpo", "treepo") and merged.seeds == (0, 1, 2, 3)
+    summary = merged.summary()
+    assert {k: summary[k] for k in ("trace", "grpo")} == whole.summary()
+    assert summary["treepo"]["vs_reference"]["seeds"] == 2
+    assert "0: 0.060 / 1: 0.160" in merged.to_markdown()  # a strategy on only some seeds: labelled
+    assert merged.command == "run b; run a; run c"
+    assert ComparisonResult.from_json(merged.to_json()) == merged
+    with pytest.raises(ValueError, match="steps"):
+        ComparisonResult.merge([whole, _comparison(("pcl",), (0,), steps=8)])
+    with pytest.raises(ValueError, match="another held-out result"):
+        ComparisonResult.merge([whole, replace(_comparison(("pcl",), (0,)), base={"success": 0.3})])
+    with pytest.raises(ValueError, match="two parts"):
+        ComparisonResult.merge([whole, _comparison(("trace",), (3,), out_dir="d")])
+    with pytest.raises(ValueError):
+        ComparisonResult.merge([])
+    with pytest.raises(ValueError, match="not a training comparison"):
+        ComparisonResult.from_json(json.dumps({"rows": "__import__('os')"}))
+    files = []
+    for k, part in enumerate(parts):
+        files.append(tmp_path / f"part{k}.json")
+        files[-1].write_text(part.to_json())
+    data = claims.main(["train", "--merge", ",".join(map(str, files)), "--out", str(tmp_path / "pooled")])
+    assert data["summary"] == json.loads(merged.to_json())["summary"]
+    assert (tmp_path / "pooled" / "train.png").is_file() and (tmp_path / "pooled" / "compare.md").is_file()
 
 
 # --------------------------------------------------------------------------------------------------
