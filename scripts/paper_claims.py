@@ -33,6 +33,7 @@ import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -593,6 +594,7 @@ def run_train(args: argparse.Namespace, policy: Any = None) -> dict[str, Any]:
     if args.merge:
         result = ComparisonResult.merge([ComparisonResult.from_json(Path(f).read_text())
                                          for f in args.merge.split(",") if f.strip()])
+        result = replace(result, command=f"{result.command}; pooled by {args.command_line}")
     else:
         strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]

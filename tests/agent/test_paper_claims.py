@@ -302,7 +302,8 @@ def test_comparisons_run_in_parts_merge_into_the_whole(claims, tmp_path) -> None
         files.append(tmp_path / f"part{k}.json")
         files[-1].write_text(part.to_json())
     data = claims.main(["train", "--merge", ",".join(map(str, files)), "--out", str(tmp_path / "pooled")])
-    assert data["summary"] == json.loads(merged.to_json())["summary"]
+    assert data["summary"] == json.loads(merged.to_json())["summary"] and data["command"].startswith(merged.command)
+    assert "pooled by python scripts/paper_claims.py train --merge" in data["command"]
     assert (tmp_path / "pooled" / "train.png").is_file() and (tmp_path / "pooled" / "compare.md").is_file()
 
 
