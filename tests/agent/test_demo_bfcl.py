@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -349,6 +350,35 @@ def test_a_build_mixes_copy_drills_in_context_into_the_later_stages(tmp_path: Pa
     for share in (-0.1, 1.0):
         with pytest.raises(ValueError, match="copy_drill_mix"):
             DemoTrainConfig(copy_drill_mix=share)
+
+
+def test_a_build_continues_from_a_built_policy_of_the_same_settings(tmp_path: Path) -> None:
+    """``init_from``: a 0-step build from a built policy holds exactly its weights (and trains on from them when
+    given steps); a policy of another vocabulary or shape, or no policy, is refused before training."""
+    import torch
+    from safetensors.torch import load_file
+
+    from trace_agent.policy.demo import DemoModelConfig, build_demo_policy, demo_train_config
+
+    model = DemoModelConfig(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                            intermediate_size=64, max_position_embeddings=4096, split="copy")
+    settings = dict(batch_size=2, demos_per_task=1, tasks_per_env=3, warmup_steps=1, first_turn_steps=0, model=model)
+    build_demo_policy(tmp_path / "a", config=demo_train_config(ENV_ID, steps=3, **settings))
+    a = load_file(tmp_path / "a" / "model.safetensors")
+    for steps, same in ((0, True), (1, False)):
+        out = tmp_path / f"b{steps}"
+        build_demo_policy(out, config=demo_train_config(ENV_ID, steps=steps, init_from=str(tmp_path / "a"), **settings))
+        b = load_file(out / "model.safetensors")
+        assert b.keys() == a.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a) == same
+    wide = replace(model, hidden_size=64, head_dim=32)
+    for bad, match in ((dict(settings, tasks_per_env=4), "another tokenizer"), (dict(settings, model=wide), "shape")):
+        with pytest.raises(PolicyError, match=match):
+            build_demo_policy(tmp_path / "c", config=demo_train_config(ENV_ID, steps=1, init_from=str(tmp_path / "a"),
+                                                                       **bad))
+    with pytest.raises(PolicyError, match="no built demo policy"):
+        build_demo_policy(tmp_path / "c", config=demo_train_config(ENV_ID, steps=1, init_from=str(tmp_path / "x"),
+                                                                   **settings))
 
 
 def test_a_build_with_copy_drills_trains_them_first(tmp_path: Path) -> None:

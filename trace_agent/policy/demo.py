@@ -182,6 +182,10 @@ class DemoTrainConfig:
             swapped for others), train on that many augmented copies of each demonstration instead
             of the demonstration itself (0: no augmentation).
         max_turns: the env's turn limit while demonstrating.
+        init_from: a built demo policy's directory whose weights the build starts from instead of a fresh
+            initialisation (its tokenizer must be the one this build trains, i.e. the same demonstrations and
+            vocabulary size, and its model the same shape; else a PolicyError): a build continued with more
+            stages, e.g. a whole-episode stage on a build that stopped after its first turns. "": none.
         demonstrator_options: env id -> keyword arguments of that env's demonstrator
             (:func:`~trace_agent.policy.demonstrators.demonstrator_for`; BFCL-v0: ``num_tasks``, how many
             train entries are demonstrated).
@@ -203,6 +207,7 @@ class DemoTrainConfig:
     copy_drill_mix: float = 0.0
     augment_copies: int = 0
     max_turns: int = 4
+    init_from: str = ""
     demonstrator_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     model: DemoModelConfig = field(default_factory=DemoModelConfig)
 
@@ -414,6 +419,9 @@ def build_demo_policy(
         f"tokens (mean {sum(lengths) / len(lengths):.0f})")
 
     model = make_demo_model(tokenizer, cfg.model, seed=cfg.seed)
+    if cfg.init_from:
+        _load_built_weights(model, tokenizer, Path(cfg.init_from))
+        say(f"weights from {cfg.init_from}")
     mixed = [demonstration_tokens(chat, d) for d in mixed_drills]
     if mixed:
         say(f"copy drills in context: {len(mixed)} mixed into the later stages "
@@ -458,6 +466,23 @@ def build_demo_policy(
     )
     (out / "build_report.json").write_text(report.to_json())
     return report
+
+
+def _load_built_weights(model: Any, tokenizer: Any, path: Path) -> None:
+    """Load the weights of the demo policy built at ``path`` into ``model`` (safetensors via ``from_pretrained``;
+    nothing is unpickled). Raises PolicyError when there is no built policy there, or it has another vocabulary
+    than ``tokenizer`` or another shape than ``model``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not (path / "config.json").is_file():
+        raise PolicyError(f"init_from: no built demo policy at {path}")
+    if AutoTokenizer.from_pretrained(path).get_vocab() != tokenizer.get_vocab():
+        raise PolicyError(f"init_from: {path} was built with another tokenizer (other demonstrations or vocabulary "
+                          "size); a build can only continue one of the same settings")
+    try:
+        model.load_state_dict(AutoModelForCausalLM.from_pretrained(path).state_dict())
+    except RuntimeError as exc:
+        raise PolicyError(f"init_from: {path} has another model shape: {str(exc).splitlines()[0]}") from None
 
 
 def _write_policy_settings(out: Path, env_ids: Sequence[str]) -> None:
