@@ -150,15 +150,13 @@ class ComparisonResult:
         Raises ValueError when a key is missing or has the wrong type (the text is only ever parsed as JSON)."""
         data = json.loads(text)
         try:
-            rows = tuple(dict(r) for r in data["rows"])
-            result = cls(config=dict(data["config"]), strategies=tuple(str(s) for s in data["strategies"]),
-                         seeds=tuple(int(s) for s in data["seeds"]), base=dict(data["base"]), rows=rows,
-                         command=str(data.get("command", "")))
-            for r in rows:
-                r["strategy"], r["seed"], r["after"] = str(r["strategy"]), int(r["seed"]), float(r["after"])
+            rows = tuple({**r, "strategy": str(r["strategy"]), "seed": int(r["seed"]), "after": float(r["after"])}
+                         for r in data["rows"])
+            return cls(config=dict(data["config"]), strategies=tuple(str(s) for s in data["strategies"]),
+                       seeds=tuple(int(s) for s in data["seeds"]), base=dict(data["base"]), rows=rows,
+                       command=str(data.get("command", "")))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"not a training comparison: {exc!r}") from None
-        return result
 
     @classmethod
     def merge(cls, parts: Sequence[ComparisonResult]) -> ComparisonResult:

@@ -162,10 +162,21 @@ def _name_stems(category: str) -> tuple[str, ...]:
     return tuple(sorted(stems))
 
 
+def _pick_words(words: Sequence[str], rng: np.random.Generator) -> list[str]:
+    """One or two distinct draws of ``words`` (even odds): the words a fresh name is joined from."""
+    return [words[int(i)] for i in rng.choice(len(words), size=int(rng.integers(1, 3)), replace=False)]
+
+
+def _draws_stems(kind: str, rng: np.random.Generator) -> bool:
+    """Whether a name of ``kind`` (:attr:`BFCLDemonstrator.RENAME_WORDS`) is made of the train split's stems:
+    always for ``"stems"``, never for ``"made_up"``, at even odds for ``"mixed"``."""
+    return kind == "stems" or (kind == "mixed" and rng.random() < 0.5)
+
+
 def _new_name(old: str, stems: Sequence[str], rng: np.random.Generator) -> str:
     """A fresh name shaped like ``old``: one or two random stems, ``old``'s extension and capitalisation."""
     stem, dot, extension = old.rpartition(".") if "." in old[1:] else (old, "", "")
-    words = [stems[int(i)] for i in rng.choice(len(stems), size=int(rng.integers(1, 3)), replace=False)]
+    words = _pick_words(stems, rng)
     if stem[:1].isupper():
         words = [w.capitalize() for w in words]
     return "_".join(words) + (dot + extension if dot else "")
@@ -191,7 +202,7 @@ def made_up_words(rng: np.random.Generator, count: int = 40) -> list[str]:
 def _drill_name(words: Sequence[str], rng: np.random.Generator) -> str:
     """A list drill's name of real words: one or two of ``words`` joined by ``_`` (a quarter capitalised), maybe
     with a file extension."""
-    picked = [words[int(i)] for i in rng.choice(len(words), size=int(rng.integers(1, 3)), replace=False)]
+    picked = _pick_words(words, rng)
     name = "_".join(w.capitalize() for w in picked) if rng.random() < 0.25 else "_".join(picked)
     return name + _EXTENSIONS[int(rng.integers(len(_EXTENSIONS)))]
 
@@ -302,8 +313,7 @@ class BFCLDemonstrator:
 
     def _words(self, kind: str, rng: np.random.Generator) -> Sequence[str]:
         """The words one renamed copy or drill names are made of, for ``kind`` in :attr:`RENAME_WORDS`."""
-        stems = kind == "stems" or (kind == "mixed" and rng.random() < 0.5)
-        return _name_stems(self.category) if stems else made_up_words(rng)
+        return _name_stems(self.category) if _draws_stems(kind, rng) else made_up_words(rng)
 
     def copy_drills(self, demos: Sequence[Demonstration], count: int, rng: np.random.Generator, *,
                     list_share: float = 0.5, in_context: bool = False) -> list[Demonstration]:
@@ -370,8 +380,7 @@ class BFCLDemonstrator:
     def _list_drill_names(self, count: int, rng: np.random.Generator) -> list[str]:
         """``count`` names for one list drill, each maybe with a file extension: fresh :func:`made_up_word` words
         (``drill_words="made_up"``), or one or two train-split stems each (``"stems"``), or either (``"mixed"``)."""
-        stems = self.drill_words == "stems" or (self.drill_words == "mixed" and rng.random() < 0.5)
-        if stems:
+        if _draws_stems(self.drill_words, rng):
             return [_drill_name(_name_stems(self.category), rng) for _ in range(count)]
         return [made_up_word(rng) + _EXTENSIONS[int(rng.integers(len(_EXTENSIONS)))] for _ in range(count)]
 
