@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -11,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from trace_envs.python_tool import _grading_worker
 from trace_envs.python_tool.grading import (
     MAX_INPUT_CHARS,
     MAX_SYMBOLIC_CHARS,
@@ -159,19 +163,65 @@ def test_oversized_inputs_are_refused_without_work() -> None:
     assert grade_answer(long_expr, long_expr) is True  # ... but identical text still matches
 
 
-def _live_helpers() -> int:
-    return sum(t.name == "grade-answer" for t in threading.enumerate())
+def _gone(pid: int) -> bool:
+    return not os.path.exists(f"/proc/{pid}")
 
 
-def test_slow_symbolic_comparison_hits_the_deadline_and_the_helper_stops() -> None:
+def test_slow_symbolic_comparison_hits_the_deadline_and_its_worker_is_killed() -> None:
     """An input that passes the structural screen but makes sympy work for seconds."""
+    assert grade_answer("2^{10}", "1024") is True  # leaves a warm idle worker
+    before = set(_grading_worker._POOL.idle_pids())
     start = time.monotonic()
     assert grade_answer("(x+y+1)^{90}", "(x+1)^{90} + y", timeout_s=0.3) is False
     assert time.monotonic() - start < 1.5
-    deadline = time.monotonic() + 10
-    while _live_helpers() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _live_helpers() == 0  # the abandoned helper was stopped, not left burning CPU
+    after = set(_grading_worker._POOL.idle_pids())
+    killed = before - after
+    assert len(killed) == 1 and all(_gone(pid) for pid in killed)  # killed and reaped, not left burning CPU
+    assert grade_answer("\\frac{\\sqrt{2}}{2}", "\\sqrt{2}/2") is True  # the next call gets a working worker
+
+
+def test_a_dead_idle_worker_is_replaced() -> None:
+    assert grade_answer("2^{10}", "1024") is True
+    for pid in _grading_worker._POOL.idle_pids():
+        os.kill(pid, signal.SIGKILL)
+    assert grade_answer("1+x^2", "x^2+1") is True
+    assert grade_answer("1+x^2", "x^2+2") is False
+
+
+def test_workers_run_with_a_memory_cap_and_the_caller_never_imports_math_verify() -> None:
+    assert grade_answer("2^{10}", "1024") is True
+    pid = _grading_worker._POOL.idle_pids()[0]
+    limits = open(f"/proc/{pid}/limits").read()
+    line = next(row for row in limits.splitlines() if row.startswith("Max address space"))
+    assert line.split()[3] == str(_grading_worker.MEMORY_LIMIT_BYTES)
+    probe = (
+        "import sys\n"
+        "from trace_envs.python_tool.grading import grade_answer\n"
+        "assert grade_answer('2^{10}', '1024') and not grade_answer('2^{10}', '1000')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sympy', 'math_verify')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_grading_after_fork_uses_the_childs_own_workers() -> None:
+    assert grade_answer("2^{10}", "1024") is True
+    parent_workers = _grading_worker._POOL.idle_pids()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            ok = grade_answer("\\sqrt{8}", "2\\sqrt{2}") and not grade_answer("\\sqrt{8}", "3")
+            fresh = not set(_grading_worker._POOL.idle_pids()) & set(parent_workers)
+            os.write(write_end, b"1" if ok and fresh else b"0")
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    assert os.read(read_end, 1) == b"1"
+    os.close(read_end)
+    assert all(not _gone(worker) for worker in parent_workers)  # the child left its parent's workers alone
+    assert grade_answer("1024", "2^{10}") is True
 
 
 def test_grading_from_many_threads_matches_sequential_grading() -> None:

@@ -40,34 +40,33 @@ Contracts:
 * Time is bounded. Inputs longer than :data:`MAX_SYMBOLIC_CHARS`, nested deeper
   than :data:`MAX_NESTING`, or holding expressions that explode in size (power
   towers, huge exponents, factorials or binomials of big numbers) skip stage 3.
-  Stage 3 runs in a short-lived helper thread with a deadline (``timeout_s``):
-  the caller gets ``False`` when it passes, and the helper is stopped with an
-  asynchronous exception. math_verify's ``signal.alarm`` timeouts are not used
-  (they only work on the main thread and would clobber a caller's own
-  ``SIGALRM``), so ``grade_answer`` is safe from any thread. A single C-level
-  operation (one giant integer power) cannot be interrupted; the structural
-  screen exists to keep those out.
-* Thread-safe: no shared mutable state besides math_verify's/sympy's caches.
+  Stage 3 runs in a worker process (:mod:`trace_envs.python_tool._grading_worker`)
+  with a deadline (``timeout_s``) and a memory cap: the caller gets ``False``
+  when the deadline passes, and the worker is killed, whatever sympy was doing
+  (a thread could not be stopped in a long C-level step, and would hold the GIL).
+  math_verify's ``signal.alarm`` timeouts are not used (they only work on the
+  main thread and would clobber a caller's own ``SIGALRM``), so ``grade_answer``
+  is safe from any thread.
+* Thread-safe: concurrent callers each get their own worker from the pool.
 
 * Model text is parsed, not run, by this module. Stage 3's prose fallback is
   math_verify's plain-expression extraction, which hands a regex-matched
   arithmetic span to sympy's ``parse_expr``; the verl-style reading is LaTeX only.
+  Both run in the worker process, never in the caller's.
 * When stage 3 is skipped (screened out, or over its deadline) the verdict is
   that of stages 1–2 with exact rationals.
 
-math_verify and sympy are imported on first use, never at module import.
+math_verify and sympy are imported by the workers only, never by the caller.
 """
 
 from __future__ import annotations
 
-import ctypes
-import logging
 import re
-import threading
 from fractions import Fraction
 from typing import Any
 
 from trace_envs.actions import extract_boxed
+from trace_envs.python_tool._grading_worker import symbolic_verdict
 
 __all__ = [
     "GRADING_MODES",
@@ -272,97 +271,6 @@ def _symbolic_ok(s: str) -> bool:
     return 0 < len(s) <= MAX_SYMBOLIC_CHARS and _nesting_depth(s) <= MAX_NESTING and not _explosive(s)
 
 
-# ------------------------------------------------------------------ deadlines
-class _GradingTimeout(BaseException):
-    """Raised asynchronously in a helper thread whose deadline passed (BaseException: libraries
-    that swallow ``Exception`` must not swallow it)."""
-
-
-_TIMED_OUT = object()
-
-
-def _call_with_deadline(fn: Any, seconds: float) -> Any:
-    """``fn()`` in a daemon helper thread; its value, or ``_TIMED_OUT`` after ``seconds``.
-
-    A helper that overruns is sent :class:`_GradingTimeout` (delivered between
-    bytecodes) and abandoned; it only runs ``fn``, so a late exception cannot
-    land anywhere else. Exceptions raised by ``fn`` are returned as ``_TIMED_OUT``
-    too (the caller treats both as "not verified").
-    """
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException:  # noqa: BLE001 - the helper must never print a traceback
-            box["failed"] = True
-
-    helper = threading.Thread(target=target, name="grade-answer", daemon=True)
-    helper.start()
-    helper.join(seconds)
-    if helper.is_alive():
-        if helper.ident is not None:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(helper.ident), ctypes.py_object(_GradingTimeout))
-        return _TIMED_OUT
-    return box.get("value", _TIMED_OUT)
-
-
-# ----------------------------------------------------------------- math_verify
-_quiet_lock = threading.Lock()
-_quieted = False
-
-
-class _DropTimeoutWarning(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Timeout is disabled" not in record.getMessage()
-
-
-def _math_verify() -> Any:
-    """Import math_verify (first use) and silence its 'timeout disabled' warning: we bound time ourselves."""
-    global _quieted
-    import math_verify
-
-    with _quiet_lock:
-        if not _quieted:
-            for name in ("math_verify", "math_verify.parser", "math_verify.grader", "math_verify.utils"):
-                logging.getLogger(name).addFilter(_DropTimeoutWarning())
-            _quieted = True
-    return math_verify
-
-
-def _as_latex(s: str) -> str:
-    """Wrap bare text in ``$...$`` so math_verify's LaTeX extraction reads it whole."""
-    if "\\boxed" in s or "$" in s or "\\(" in s or "\\[" in s:
-        return s
-    return f"${s}$"
-
-
-def _verify_like_verl(predicted: str, gold: str) -> bool:
-    """verl's math-verify reward on ``\\boxed{predicted}``: LaTeX extraction on both sides, 6-decimal rounding."""
-    mv = _math_verify()
-    latex_only = [mv.LatexExtractionConfig()]
-    gold_parsed = mv.parse("\\boxed{" + gold + "}", latex_only, parsing_timeout=None)
-    if not gold_parsed:
-        return False
-    pred_parsed = mv.parse("\\boxed{" + predicted + "}", latex_only, parsing_timeout=None)
-    if not pred_parsed:
-        return False
-    return bool(mv.verify(gold_parsed, pred_parsed, float_rounding=6, timeout_seconds=None))
-
-
-def _verify_symbolic(predicted: str, gold: str) -> bool:
-    mv = _math_verify()
-    gold_parsed = mv.parse(_as_latex(gold), parsing_timeout=None)
-    if not gold_parsed:
-        return False
-    pred_parsed = mv.parse(_as_latex(predicted), parsing_timeout=None)
-    if not pred_parsed:
-        pred_parsed = mv.parse(predicted, parsing_timeout=None)  # plain-expression extraction from prose
-    if not pred_parsed:
-        return False
-    return bool(mv.verify(gold_parsed, pred_parsed, timeout_seconds=None))
-
-
 # --------------------------------------------------------------------- public
 def grade_answer(predicted: Any, gold: Any, *, mode: str = "math-verify", timeout_s: float = 3.0) -> bool:
     """Whether ``predicted`` is mathematically equivalent to ``gold``.
@@ -404,12 +312,6 @@ def grade_answer(predicted: Any, gold: Any, *, mode: str = "math-verify", timeou
         pred_text, gold_text = _unwrap(predicted), _unwrap(gold)
         if not (_symbolic_ok(pred_text) and _symbolic_ok(gold_text)):
             return False
-        _math_verify()  # import outside the deadline
-        if strict:
-            verdict = _call_with_deadline(lambda: _verify_symbolic(pred_text, gold_text), timeout_s)
-        else:
-            verdict = _call_with_deadline(
-                lambda: _verify_like_verl(pred_text, gold_text) or _verify_symbolic(pred_text, gold_text), timeout_s)
-        return verdict is True
+        return symbolic_verdict(pred_text, gold_text, strict=strict, timeout_s=timeout_s) is True
     except Exception:  # noqa: BLE001 - the contract is "never raises"
         return False

@@ -1,0 +1,278 @@
+"""Stage 3 of answer grading (math_verify / sympy) in killable child processes.
+
+Why a process: sympy can run for seconds or minutes on text that passes the structural screen of
+:mod:`trace_envs.python_tool.grading`, and a thread cannot be stopped reliably (an asynchronous
+exception is only delivered between bytecodes, and a long C-level step holds the GIL, starving the
+caller). A child process can be killed at the deadline, whatever it is doing, and its memory is
+capped, so neither the grading caller nor the host is held up or shares the damage.
+
+Host side: :func:`symbolic_verdict` checks a worker out of a per-process pool (spawning one when none
+is idle), sends one request and waits for the answer until the deadline. A worker that misses the
+deadline, dies or answers out of protocol is killed (SIGKILL) and reaped, and the call's verdict is
+``None`` ("not verified"). Healthy workers go back to the pool (at most :data:`MAX_IDLE` kept), so
+math_verify is imported once per worker, not once per call. The pool is thread-safe; after a
+``fork`` the child starts its own pool and leaves its parent's workers alone.
+
+Child side (``python -I _grading_worker.py``): imports math_verify, caps its address space
+(:data:`MEMORY_LIMIT_BYTES`), writes a ready line, then answers one JSON line per request line. It
+exits when its stdin closes or its parent is gone. The wire is JSON lines both ways (nothing is
+unpickled), and the host reads at most :data:`_MAX_REPLY_BYTES` of a reply.
+
+Request: ``{"predicted": str, "gold": str, "strict": bool}``; reply: ``{"verdict": bool}`` (False
+for anything math_verify cannot parse or raises on).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+#: Idle workers kept per host process (about 0.1 GB each); more are killed when returned. A host
+#: grading from more threads at once than this pays a worker start (about 0.3 s) per extra call.
+MAX_IDLE = max(8, os.cpu_count() or 8)
+#: Address-space cap of a worker (math_verify and sympy need about 0.3 GB of it).
+MEMORY_LIMIT_BYTES = 2 << 30
+#: A worker that has not imported math_verify and said so by then is given up (not the call's deadline).
+STARTUP_TIMEOUT_S = 60.0
+_MAX_REPLY_BYTES = 4096
+_READY = b'{"ready": true}\n'
+
+
+# ---------------------------------------------------------------------------------------- host side
+class _WorkerDied(Exception):
+    """The worker's pipe closed before it answered."""
+
+
+class _Worker:
+    """One child process and its pipes; used by one caller at a time."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", os.path.abspath(__file__), str(os.getpid())],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            close_fds=True, start_new_session=True,
+        )
+        if self._read_line(time.monotonic() + STARTUP_TIMEOUT_S) != _READY:
+            self.kill()
+            raise RuntimeError("grading worker did not start")
+
+    def ask(self, request: dict[str, Any], deadline: float) -> bool | None:
+        """The worker's verdict, or None when it missed ``deadline`` or broke the protocol (then it is killed).
+
+        Raises:
+            _WorkerDied: the worker was gone before it answered (its pipe closed).
+        """
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+            self.proc.stdin.flush()
+        except OSError as err:
+            raise _WorkerDied from err
+        line = self._read_line(deadline)
+        if line == b"":
+            raise _WorkerDied
+        try:
+            reply = json.loads(line) if line else None
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict) or not isinstance(reply.get("verdict"), bool):
+            self.kill()
+            return None
+        return reply["verdict"]
+
+    def _read_line(self, deadline: float) -> bytes | None:
+        """One reply line read before ``deadline``; ``b""`` at end of file, None on timeout or over the size cap."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        data = b""
+        while not data.endswith(b"\n"):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or len(data) > _MAX_REPLY_BYTES:
+                return None
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                return None
+            chunk = os.read(fd, _MAX_REPLY_BYTES)
+            if not chunk:
+                return None if data else b""
+            data += chunk
+        return data
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.close_pipes()
+
+    def close_pipes(self) -> None:
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._pid = os.getpid()
+
+    def _forked(self) -> None:
+        """In a forked child: forget (do not kill) the parent's workers; caller holds the lock."""
+        if self._pid != os.getpid():
+            for worker in self._idle:
+                worker.close_pipes()
+            self._idle, self._pid = [], os.getpid()
+
+    def take(self) -> tuple[_Worker, bool]:
+        """A worker, and whether it was reused from the pool (it may have died since)."""
+        with self._lock:
+            self._forked()
+            while self._idle:
+                worker = self._idle.pop()
+                if worker.alive():
+                    return worker, True
+                worker.kill()
+        return _Worker(), False
+
+    def give_back(self, worker: _Worker) -> None:
+        with self._lock:
+            self._forked()
+            if len(self._idle) < MAX_IDLE and worker.alive():
+                self._idle.append(worker)
+                return
+        worker.kill()
+
+    def shutdown(self) -> None:
+        with self._lock:
+            workers, self._idle = self._idle, []
+            forked = self._pid != os.getpid()
+        for worker in workers:
+            if forked:
+                worker.close_pipes()
+            else:
+                worker.kill()
+
+    def idle_pids(self) -> list[int]:
+        with self._lock:
+            self._forked()
+            return [worker.proc.pid for worker in self._idle]
+
+
+_POOL = _Pool()
+atexit.register(_POOL.shutdown)
+
+
+def symbolic_verdict(predicted: str, gold: str, *, strict: bool, timeout_s: float) -> bool | None:
+    """math_verify's verdict on ``predicted`` vs ``gold`` (stage 3 of grading), from a worker process.
+
+    ``strict`` compares with :func:`verify_symbolic` only; otherwise verl's reading
+    (:func:`verify_like_verl`) is tried first. Returns None when the worker missed ``timeout_s``
+    (it is killed), died on this request, or could not be started; a pooled worker found dead is
+    replaced by a fresh one within the same deadline. Never raises.
+    """
+    deadline = time.monotonic() + timeout_s
+    request = {"predicted": predicted, "gold": gold, "strict": strict}
+    while True:
+        try:
+            worker, reused = _POOL.take()
+        except (OSError, RuntimeError):
+            return None
+        try:
+            verdict = worker.ask(request, deadline)
+        except _WorkerDied:
+            worker.kill()
+            if reused:
+                continue  # it died while idle (killed from outside): ask a fresh one
+            return None
+        except Exception:  # noqa: BLE001 - a broken fd: this worker is done, the answer is "not verified"
+            worker.kill()
+            return None
+        if verdict is not None:
+            _POOL.give_back(worker)
+        return verdict
+
+
+# --------------------------------------------------------------------------------------- child side
+def _as_latex(s: str) -> str:
+    """Wrap bare text in ``$...$`` so math_verify's LaTeX extraction reads it whole."""
+    if "\\boxed" in s or "$" in s or "\\(" in s or "\\[" in s:
+        return s
+    return f"${s}$"
+
+
+def verify_like_verl(mv: Any, predicted: str, gold: str) -> bool:
+    """verl's math-verify reward on ``\\boxed{predicted}``: LaTeX extraction on both sides, 6-decimal rounding."""
+    latex_only = [mv.LatexExtractionConfig()]
+    gold_parsed = mv.parse("\\boxed{" + gold + "}", latex_only, parsing_timeout=None)
+    if not gold_parsed:
+        return False
+    pred_parsed = mv.parse("\\boxed{" + predicted + "}", latex_only, parsing_timeout=None)
+    if not pred_parsed:
+        return False
+    return bool(mv.verify(gold_parsed, pred_parsed, float_rounding=6, timeout_seconds=None))
+
+
+def verify_symbolic(mv: Any, predicted: str, gold: str) -> bool:
+    """math_verify's default reading of both sides; prose falls back to plain-expression extraction."""
+    gold_parsed = mv.parse(_as_latex(gold), parsing_timeout=None)
+    if not gold_parsed:
+        return False
+    pred_parsed = mv.parse(_as_latex(predicted), parsing_timeout=None)
+    if not pred_parsed:
+        pred_parsed = mv.parse(predicted, parsing_timeout=None)  # plain-expression extraction from prose
+    if not pred_parsed:
+        return False
+    return bool(mv.verify(gold_parsed, pred_parsed, timeout_seconds=None))
+
+
+def _answer(mv: Any, line: bytes) -> bool:
+    try:
+        request = json.loads(line)
+        predicted, gold, strict = request["predicted"], request["gold"], request["strict"]
+        if not (isinstance(predicted, str) and isinstance(gold, str)):
+            return False
+        if strict:
+            return verify_symbolic(mv, predicted, gold)
+        return verify_like_verl(mv, predicted, gold) or verify_symbolic(mv, predicted, gold)
+    except BaseException:  # noqa: BLE001 - MemoryError, RecursionError, anything sympy raises: "not equivalent"
+        return False
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(0)
+
+
+def _child_main(parent: int) -> None:
+    import logging
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
+    logging.disable(logging.CRITICAL)  # math_verify warns that its own (signal) timeouts are off
+    import math_verify
+
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    out = sys.stdout.buffer
+    out.write(_READY)
+    out.flush()
+    for line in sys.stdin.buffer:
+        out.write(json.dumps({"verdict": _answer(math_verify, line)}).encode() + b"\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    _child_main(int(sys.argv[1]))
