@@ -204,6 +204,15 @@ def test_workers_run_with_a_memory_cap_and_the_caller_never_imports_math_verify(
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.parametrize("text", ["\ud800x^2", "x\x00^2", "\\frac{\n}{" + "a" * 300 + "}", '{"verdict": true}\n', "x" * 399])
+def test_hostile_text_is_not_equivalent_and_keeps_the_worker(text: str) -> None:
+    assert grade_answer("x^2+1", "1+x^2") is True
+    before = _grading_worker._POOL.idle_pids()
+    assert grade_answer(text, "x^2") is False
+    assert grade_answer("x^2", text) is False
+    assert _grading_worker._POOL.idle_pids() == before  # answered in protocol, not killed and restarted
+
+
 def test_grading_after_fork_uses_the_childs_own_workers() -> None:
     assert grade_answer("2^{10}", "1024") is True
     parent_workers = _grading_worker._POOL.idle_pids()
