@@ -13,7 +13,7 @@
 
 * ``contexts``: root-context tokens of the 50 test entries with full / compact / names tool schemas, under
   PythonMath's shipped tokenizer (what ``--policy demo`` loaded on BFCL before it had its own) and BFCL's.
-* ``eval``: per-entry success rates of the shipped policy or ``--policy-path DIR`` (``evaluate_policy``, temperature 1) on the
+* ``eval``: per-entry success rates of the shipped policy or ``--policy-path DIR`` (``evaluate_policy``, temperature 1 or ``--temperature``) on the
   demonstrated train entries, on undemonstrated train entries and on held-out test entries.
 * ``turns``: per user-turn index, the share of episodes whose turn passes BFCL's turn check (state and
   results), and of episodes still valid through that turn, on demonstrated train entries (``--split test``:
@@ -112,11 +112,11 @@ def evaluate(args: argparse.Namespace) -> dict:
         "undemonstrated_train": ("train", [t for t in train if t not in set(demo_ids)][:args.other_tasks]),
         "heldout_test": ("test", test[:args.other_tasks]),
     }
-    out: dict = {"samples": args.samples, "temperature": 1.0, "max_new_tokens": args.max_new_tokens,
+    out: dict = {"samples": args.samples, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
                  "max_turns": args.max_turns, "seed": args.seed}
     for name, (split, ids) in groups.items():
         t0 = time.perf_counter()
-        results = evaluate_policy(policy, ENV_ID, ids, samples=args.samples, temperature=1.0,
+        results = evaluate_policy(policy, ENV_ID, ids, samples=args.samples, temperature=args.temperature,
                                   max_new_tokens=args.max_new_tokens, max_turns=args.max_turns, seed=args.seed,
                                   env_kwargs={"tasks": split, "tool_detail": "names"})
         summary = success_histogram(results)
@@ -146,7 +146,7 @@ def turns(args: argparse.Namespace) -> dict:
         checks.append([])
     alive, turn = list(range(len(envs))), 0
     while alive:
-        gens = policy.generate([contexts[k] for k in alive], max_new_tokens=args.max_new_tokens, temperature=1.0,
+        gens = policy.generate([contexts[k] for k in alive], max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                seeds=[args.seed * 7919 + 101 * k + turn for k in alive])
         still = []
         for k, g in zip(alive, gens):
@@ -165,7 +165,7 @@ def turns(args: argparse.Namespace) -> dict:
         have = [c for c in checks if len(c) > t]
         by_turn[str(t)] = {"episodes": len(have), "turn_passes": round(sum(c[t] for c in have) / len(have), 3),
                            "valid_through_turn": round(sum(all(c[:t + 1]) for c in have) / len(have), 3)}
-    return {"split": args.split, "tasks": ids, "samples": args.samples, "temperature": 1.0, "seed": args.seed, "steps": steps,
+    return {"split": args.split, "tasks": ids, "samples": args.samples, "temperature": args.temperature, "seed": args.seed, "steps": steps,
             "steps_with_parse_errors": parse_errors, "episodes_valid": sum(all(c) and bool(c) for c in checks),
             "episodes": len(checks), "by_user_turn": by_turn}
 
@@ -384,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--max-new-tokens", type=int, default=128)
     e.add_argument("--max-turns", type=int, default=20)
     e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
     t = sub.add_parser("turns")
     t.add_argument("--out", required=True)
     t.add_argument("--tasks", type=int, default=10)
@@ -393,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--max-new-tokens", type=int, default=96)
     t.add_argument("--max-turns", type=int, default=16)
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
     f = sub.add_parser("first-steps")
     f.add_argument("--max-new-tokens", type=int, default=96)
     c = sub.add_parser("copying")
