@@ -164,7 +164,12 @@ def test_oversized_inputs_are_refused_without_work() -> None:
 
 
 def _gone(pid: int) -> bool:
-    return not os.path.exists(f"/proc/{pid}")
+    """The process has exited (a zombie counts: whether init reaps orphans depends on the container)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
 
 
 def test_slow_symbolic_comparison_hits_the_deadline_and_its_worker_is_killed() -> None:
@@ -211,6 +216,28 @@ def test_hostile_text_is_not_equivalent_and_keeps_the_worker(text: str) -> None:
     assert grade_answer(text, "x^2") is False
     assert grade_answer("x^2", text) is False
     assert _grading_worker._POOL.idle_pids() == before  # answered in protocol, not killed and restarted
+
+
+def test_a_worker_does_not_outlive_a_killed_host() -> None:
+    probe = (
+        "from trace_envs.python_tool import _grading_worker\n"
+        "from trace_envs.python_tool.grading import grade_answer\n"
+        "assert grade_answer('2^{10}', '1024')\n"
+        "print(_grading_worker._POOL.idle_pids()[0], flush=True)\n"
+        "import time; time.sleep(60)\n"
+    )
+    host = subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout is not None
+        worker = int(host.stdout.readline())
+        assert not _gone(worker)
+    finally:
+        host.kill()
+        host.wait()
+    deadline = time.monotonic() + 10
+    while not _gone(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(worker)  # it noticed its parent was gone and exited (reaped by init)
 
 
 def test_grading_after_fork_uses_the_childs_own_workers() -> None:
