@@ -185,6 +185,27 @@ def test_slow_symbolic_comparison_hits_the_deadline_and_its_worker_is_killed() -
     assert grade_answer("\\frac{\\sqrt{2}}{2}", "\\sqrt{2}/2") is True  # the next call gets a working worker
 
 
+def test_the_budget_is_the_workers_cpu_time_not_the_wall_clock() -> None:
+    """A worker that gets no CPU for a while (a loaded machine; here SIGSTOP) still answers correctly."""
+    assert grade_answer("2^{10}", "1024") is True
+    pid = _grading_worker._POOL.idle_pids()[-1]  # the worker the next call takes
+    os.kill(pid, signal.SIGSTOP)
+    resume = threading.Timer(1.0, os.kill, (pid, signal.SIGCONT))
+    resume.start()
+    try:
+        start = time.monotonic()
+        assert grade_answer("\\frac{\\sqrt{2}}{2}", "\\sqrt{2}/2", timeout_s=0.5) is True
+        assert time.monotonic() - start >= 0.9  # it waited past 0.5 s of wall time for the stopped worker
+    finally:
+        resume.join()
+    assert pid in _grading_worker._POOL.idle_pids()
+    os.kill(pid, signal.SIGSTOP)  # ... but the wall-clock cap still holds: stopped for good, it is given up
+    start = time.monotonic()
+    assert grade_answer("\\frac{\\sqrt{2}}{2}", "\\sqrt{2}/2", timeout_s=0.1) is False
+    assert time.monotonic() - start < _grading_worker.WALL_FACTOR * 0.1 + 0.5
+    assert _gone(pid)
+
+
 def test_a_dead_idle_worker_is_replaced() -> None:
     assert grade_answer("2^{10}", "1024") is True
     for pid in _grading_worker._POOL.idle_pids():

@@ -3,15 +3,18 @@
 Why a process: sympy can run for seconds or minutes on text that passes the structural screen of
 :mod:`trace_envs.python_tool.grading`, and a thread cannot be stopped reliably (an asynchronous
 exception is only delivered between bytecodes, and a long C-level step holds the GIL, starving the
-caller). A child process can be killed at the deadline, whatever it is doing, and its memory is
+caller). A child process can be killed at its deadline, whatever it is doing, and its memory is
 capped, so neither the grading caller nor the host is held up or shares the damage.
 
 Host side: :func:`symbolic_verdict` checks a worker out of a per-process pool (spawning one when none
-is idle), sends one request and waits for the answer until the deadline. A worker that misses the
-deadline, dies or answers out of protocol is killed (SIGKILL) and reaped, and the call's verdict is
-``None`` ("not verified"). Healthy workers go back to the pool (at most :data:`MAX_IDLE` kept), so
-math_verify is imported once per worker, not once per call. The pool is thread-safe; after a
-``fork`` the child starts its own pool and leaves its parent's workers alone.
+is idle), sends one request and waits for the answer. The budget is the worker's **CPU time**
+(``timeout_s``, read from ``/proc/<pid>/stat``), so a verdict does not depend on how loaded the
+machine is: a correct answer that needs one CPU second is accepted on an idle machine and on one with
+load 20 alike. A wall-clock cap (:data:`WALL_FACTOR` × ``timeout_s``) still bounds the caller's wait.
+A worker that overruns either, dies or answers out of protocol is killed (SIGKILL) and reaped, and
+the call's verdict is ``None`` ("not verified"). Healthy workers go back to the pool (at most
+:data:`MAX_IDLE` kept), so math_verify is imported once per worker, not once per call. The pool is
+thread-safe; after a ``fork`` the child starts its own pool and leaves its parent's workers alone.
 
 Child side (``python -I _grading_worker.py``): imports math_verify, caps its address space
 (:data:`MEMORY_LIMIT_BYTES`), writes a ready line, then answers one JSON line per request line. It
@@ -41,6 +44,10 @@ MAX_IDLE = max(8, os.cpu_count() or 8)
 MEMORY_LIMIT_BYTES = 2 << 30
 #: A worker that has not imported math_verify and said so by then is given up (not the call's deadline).
 STARTUP_TIMEOUT_S = 60.0
+#: The caller waits at most this many times ``timeout_s`` of wall-clock time (the budget itself is CPU time).
+WALL_FACTOR = 10.0
+_POLL_S = 0.02
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _MAX_REPLY_BYTES = 4096
 _READY = b'{"ready": true}\n'
 
@@ -63,19 +70,21 @@ class _Worker:
             self.kill()
             raise RuntimeError("grading worker did not start")
 
-    def ask(self, request: dict[str, Any], deadline: float) -> bool | None:
-        """The worker's verdict, or None when it missed ``deadline`` or broke the protocol (then it is killed).
+    def ask(self, request: dict[str, Any], cpu_s: float, wall_deadline: float) -> bool | None:
+        """The worker's verdict, or None when it used more than ``cpu_s`` CPU seconds on it, passed
+        ``wall_deadline`` (``time.monotonic()``) or broke the protocol; then it is killed.
 
         Raises:
             _WorkerDied: the worker was gone before it answered (its pipe closed).
         """
+        cpu_start = self.cpu_seconds()
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.write(json.dumps(request).encode() + b"\n")
             self.proc.stdin.flush()
         except OSError as err:
             raise _WorkerDied from err
-        line = self._read_line(deadline)
+        line = self._read_line(wall_deadline, cpu_start + cpu_s)
         if line == b"":
             raise _WorkerDied
         try:
@@ -87,18 +96,30 @@ class _Worker:
             return None
         return reply["verdict"]
 
-    def _read_line(self, deadline: float) -> bytes | None:
-        """One reply line read before ``deadline``; ``b""`` at end of file, None on timeout or over the size cap."""
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the worker has used so far (0 once it is gone)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+    def _read_line(self, wall_deadline: float, cpu_deadline: float = float("inf")) -> bytes | None:
+        """One reply line read before ``wall_deadline`` and before the worker's CPU time reaches
+        ``cpu_deadline``; ``b""`` at end of file, None on timeout or over the size cap."""
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         data = b""
         while not data.endswith(b"\n"):
-            remaining = deadline - time.monotonic()
+            remaining = wall_deadline - time.monotonic()
             if remaining <= 0 or len(data) > _MAX_REPLY_BYTES:
                 return None
-            ready, _, _ = select.select([fd], [], [], remaining)
+            ready, _, _ = select.select([fd], [], [], min(remaining, _POLL_S))
             if not ready:
-                return None
+                if self.cpu_seconds() > cpu_deadline:
+                    return None
+                continue
             chunk = os.read(fd, _MAX_REPLY_BYTES)
             if not chunk:
                 return None if data else b""
@@ -179,11 +200,12 @@ def symbolic_verdict(predicted: str, gold: str, *, strict: bool, timeout_s: floa
     """math_verify's verdict on ``predicted`` vs ``gold`` (stage 3 of grading), from a worker process.
 
     ``strict`` compares with :func:`verify_symbolic` only; otherwise verl's reading
-    (:func:`verify_like_verl`) is tried first. Returns None when the worker missed ``timeout_s``
-    (it is killed), died on this request, or could not be started; a pooled worker found dead is
-    replaced by a fresh one within the same deadline. Never raises.
+    (:func:`verify_like_verl`) is tried first. ``timeout_s`` is the worker's CPU time for this
+    call; the wait is capped at ``WALL_FACTOR * timeout_s`` of wall-clock time. Returns None when
+    the worker overran either (it is killed), died on this request, or could not be started; a
+    pooled worker found dead is replaced by a fresh one under the same wall-clock cap. Never raises.
     """
-    deadline = time.monotonic() + timeout_s
+    wall_deadline = time.monotonic() + WALL_FACTOR * timeout_s
     request = {"predicted": predicted, "gold": gold, "strict": strict}
     while True:
         try:
@@ -191,7 +213,7 @@ def symbolic_verdict(predicted: str, gold: str, *, strict: bool, timeout_s: floa
         except (OSError, RuntimeError):
             return None
         try:
-            verdict = worker.ask(request, deadline)
+            verdict = worker.ask(request, timeout_s, wall_deadline)
         except _WorkerDied:
             worker.kill()
             if reused:

@@ -41,9 +41,12 @@ Contracts:
   than :data:`MAX_NESTING`, or holding expressions that explode in size (power
   towers, huge exponents, factorials or binomials of big numbers) skip stage 3.
   Stage 3 runs in a worker process (:mod:`trace_envs.python_tool._grading_worker`)
-  with a deadline (``timeout_s``) and a memory cap: the caller gets ``False``
-  when the deadline passes, and the worker is killed, whatever sympy was doing
-  (a thread could not be stopped in a long C-level step, and would hold the GIL).
+  with a budget of ``timeout_s`` seconds of its CPU time (so a verdict does not
+  depend on machine load; the wait is capped at ``WALL_FACTOR`` (10) × that in
+  wall-clock time)
+  and a memory cap: the caller gets ``False`` when the budget runs out, and the
+  worker is killed, whatever sympy was doing (a thread could not be stopped in
+  a long C-level step, and would hold the GIL).
   math_verify's ``signal.alarm`` timeouts are not used (they only work on the
   main thread and would clobber a caller's own ``SIGALRM``), so ``grade_answer``
   is safe from any thread.
@@ -281,7 +284,8 @@ def grade_answer(predicted: Any, gold: Any, *, mode: str = "math-verify", timeou
         gold: the reference answer, in text or LaTeX.
         mode: "math-verify" (default: verl's math-verify semantics) or "strict"
             (plain numbers compared as exact rationals); see the module docstring.
-        timeout_s: wall-clock bound on the symbolic stage.
+        timeout_s: CPU-time bound on the symbolic stage (its wall-clock wait is capped at
+            ``_grading_worker.WALL_FACTOR`` × that).
 
     Returns:
         True when equivalent (see the module docstring for the rules); False
