@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import select
 import subprocess
@@ -50,6 +51,8 @@ _POLL_S = 0.02
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _MAX_REPLY_BYTES = 4096
 _READY = b'{"ready": true}\n'
+_LOG = logging.getLogger(__name__)
+_START_FAILED = threading.Event()
 
 
 # ---------------------------------------------------------------------------------------- host side
@@ -210,7 +213,11 @@ def symbolic_verdict(predicted: str, gold: str, *, strict: bool, timeout_s: floa
     while True:
         try:
             worker, reused = _POOL.take()
-        except (OSError, RuntimeError):
+        except (OSError, RuntimeError) as err:
+            if not _START_FAILED.is_set():
+                _START_FAILED.set()
+                _LOG.warning("grading worker could not start (%s): symbolic answers are graded as not equivalent "
+                             "(said once per process)", err)
             return None
         try:
             verdict = worker.ask(request, timeout_s, wall_deadline)
@@ -280,7 +287,6 @@ def _watch_parent(parent: int) -> None:
 
 
 def _child_main(parent: int) -> None:
-    import logging
     import resource
 
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
