@@ -7,14 +7,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["median_ms"]
+__all__ = ["median_ms", "times_ms"]
 
 
-def median_ms(fn: Callable[[], Any], repeats: int) -> float:
-    """Median wall-clock milliseconds of ``fn()`` over ``repeats`` calls."""
+def times_ms(fn: Callable[[], Any], repeats: int) -> list[float]:
+    """Wall-clock milliseconds of each of ``repeats`` calls of ``fn()``."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
+        times.append((time.perf_counter() - start) * 1000)
+    return times
+
+
+def median_ms(fn: Callable[[], Any], repeats: int) -> float:
+    """Median wall-clock milliseconds of ``fn()`` over ``repeats`` calls."""
+    return statistics.median(times_ms(fn, repeats))

@@ -48,7 +48,6 @@ STARTUP_TIMEOUT_S = 60.0
 #: The caller waits at most this many times ``timeout_s`` of wall-clock time (the budget itself is CPU time).
 WALL_FACTOR = 10.0
 _POLL_S = 0.02
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _MAX_REPLY_BYTES = 4096
 _READY = b'{"ready": true}\n'
 _LOG = logging.getLogger(__name__)
@@ -100,13 +99,11 @@ class _Worker:
         return reply["verdict"]
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time the worker has used so far (0 once it is gone)."""
-        try:
-            with open(f"/proc/{self.proc.pid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+        """User + system CPU time the worker has used so far (0 once it is gone). Imported here, not at the
+        top: the child runs this file as a script, without the package."""
+        from trace_envs.python_tool._host import proc_cpu_seconds
+
+        return proc_cpu_seconds(self.proc.pid) or 0.0
 
     def _read_line(self, wall_deadline: float, cpu_deadline: float = float("inf")) -> bytes | None:
         """One reply line read before ``wall_deadline`` and before the worker's CPU time reaches
@@ -202,8 +199,7 @@ atexit.register(_POOL.shutdown)
 def symbolic_verdict(predicted: str, gold: str, *, strict: bool, timeout_s: float) -> bool | None:
     """math_verify's verdict on ``predicted`` vs ``gold`` (stage 3 of grading), from a worker process.
 
-    ``strict`` compares with :func:`verify_symbolic` only; otherwise verl's reading
-    (:func:`verify_like_verl`) is tried first. ``timeout_s`` is the worker's CPU time for this
+    ``strict`` and the verdict are :func:`verify`'s. ``timeout_s`` is the worker's CPU time for this
     call; the wait is capped at ``WALL_FACTOR * timeout_s`` of wall-clock time. Returns None when
     the worker overran either (it is killed), died on this request, or could not be started; a
     pooled worker found dead is replaced by a fresh one under the same wall-clock cap. Never raises.
@@ -267,15 +263,21 @@ def verify_symbolic(mv: Any, predicted: str, gold: str) -> bool:
     return bool(mv.verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
 
+def verify(mv: Any, predicted: str, gold: str, *, strict: bool) -> bool:
+    """Stage 3's verdict (what a worker answers): :func:`verify_symbolic` when ``strict``, else verl's
+    reading (:func:`verify_like_verl`) first."""
+    if strict:
+        return verify_symbolic(mv, predicted, gold)
+    return verify_like_verl(mv, predicted, gold) or verify_symbolic(mv, predicted, gold)
+
+
 def _answer(mv: Any, line: bytes) -> bool:
     try:
         request = json.loads(line)
         predicted, gold, strict = request["predicted"], request["gold"], request["strict"]
         if not (isinstance(predicted, str) and isinstance(gold, str)):
             return False
-        if strict:
-            return verify_symbolic(mv, predicted, gold)
-        return verify_like_verl(mv, predicted, gold) or verify_symbolic(mv, predicted, gold)
+        return verify(mv, predicted, gold, strict=bool(strict))
     except BaseException:  # noqa: BLE001 - MemoryError, RecursionError, anything sympy raises: "not equivalent"
         return False
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ProtocolError", "send_frame", "recv_frame", "adopt", "proc_uid", "proc_stat", "StateDir",
+__all__ = ["ProtocolError", "send_frame", "recv_frame", "adopt", "proc_uid", "proc_stat", "proc_cpu_seconds", "StateDir",
            "make_cgroups", "remove_cgroups", "cgroup_pids", "kill_verified"]
 
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -107,13 +107,30 @@ def nothing_pending(sock: socket.socket) -> bool:
 
 
 # ------------------------------------------------------------------ pids
-def proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, parent pid, start time) of ``pid`` from /proc, or None when it is gone."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (the state first), or None when it is gone."""
     try:
         with open(f"/proc/{int(pid)}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return fields[0], int(fields[1]), int(fields[19])
+            return fh.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError, ValueError):
+        return None
+
+
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, start time) of ``pid`` from /proc, or None when it is gone."""
+    fields = _stat_fields(pid)
+    try:
+        return None if fields is None else (fields[0], int(fields[1]), int(fields[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def proc_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds ``pid`` has used, from /proc, or None when it is gone."""
+    fields = _stat_fields(pid)
+    try:
+        return None if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (IndexError, ValueError):
         return None
 
 

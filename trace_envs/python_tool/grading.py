@@ -43,13 +43,12 @@ Contracts:
   Stage 3 runs in a worker process (:mod:`trace_envs.python_tool._grading_worker`)
   with a budget of ``timeout_s`` seconds of its CPU time (so a verdict does not
   depend on machine load; the wait is capped at ``WALL_FACTOR`` (10) × that in
-  wall-clock time)
-  and a memory cap: the caller gets ``False`` when the budget runs out, and the
-  worker is killed, whatever sympy was doing (a thread could not be stopped in
-  a long C-level step, and would hold the GIL).
-  math_verify's ``signal.alarm`` timeouts are not used (they only work on the
-  main thread and would clobber a caller's own ``SIGALRM``), so ``grade_answer``
-  is safe from any thread.
+  wall-clock time) and a memory cap: the caller gets ``False`` when the budget
+  runs out, and the worker is killed, whatever sympy was doing (a thread could
+  not be stopped in a long C-level step, and would hold the GIL). math_verify's
+  ``signal.alarm`` timeouts are not used (they only work on the main thread and
+  would clobber a caller's own ``SIGALRM``), so ``grade_answer`` is safe from
+  any thread.
 * Thread-safe: concurrent callers each get their own worker from the pool.
 
 * Model text is parsed, not run, by this module. Stage 3's prose fallback is
