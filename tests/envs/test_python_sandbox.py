@@ -146,19 +146,55 @@ def test_close_frees_every_process():
     assert all(f.released for f in frozen)
 
 
-def test_snapshots_share_files_until_written(fresh):
-    """A frozen copy hard-links the work dir (no full copy per snapshot); every kind of write copies first."""
+WRITE_ROUTES = [
+    "open('t.txt', 'a').write('+a')",
+    "os.truncate('big.bin', 10)",
+    "os.chmod('t.txt', 0o600)",
+    "held.write('y'); held.flush()",
+    "fd = os.open('t.txt', os.O_RDWR); os.write(fd, b'ZZ'); os.close(fd)",
+    # the routes that once reached a sibling's snapshot through a hard-linked inode
+    "os.symlink(os.path.abspath('t.txt'), 'link'); open('link', 'w').write('via link')",
+    "os.symlink('big.bin', 'blink'); os.truncate('blink', 3)",
+    "ro = open('t.txt'); open(f'/proc/self/fd/{ro.fileno()}', 'w').write('via proc fd')",
+    "d = os.open('sub', os.O_RDONLY); f = os.open('s.txt', os.O_WRONLY | os.O_TRUNC, dir_fd=d); os.write(f, b'dirfd')",
+    "os.symlink('t.txt', 'clink'); os.chmod('clink', 0o600)",
+    "os.rename('t.txt', 'moved.txt'); open('moved.txt', 'w').write('renamed')",
+    "os.link('t.txt', 'hard'); open('hard', 'w').write('via hard link')",
+    "import mmap; m = mmap.mmap(os.open('big.bin', os.O_RDWR), 10, flags=mmap.MAP_PRIVATE); m[:1] = b'Z'",
+    "held_sub.seek(0); held_sub.write('moved the shared offset'); held_sub.flush()",
+]
+
+
+@pytest.mark.parametrize("change", WRITE_ROUTES)
+def test_every_write_route_stays_in_its_branch(fresh, change):
+    """A frozen copy's files are its own (the keeper copies them): no write route of one branch, through
+    a name, a link, a descriptor, a dir fd or a map, reaches the snapshot or a sibling branch."""
     fresh.run("import os\nopen('big.bin', 'wb').write(b'a' * 1_000_000)\nopen('t.txt', 'w').write('orig')\n"
-              "held = open('held.txt', 'a')\nheld.write('x'); held.flush()")
+              "held = open('held.txt', 'a')\nheld.write('x'); held.flush()\nos.mkdir('sub')\n"
+              "open('sub/s.txt', 'w').write('s')\nheld_sub = open('sub/s.txt', 'r+')")
     frozen = fresh.freeze()
-    assert fresh.run("os.stat('big.bin').st_nlink, os.stat('held.txt').st_nlink").output.strip() == "(2, 1)"
-    changes = ["open('t.txt', 'a').write('+a')", "os.truncate('big.bin', 10)", "os.chmod('t.txt', 0o600)",
-               "held.write('y'); held.flush()", "fd = os.open('t.txt', os.O_RDWR); os.write(fd, b'ZZ'); os.close(fd)"]
-    for change in changes:
+    probe = ("(os.path.getsize('big.bin'), open('t.txt').read(), oct(os.stat('t.txt').st_mode & 0o777),"
+             " open('held.txt').read(), open('sub/s.txt').read(), held_sub.tell(), sorted(os.listdir('.')))")
+    expected = fresh.run(probe).output.strip()
+    for _ in range(2):  # the branch, then a sibling from the same snapshot
         fresh.thaw(frozen)
-        assert fresh.run(change).ok
+        result = fresh.run(change)
+        assert result.ok, (change, result.output)
         fresh.thaw(frozen)
-        out = fresh.run("(os.path.getsize('big.bin'), open('t.txt').read(), oct(os.stat('t.txt').st_mode & 0o777),"
-                        " open('held.txt').read())").output.strip()
-        assert out == "(1000000, 'orig', '0o644', 'x')", (change, out)
+        assert fresh.run(probe).output.strip() == expected, change
+    frozen.release()
+
+
+def test_files_keep_their_absolute_paths_and_links_across_branches(fresh):
+    """Every live interpreter sees its files at one path, so absolute paths and symlinks taken before
+    a snapshot mean the branch's own files after it; hard links inside the work dir stay links."""
+    fresh.run("import os\npath = os.path.abspath('a.txt'); open(path, 'w').write('a')\n"
+              "os.symlink(path, 'abs_link'); os.link('a.txt', 'twin')")
+    frozen = fresh.freeze()
+    fresh.thaw(frozen)
+    out = fresh.run("open(path, 'a').write('+'); (open('abs_link').read(), open('twin').read(), "
+                    "os.stat('twin').st_nlink, os.getcwd() == os.path.dirname(path))").output.strip()
+    assert out == "('a+', 'a+', 2, True)"
+    fresh.thaw(frozen)
+    assert fresh.run("open(path).read()").output.strip() == "'a'"
     frozen.release()

@@ -10,7 +10,9 @@ Host side: :func:`symbolic_verdict` checks a worker out of a per-process pool (s
 is idle), sends one request and waits for the answer. The budget is the worker's **CPU time**
 (``timeout_s``, read from ``/proc/<pid>/stat``), so a verdict does not depend on how loaded the
 machine is: a correct answer that needs one CPU second is accepted on an idle machine and on one with
-load 20 alike. A wall-clock cap (:data:`WALL_FACTOR` × ``timeout_s``) still bounds the caller's wait.
+load 20 alike. A wall-clock cap (:data:`WALL_FACTOR` × ``timeout_s``) still bounds the caller's wait,
+a fresh worker's start included: a start that misses it goes on in the background (up to
+:data:`STARTUP_TIMEOUT_S`) and the worker joins the pool once ready.
 A worker that overruns either, dies or answers out of protocol is killed (SIGKILL) and reaped, and
 the call's verdict is ``None`` ("not verified"). Healthy workers go back to the pool (at most
 :data:`MAX_IDLE` kept), so math_verify is imported once per worker, not once per call. The pool is
@@ -43,7 +45,8 @@ from typing import Any
 MAX_IDLE = max(8, os.cpu_count() or 8)
 #: Address-space cap of a worker (math_verify and sympy need about 0.3 GB of it).
 MEMORY_LIMIT_BYTES = 2 << 30
-#: A worker that has not imported math_verify and said so by then is given up (not the call's deadline).
+#: A worker that has not imported math_verify and said so by then is given up. The call that started it
+#: waits at most until its own wall-clock cap; the start then goes on in the background, up to this.
 STARTUP_TIMEOUT_S = 60.0
 #: The caller waits at most this many times ``timeout_s`` of wall-clock time (the budget itself is CPU time).
 WALL_FACTOR = 10.0
@@ -59,18 +62,33 @@ class _WorkerDied(Exception):
     """The worker's pipe closed before it answered."""
 
 
+class _StartTimedOut(Exception):
+    """A fresh worker was not ready by the call's wall-clock deadline (it finishes starting in the background)."""
+
+
 class _Worker:
     """One child process and its pipes; used by one caller at a time."""
 
     def __init__(self) -> None:
+        """Spawn the child; it is not usable before :meth:`wait_ready` says so."""
+        self.start_deadline = time.monotonic() + STARTUP_TIMEOUT_S
         self.proc = subprocess.Popen(
             [sys.executable, "-I", os.path.abspath(__file__), str(os.getpid())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             close_fds=True, start_new_session=True,
         )
-        if self._read_line(time.monotonic() + STARTUP_TIMEOUT_S) != _READY:
-            self.kill()
-            raise RuntimeError("grading worker did not start")
+
+    def wait_ready(self, deadline: float) -> bool | None:
+        """Wait for the ready line until ``deadline`` (and never past :data:`STARTUP_TIMEOUT_S` after the
+        spawn): True once ready, None when the wait ran out with the child still starting, False when the
+        child failed to start (it is killed)."""
+        line = self._read_line(min(deadline, self.start_deadline))
+        if line == _READY:
+            return True
+        if line is None and self.alive() and time.monotonic() < self.start_deadline:
+            return None
+        self.kill()
+        return False
 
     def ask(self, request: dict[str, Any], cpu_s: float, wall_deadline: float) -> bool | None:
         """The worker's verdict, or None when it used more than ``cpu_s`` CPU seconds on it, passed
@@ -157,8 +175,15 @@ class _Pool:
                 worker.close_pipes()
             self._idle, self._pid = [], os.getpid()
 
-    def take(self) -> tuple[_Worker, bool]:
-        """A worker, and whether it was reused from the pool (it may have died since)."""
+    def take(self, deadline: float) -> tuple[_Worker, bool]:
+        """A worker, and whether it was reused from the pool (it may have died since). A fresh worker's
+        start counts against ``deadline`` (``time.monotonic()``).
+
+        Raises:
+            OSError, RuntimeError: the worker could not be started.
+            _StartTimedOut: it was still starting at ``deadline``; it is left to finish in the background
+                (:meth:`_finish_start`), so a later call finds it in the pool.
+        """
         with self._lock:
             self._forked()
             while self._idle:
@@ -166,7 +191,19 @@ class _Pool:
                 if worker.alive():
                     return worker, True
                 worker.kill()
-        return _Worker(), False
+        worker = _Worker()
+        ready = worker.wait_ready(deadline)
+        if ready:
+            return worker, False
+        if ready is None:
+            threading.Thread(target=self._finish_start, args=(worker,), daemon=True).start()
+            raise _StartTimedOut
+        raise RuntimeError("grading worker did not start")
+
+    def _finish_start(self, worker: _Worker) -> None:
+        """Pool ``worker`` once it is ready; kill it when it is not ready within its start timeout."""
+        if worker.wait_ready(worker.start_deadline):
+            self.give_back(worker)
 
     def give_back(self, worker: _Worker) -> None:
         with self._lock:
@@ -200,15 +237,18 @@ def symbolic_verdict(predicted: str, gold: str, *, strict: bool, timeout_s: floa
     """math_verify's verdict on ``predicted`` vs ``gold`` (stage 3 of grading), from a worker process.
 
     ``strict`` and the verdict are :func:`verify`'s. ``timeout_s`` is the worker's CPU time for this
-    call; the wait is capped at ``WALL_FACTOR * timeout_s`` of wall-clock time. Returns None when
-    the worker overran either (it is killed), died on this request, or could not be started; a
+    call; the wait is capped at ``WALL_FACTOR * timeout_s`` of wall-clock time, a fresh worker's start
+    included. Returns None when the worker overran either (it is killed), died on this request, could not
+    be started, or was not started by the cap (it goes on starting in the background and joins the pool); a
     pooled worker found dead is replaced by a fresh one under the same wall-clock cap. Never raises.
     """
     wall_deadline = time.monotonic() + WALL_FACTOR * timeout_s
     request = {"predicted": predicted, "gold": gold, "strict": strict}
     while True:
         try:
-            worker, reused = _POOL.take()
+            worker, reused = _POOL.take(wall_deadline)
+        except _StartTimedOut:
+            return None
         except (OSError, RuntimeError) as err:
             if not _START_FAILED.is_set():
                 _START_FAILED.set()

@@ -55,7 +55,16 @@ import time
 import types
 
 import _isolation  # the sibling file (this script's directory is sys.path[0])
-from _isolation import PR_SET_CHILD_SUBREAPER, _libc, drop_privileges, isolate_os, join_cgroups, set_limits
+from _isolation import (
+    PR_SET_CHILD_SUBREAPER,
+    _libc,
+    drop_privileges,
+    isolate_os,
+    join_cgroups,
+    restrict_files,
+    restrict_syscalls,
+    set_limits,
+)
 
 WRITE_EVENTS = ("os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.chmod", "os.chown", "os.link",
                 "os.symlink", "os.truncate", "os.utime", "os.chflags", "os.setxattr", "os.removexattr",
@@ -143,7 +152,7 @@ def _sealed_objects() -> dict:
 
 
 def make_guard(workdir: str):
-    """The audit hook and its two handles (a one-shot permit, the work dir setter), sharing a closure.
+    """The audit hook and its one handle (a one-shot permit), sharing a closure; the work dir is fixed.
 
     Everything the hook calls is captured here as a C-level object: rebinding ``os.path.realpath``,
     ``builtins.isinstance`` or any module attribute from model code changes nothing in it.
@@ -153,43 +162,8 @@ def make_guard(workdir: str):
     is_instance, str_, bytes_, int_, denied, shallow = isinstance, str, bytes, int, PermissionError, ValueError
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     write_events, blocked, frame_attrs = frozenset(WRITE_EVENTS), BLOCKED_EVENTS, frozenset(FRAME_ATTRS)
-    metadata_events = frozenset(("os.truncate", "os.chmod", "os.chown", "os.utime", "os.setxattr", "os.removexattr"))
-    os_open, os_read, os_write, os_close, rename, is_reg = os.open, os.read, os.write, os.close, os.rename, stat.S_ISREG
     stat_, is_directory = os.stat, stat.S_ISDIR
-    read_only, create = os.O_RDONLY | os.O_NOFOLLOW, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
     state = {"workdir": workdir, "permit": None}
-
-    def copy_up(path) -> None:
-        """Give ``path`` an inode of its own when it shares one with a snapshot's files (copy-on-write).
-
-        Snapshots hard-link the work dir's files instead of copying them (``Runtime.copy_tree``);
-        the first write, truncation or metadata change of a shared file copies it here, before the
-        call proceeds, so no branch ever sees another's writes.
-        """
-        if is_instance(path, bytes_):
-            path = path.decode("utf-8", "surrogateescape")
-        try:
-            info = lstat(path)
-        except OSError:
-            return
-        if not is_reg(info.st_mode) or info.st_nlink < 2:
-            return
-        tmp = path + ".cow~"
-        fin = os_open(path, read_only)
-        try:
-            fout = os_open(tmp, create, info.st_mode & 0o7777)
-            try:
-                while True:
-                    block = os_read(fin, 1 << 20)
-                    if not block:
-                        break
-                    while block:
-                        block = block[os_write(fout, block):]
-            finally:
-                os_close(fout)
-        finally:
-            os_close(fin)
-        rename(tmp, path)
 
     def resolve(path):
         """``path`` absolute with every symlink resolved (non-strict, like ``os.path.realpath``)."""
@@ -240,7 +214,6 @@ def make_guard(workdir: str):
             if writing and is_instance(path, (str_, bytes_)):
                 if not inside(path):
                     raise denied(f"sandbox: writing outside the work directory is not allowed: {path!r}")
-                copy_up(path)
             elif mode is None and is_instance(path, (str_, bytes_)) and not inside(path):
                 # os.open of a directory elsewhere would give a dir_fd, and writes relative to it carry
                 # no path this hook could check
@@ -254,8 +227,6 @@ def make_guard(workdir: str):
             for arg in args:
                 if is_instance(arg, (str_, bytes_)) and not inside(arg):
                     raise denied(f"sandbox: {event} outside the work directory is not allowed")
-            if event in metadata_events and args and is_instance(args[0], (str_, bytes_)):
-                copy_up(args[0])
         elif event.startswith(blocked):
             raise denied(f"sandbox: {event} is not allowed")
         elif event == "sys._getframe":
@@ -268,10 +239,7 @@ def make_guard(workdir: str):
     def permit(event):
         state["permit"] = event
 
-    def set_workdir(path):
-        state["workdir"] = path
-
-    return hook, permit, set_workdir
+    return hook, permit
 
 
 class Runtime:
@@ -279,7 +247,7 @@ class Runtime:
 
     def __init__(self, cfg: dict, workdir: str) -> None:
         self.cfg = cfg
-        self.hook, self.permit, self.set_workdir = make_guard(workdir)
+        self.hook, self.permit = make_guard(workdir)
         self.io = _sealed_objects()
         self.workdir = workdir
         self.root = cfg["root"]
@@ -287,8 +255,8 @@ class Runtime:
         self.ns = {"__name__": "__sandbox__", "__builtins__": builtins}
         # C-level callables, captured: model code may rebind os.fork or json.dumps, never these objects
         self.fork, self.setsid, self.chdir, self.getpid = os.fork, os.setsid, os.chdir, os.getpid
-        self.close_fd, self.mkdir, self.scandir, self.open, self.read = os.close, os.mkdir, os.scandir, os.open, os.read
-        self.write, self.readlink, self.symlink, self.exit = os.write, os.readlink, os.symlink, os._exit
+        self.close_fd, self.open, self.read = os.close, os.open, os.read
+        self.write, self.readlink, self.exit = os.write, os.readlink, os._exit
         self.setrlimit, self.getrusage, self.setitimer = resource.setrlimit, resource.getrusage, signal.setitimer
         # the C functions (no enum wrapping: 20 us for all signals instead of 1 ms per cell)
         self.signal, self.getsignal = _signal.signal, _signal.getsignal
@@ -304,8 +272,13 @@ class Runtime:
         self.only_ast, self.expr_type, self.expression_type = 0x400, __import__("_ast").Expr, __import__("_ast").Expression
         self.sys = sys
         self.rlimit_cpu, self.itimer_real, self.rusage_self = resource.RLIMIT_CPU, signal.ITIMER_REAL, resource.RUSAGE_SELF
-        self.unlink, self.rmdir = os.unlink, os.rmdir
-        self.listdir, self.fstat, self.lstat, self.link = os.listdir, os.fstat, os.lstat, os.link
+        self.listdir, self.fstat, self.getcwd, self.pread = os.listdir, os.fstat, os.getcwd, os.pread
+        self.dup2, self.lseek = os.dup2, os.lseek
+        self.is_reg, self.is_dir, self.int = stat.S_ISREG, stat.S_ISDIR, int
+        self.O = {name: getattr(os, name) for name in ("O_RDONLY", "O_RDWR", "O_CREAT", "O_EXCL", "O_TRUNC",
+                                                       "O_TMPFILE", "O_CLOEXEC", "SEEK_SET")}
+        self.fd_table: list = []
+        self.cwd = ""
         self.traceback_type, self.own_file = types.TracebackType, __file__
         self.modern_traceback = sys.version_info >= (3, 12)  # there the printer is Python code reading frames
 
@@ -457,7 +430,7 @@ class Runtime:
                     continue
                 for extra in fds[1:]:
                     self.close_fd(extra)
-                copy = self.fork_copy(sock, fds[0])
+                copy = self.fork_copy(sock, fds[0], "frozen" if msg.get("role") == "frozen" else "live")
                 if isinstance(copy, str):
                     self.reply(sock, seq, error=copy)
                 elif copy is None:
@@ -474,12 +447,20 @@ class Runtime:
             else:
                 self.reply(sock, seq, error=f"unknown op {op!r}")
 
-    def fork_copy(self, sock, fd: int):
-        """Copy this whole interpreter (memory by fork, files by copying the work dir).
+    def fork_copy(self, sock, fd: int, role: str):
+        """Copy this whole interpreter by ``fork``; the copy serves on ``fd``.
+
+        The work dir's files are the keeper's job (``keeper_op``): a frozen copy's files are saved
+        beside the live dir, and put back into the one live dir before a live copy starts, so every
+        live interpreter sees its files at the same absolute path. What a fork would otherwise share
+        between branches is handled here: a ``frozen`` copy records every open file and directory
+        descriptor (path, flags, offset; a deleted file's bytes) and the working directory, and
+        replaces those descriptors with placeholders; a ``live`` copy reopens each recorded
+        descriptor at its number on the keeper's fresh copy of the files. No open file description
+        (so no file offset) is ever shared between two branches.
 
         Returns None in the parent (or an error sentence), and the copy's own channel in the copy.
         """
-        dst = self.root + "/" + str(self.getpid())  # replaced in the copy
         deadline = self.monotonic() + 2.0
         while self.lock_held():  # os.fork waits for the import lock: a thread stuck in an import would hang it
             if self.monotonic() > deadline:
@@ -497,112 +478,106 @@ class Runtime:
         if pid:
             self.close_fd(fd)
             return None
-        dst = self.root + "/" + str(self.getpid())
         try:
             if rng is not None:  # random re-seeds itself in a forked child; a copy must keep the parent's state
                 rng.setstate(rng_state)
             sock.close()
             self.setsid()
-            src = self.workdir
-            self.set_workdir(dst)
-            self.copy_tree(src, dst)
-            self.chdir(dst)
-            self.workdir = dst
+            if role == "frozen":
+                self.record_descriptors(fd)
+            else:
+                self.reopen_descriptors()
             self.permit("socket.__new__")
             channel = self.socket_type(fileno=fd)
             self.reply(channel, 0, ready=True)  # the host reads this copy's pid from the kernel, not from here
             return channel
         except BaseException:  # noqa: BLE001 - a copy that cannot start must never serve its parent's socket
-            try:
-                self.remove_tree(dst)
-            finally:
-                self.exit(1)
+            self.exit(1)
 
-    def remove_tree(self, path: str) -> None:
-        """Delete ``path`` and what it holds (symlinks are removed, never followed)."""
+    def record_descriptors(self, keep: int) -> None:
+        """Note every regular-file and directory descriptor above 2 (but ``keep``) and park it on /dev/null."""
+        table, top = [], self.workdir
         try:
-            with self.scandir(path) as entries:
-                items = list(entries)
+            here = self.getcwd()
         except OSError:
-            return
-        for entry in items:
-            if entry.is_dir(follow_symlinks=False):
-                self.remove_tree(entry.path)
-            else:
-                try:
-                    self.unlink(entry.path)
-                except OSError:
-                    pass
+            here = top
+        self.cwd = here[len(top) + 1:] if here.startswith(top + "/") else ""
+        null = self.open("/dev/null", self.O["O_RDONLY"])
         try:
-            self.rmdir(path)
-        except OSError:
-            pass
-
-    def open_for_writing(self) -> set:
-        """(device, inode) of every file this process holds open for writing (from /proc/self/fdinfo)."""
-        found = set()
-        for name in self.listdir("/proc/self/fd"):
-            try:
-                fd = self.open("/proc/self/fdinfo/" + name, os.O_RDONLY)
-                try:
-                    text = self.read(fd, 4096).decode()
-                finally:
-                    self.close_fd(fd)
-                flags = int(text.split("flags:", 1)[1].split()[0], 8)
-                if flags & (os.O_WRONLY | os.O_RDWR):
-                    info = self.fstat(int(name))
-                    found.add((info.st_dev, info.st_ino))
-            except (OSError, ValueError, IndexError):
-                continue
-        return found
-
-    def copy_tree(self, src: str, dst: str, writing: set | None = None) -> None:
-        """Make ``dst`` a copy of ``src`` (captured os calls only): directories and symlinks anew, files as
-        hard links (the guard's copy-up gives a file its own inode at its first write), except files
-        this process holds open for writing, which are copied (a write through such a descriptor
-        would pass no guard)."""
-        if writing is None:
-            writing = self.open_for_writing()
-        self.mkdir(dst, 0o700)
-        with self.scandir(src) as entries:
-            items = list(entries)
-        for entry in items:
-            source, target = src + "/" + entry.name, dst + "/" + entry.name
-            if entry.is_symlink():
-                self.symlink(self.readlink(source), target)
-            elif entry.is_dir(follow_symlinks=False):
-                self.copy_tree(source, target, writing)
-            elif entry.is_file(follow_symlinks=False):
-                info = self.lstat(source)
-                if (info.st_dev, info.st_ino) not in writing:
-                    self.permit("os.link")
-                    self.link(source, target)
+            for name in self.listdir("/proc/self/fd"):
+                number = self.int(name)
+                if number <= 2 or number in (keep, null):
                     continue
-                fin = self.open(source, os.O_RDONLY | os.O_NOFOLLOW)
                 try:
-                    fout = self.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                    try:
-                        while True:
-                            block = self.read(fin, 1 << 20)
-                            if not block:
-                                break
-                            view = memoryview(block)
-                            while view:
-                                view = view[self.write(fout, view):]
-                    finally:
-                        self.close_fd(fout)
-                finally:
-                    self.close_fd(fin)
+                    info = self.fstat(number)
+                    if not (self.is_reg(info.st_mode) or self.is_dir(info.st_mode)):
+                        continue
+                    target = self.readlink("/proc/self/fd/" + name)
+                    flags, pos = self.fd_flags(name)
+                except (OSError, ValueError, IndexError):
+                    continue
+                data = None
+                if target.endswith(" (deleted)"):  # unlinked while open: only its bytes can be copied
+                    if not self.is_reg(info.st_mode) or info.st_size > self.cfg["file_mb"] * 1024 * 1024:
+                        continue
+                    data = self.pread(number, info.st_size, 0)
+                table.append((number, target, flags, pos, data))
+                self.dup2(null, number)
+        finally:
+            self.close_fd(null)
+        self.fd_table = table
+
+    def fd_flags(self, name: str) -> tuple[int, int]:
+        fd = self.open("/proc/self/fdinfo/" + name, self.O["O_RDONLY"])
+        try:
+            text = self.read(fd, 4096).decode()
+        finally:
+            self.close_fd(fd)
+        return (self.int(text.split("flags:", 1)[1].split()[0], 8), self.int(text.split("pos:", 1)[1].split()[0]))
+
+    def reopen_descriptors(self) -> None:
+        """Reopen the recorded descriptors (and directory) on this copy's files; clear the record."""
+        o = self.O
+        for number, target, flags, pos, data in self.fd_table:
+            flags &= ~(o["O_CREAT"] | o["O_EXCL"] | o["O_TRUNC"])
+            try:
+                if data is not None:
+                    new = self.open(self.workdir, o["O_TMPFILE"] | o["O_RDWR"], 0o600)
+                    view = memoryview(data)
+                    while view:
+                        view = view[self.write(new, view):]
+                else:
+                    new = self.open(target, flags)
+                self.lseek(new, pos, o["SEEK_SET"])
+            except OSError:
+                continue  # the path is gone from the copy: the placeholder stays
+            self.dup2(new, number, inheritable=not flags & o["O_CLOEXEC"])
+            self.close_fd(new)
+        self.fd_table = []
+        try:
+            self.chdir(self.workdir + ("/" + self.cwd if self.cwd else ""))
+        except OSError:
+            self.chdir(self.workdir)
+
+
+def readable_paths() -> list[str]:
+    """What model code may read (and nothing else, under Landlock): the interpreter's own files
+    (prefixes and their site-packages), this script's dir, and the system dirs a process needs."""
+    prefixes = {sys.base_prefix, sys.prefix, sys.exec_prefix}
+    found = set(prefixes) | {os.path.dirname(os.path.abspath(__file__))}
+    found |= {p for p in sys.path if p and (p.endswith(("site-packages", "dist-packages"))
+                                          or any(p.startswith(x + "/") for x in prefixes))}
+    found |= {os.path.dirname(os.path.realpath(sys.executable))}
+    found |= {"/usr", "/lib", "/lib64", "/lib32", "/bin", "/etc", "/dev", "/proc", "/sys/devices/system/cpu"}
+    return sorted(p for p in found if os.path.exists(p))
 
 
 def interpreter_main(cfg: dict, base_fd: int, layers: list[str]) -> None:
-    """The base interpreter: limits, dropped uid, sealed guard, then serve forever (never returns)."""
+    """The base interpreter: limits, dropped privileges, Landlock, seccomp, sealed guard, then serve
+    forever (never returns). Its hello names the layers and which required ones hold (``achieved``)."""
     os.setsid()
     layers += set_limits(cfg)
-    workdir = cfg["root"] + "/base"
-    os.makedirs(workdir, exist_ok=True)
-    os.chown(workdir, cfg["uid"] or os.getuid(), cfg["uid"] or os.getgid())
-    os.chmod(workdir, 0o700)
+    workdir = cfg["root"] + "/live"
     layers += drop_privileges(cfg)
     os.chdir(workdir)
     base = socket.socket(fileno=base_fd)
@@ -614,12 +589,148 @@ def interpreter_main(cfg: dict, base_fd: int, layers: list[str]) -> None:
     for fd in (0, 1, 2):  # stdio was the host's log file: model code must not write to the host's disk
         os.dup2(null, fd)
     os.close(null)
+    achieved = cfg.get("achieved", [])
+    found, holds = restrict_files(os.path.realpath(workdir), readable_paths())
+    layers += found
+    achieved += ["landlock"] if holds else []
+    found, holds = restrict_syscalls()
+    layers += found
+    achieved += ["seccomp"] if holds else []
     sys.addaudithook(runtime.hook)
     layers.append("audit-hook guard(writes outside work dir, processes, signals, sockets, introspection; "
-                  "always armed, no switch)")
-    send(base, {"ready": True, "isolation": layers})
+                  "always armed, no switch; a second line behind the kernel's)")
+    send(base, {"ready": True, "isolation": layers, "achieved": achieved})
     runtime.serve(base)
     os._exit(0)
+
+
+# ------------------------------------------------------------------ the keeper's file copies
+def copy_tree(src: str, dst: str, owner: int | None) -> None:
+    """Copy the contents of directory ``src`` into the existing directory ``dst``, exactly.
+
+    Regular files get their own inodes (so no write route of one branch reaches another), names
+    that share an inode in ``src`` share one in ``dst``, symlinks are copied as links (never
+    followed), FIFOs are re-made, other special files skipped; modes and times are kept.
+    """
+    links: dict[tuple[int, int], str] = {}
+
+    def walk(source: str, target: str) -> None:
+        with os.scandir(source) as entries:
+            names = [entry.name for entry in entries]
+        for name in names:
+            s_path, d_path = source + "/" + name, target + "/" + name
+            info = os.lstat(s_path)
+            kind = stat.S_IFMT(info.st_mode)
+            if kind == stat.S_IFLNK:
+                os.symlink(os.readlink(s_path), d_path)
+            elif kind == stat.S_IFDIR:
+                os.mkdir(d_path, 0o700)
+                walk(s_path, d_path)
+            elif kind == stat.S_IFREG:
+                key = (info.st_dev, info.st_ino)
+                if key in links:
+                    os.link(links[key], d_path)
+                    continue
+                _copy_file(s_path, d_path)
+                links[key] = d_path
+            elif kind == stat.S_IFIFO:
+                os.mkfifo(d_path, 0o600)
+            else:
+                continue
+            _copy_attributes(d_path, info, owner)
+
+    walk(src, dst)
+    _copy_attributes(dst, os.lstat(src), owner)
+
+
+def _copy_file(source: str, target: str) -> None:
+    fin = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        fout = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            size = os.fstat(fin).st_size
+            done = 0
+            while done < size:
+                sent = os.sendfile(fout, fin, done, size - done)
+                if sent == 0:
+                    break
+                done += sent
+        finally:
+            os.close(fout)
+    finally:
+        os.close(fin)
+
+
+def _copy_attributes(path: str, info: os.stat_result, owner: int | None) -> None:
+    link = stat.S_ISLNK(info.st_mode)
+    if owner is not None:
+        os.lchown(path, owner, owner)
+    if not link:
+        os.chmod(path, stat.S_IMODE(info.st_mode))
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
+
+
+def clear_dir(path: str) -> None:
+    """Remove everything inside ``path`` (never following a symlink); ``path`` itself stays."""
+    import shutil
+
+    os.chmod(path, 0o700)
+    with os.scandir(path) as entries:
+        names = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+    for name, is_dir in names:
+        full = path + "/" + name
+        if is_dir:
+            _open_up(full)
+            shutil.rmtree(full)
+        else:
+            os.unlink(full)
+
+
+def _open_up(path: str) -> None:
+    """Give every directory below ``path`` an owner rwx bit, so that removal never stops at a mode."""
+    os.chmod(path, 0o700)
+    for root, dirs, _ in os.walk(path):
+        for name in dirs:
+            full = os.path.join(root, name)
+            if not os.path.islink(full):
+                os.chmod(full, 0o700)
+
+
+def keeper_op(cfg: dict, msg: dict) -> dict:
+    """One file operation for the host: ``save`` (live dir -> snapshot ``id``), ``load`` (snapshot ``id``,
+    or an empty dir when ``id`` is None, -> live dir), ``drop`` (snapshot dirs listed in ``drop``;
+    every op drops those first). The live dir keeps its inode (the Landlock rule is bound to it)."""
+    root, owner = cfg["root"], cfg["uid"]
+    live, snaps = root + "/live", root + "/snaps"
+    for old in msg.get("drop", []):
+        target = f"{snaps}/{int(old)}"
+        if os.path.isdir(target) and not os.path.islink(target):
+            _open_up(target)
+            import shutil
+
+            shutil.rmtree(target, ignore_errors=True)
+    op, ident = msg.get("op"), msg.get("id")
+    try:
+        if op == "save":
+            target = f"{snaps}/{int(ident)}"
+            os.mkdir(target, 0o700)
+            try:
+                copy_tree(live, target, None)
+            except OSError:
+                _open_up(target)
+                import shutil
+
+                shutil.rmtree(target, ignore_errors=True)
+                raise
+        elif op == "load":
+            clear_dir(live)
+            if ident is not None:
+                copy_tree(f"{snaps}/{int(ident)}", live, owner)
+            else:
+                os.chmod(live, 0o700)
+    except OSError as exc:
+        return {"error": f"{op}: {exc.strerror or exc}"}
+    return {"ok": True}
 
 
 def keeper_main() -> None:
@@ -629,6 +740,13 @@ def keeper_main() -> None:
     layers += isolate_os(cfg)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # with the subreaper flag: every orphan is reaped here
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    for name in ("live", "snaps"):
+        os.makedirs(cfg["root"] + "/" + name, mode=0o700, exist_ok=True)
+    if cfg.get("tmpfs"):  # snapshots have a quota of their own: a branch's ENOSPC never depends on them
+        _isolation._mount("tmpfs", cfg["root"] + "/snaps", 2 | 4 | 8, "tmpfs",
+                          f"size={cfg['snapshot_disk_mb']}m,nr_inodes=262144,mode=0700")
+    if cfg["uid"] is not None:
+        os.chown(cfg["root"] + "/live", cfg["uid"], cfg["uid"])
     for module in cfg["preload"]:
         try:
             __import__(module)
@@ -647,8 +765,12 @@ def keeper_main() -> None:
         finally:
             os._exit(1)
     os.close(cfg["base_fd"])
-    try:
-        recv(keeper)  # blocks until the host says stop or goes away (closed, crashed or SIGKILLed)
+    try:  # serves the host's file operations until it says stop or goes away (closed, crashed, SIGKILLed)
+        while True:
+            msg = recv(keeper)
+            if msg.get("op") not in ("save", "load", "drop"):
+                break
+            send(keeper, keeper_op(cfg, msg))
     except (EOFError, OSError, ValueError):
         pass
     _isolation.kill_descendants()

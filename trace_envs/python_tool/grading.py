@@ -95,7 +95,7 @@ _MAX_EXPONENT = 10_000
 _MAX_FACTORIAL = 2_000
 _MAX_COMBINATORIAL_LITERAL = 100_000
 
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_ANSWER_OPEN, _ANSWER_CLOSE = "<answer>", "</answer>"
 _INT = r"\d+|\d{1,3}(?:,\d{3})+"
 _DECIMAL = re.compile(rf"^([+-]?)({_INT})?(?:\.(\d+))?$")
 _FRACTION = re.compile(r"^([+-]?)(\d+)/(\d+)$")
@@ -140,10 +140,23 @@ def normalize_answer(text: Any) -> str:
     return s
 
 
+def _last_answer(text: str) -> str | None:
+    """The body of the last ``<answer>...</answer>`` pair (pairs read left to right, each closed by the first
+    ``</answer>`` after its opener), or None. Linear in ``len(text)``: every character is scanned at most
+    twice, however many openers are left unclosed."""
+    body, pos = None, 0
+    while (start := text.find(_ANSWER_OPEN, pos)) >= 0:
+        end = text.find(_ANSWER_CLOSE, start + len(_ANSWER_OPEN))
+        if end < 0:
+            break
+        body, pos = text[start + len(_ANSWER_OPEN) : end], end + len(_ANSWER_CLOSE)
+    return body
+
+
 def _unwrap(text: str) -> str:
     """The last ``<answer>`` body, then the last ``\\boxed{}`` body in it, stripped."""
-    answers = _ANSWER_TAG.findall(text)
-    s = answers[-1] if answers else text
+    answer = _last_answer(text)
+    s = answer if answer is not None else text
     boxed = extract_boxed(s)
     return (boxed if boxed is not None else s).strip()
 

@@ -41,14 +41,13 @@ import json
 import os
 import random
 import secrets
-import shutil
 import socket
 import subprocess
 import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +66,17 @@ from trace_envs.python_tool._host import (
     send_frame,
 )
 
-__all__ = ["SandboxConfig", "CellResult", "FrozenInterpreter", "Sandbox", "SandboxCrashed"]
+__all__ = ["REQUIRED_LAYERS", "SandboxConfig", "CellResult", "FrozenInterpreter", "Sandbox", "SandboxCrashed"]
 
 _SERVER = Path(__file__).with_name("_server.py")
+
+#: The kernel layers a sandbox needs, by name: ``filesystem`` (a mount namespace with every mount
+#: read-only and a private tmpfs work root with a quota), ``network`` (a network namespace with no
+#: interfaces), ``landlock`` (file access: writes only in the live work dir; reads only of system and
+#: python dirs), ``seccomp`` (no exec, ptrace, signals, namespaces, mounts, sockets, pipes or shared
+#: memory). As an ordinary user the first two come from a user namespace of the sandbox's own.
+REQUIRED_LAYERS = ("filesystem", "network", "landlock", "seccomp")
+_KEEPER_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,14 +93,19 @@ class SandboxConfig:
         cpus: CPU cap of the whole env in cores (a cgroup quota, where available); None: no CPU cgroup.
             Off by default: under contention the env then competes as one task, which doubled
             restore latency on a loaded 2-core machine; rlimits bound CPU per cell and between cells anyway.
-        disk_mb: size of the env's private work-dir tmpfs (all snapshots' files together; root only).
+        disk_mb: size of the live work dir's private tmpfs (what model code can write).
+        snapshot_disk_mb: size of the private tmpfs holding every snapshot's copy of the work dir; a
+            snapshot whose files do not fit holds its replay log only.
         max_open_files: open files per process.
         file_mb: largest file a cell may write.
         output_chars: output kept per cell; the rest is counted and dropped.
         max_processes: process cap of the sandbox's uid (frozen copies count).
         max_frozen: live frozen copies allowed at once (snapshots beyond it raise SnapshotLimitError).
-        network_namespace: isolate the network where the platform allows.
+        network_namespace: isolate the network (a namespace with no interfaces; required unless False).
         drop_privileges: run user code under a fresh uid when the host is root.
+        allow_weaker: kernel layers the sandbox may start without, by name (see :data:`REQUIRED_LAYERS`):
+            by default it refuses to start when one is missing on this machine. Defaults to the
+            comma-separated names in ``TRACE_GYM_ALLOW_WEAKER``.
         preload: modules imported once in the keeper so that every interpreter starts warm.
     """
 
@@ -105,6 +117,7 @@ class SandboxConfig:
     env_memory_mb: int = 4096
     cpus: float | None = None
     disk_mb: int = 256
+    snapshot_disk_mb: int = 1024
     max_open_files: int = 256
     file_mb: int = 16
     output_chars: int = 8192
@@ -112,6 +125,8 @@ class SandboxConfig:
     max_frozen: int = 256
     network_namespace: bool = True
     drop_privileges: bool = True
+    allow_weaker: tuple[str, ...] = field(default_factory=lambda: tuple(
+        name.strip() for name in os.environ.get("TRACE_GYM_ALLOW_WEAKER", "").split(",") if name.strip()))
     preload: tuple[str, ...] = ("math", "fractions", "itertools", "functools", "collections", "random",
                                 "numpy", "numpy.random", "sympy")
 
@@ -121,9 +136,19 @@ class SandboxConfig:
         if self.max_frozen < 1 or self.max_processes <= self.max_frozen:
             raise ValueError("need max_frozen >= 1 and max_processes > max_frozen")
         if (self.env_memory_mb < self.memory_mb // 4 or (self.cpus is not None and self.cpus <= 0)
-                or self.disk_mb < 1 or self.max_open_files < 16):
-            raise ValueError("SandboxConfig: env_memory_mb >= memory_mb / 4, cpus > 0 or None, disk_mb >= 1, "
+                or self.disk_mb < 1 or self.snapshot_disk_mb < 1 or self.max_open_files < 16):
+            raise ValueError("SandboxConfig: env_memory_mb >= memory_mb / 4, cpus > 0 or None, disk_mb and snapshot_disk_mb >= 1, "
                              "max_open_files >= 16")
+        unknown = set(self.allow_weaker) - set(REQUIRED_LAYERS)
+        if unknown:
+            raise ValueError(f"SandboxConfig.allow_weaker: unknown layer(s) {sorted(unknown)}; "
+                             f"the layers are {list(REQUIRED_LAYERS)}")
+
+    @property
+    def required_layers(self) -> tuple[str, ...]:
+        """The kernel layers this sandbox refuses to start without."""
+        wanted = [name for name in REQUIRED_LAYERS if name != "network" or self.network_namespace]
+        return tuple(name for name in wanted if name not in self.allow_weaker)
 
 
 @dataclass(frozen=True)
@@ -199,14 +224,16 @@ class _Proc:
                 os.close(self.pidfd)
                 self.pidfd = None
             self.sock.close()
-        self.box._remove_workdir(self.pid)
+        self.box._forget(self.pid)
 
-    def fork(self, timeout: float, retries: int = 20) -> _Proc:
+    def fork(self, timeout: float, role: str, retries: int = 20) -> _Proc:
         """Ask this interpreter for a copy of itself; return the copy, verified through the kernel.
 
         The copy's pid is what SCM_CREDENTIALS says sent its first frame, and it must be a child of
         this process running as the sandbox uid (:func:`adopt`); nothing the interpreter writes names it.
-        A refused fork (the process cap, while killed copies are still exiting) is retried with a short
+        ``role`` is ``"frozen"`` (a save point: it records its open descriptors) or ``"live"`` (it
+        reopens them on the files the keeper has just put in the live dir). A refused fork (the
+        process cap, while killed copies are still exiting) is retried with a short
         back-off before it becomes an error. A fork the interpreter refuses raises SandboxError and
         leaves it serving; a broken channel raises SandboxCrashed.
         """
@@ -215,7 +242,7 @@ class _Proc:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             try:
-                reply = self.request({"op": "fork"}, timeout, fds=(theirs.fileno(),))
+                reply = self.request({"op": "fork", "role": role}, timeout, fds=(theirs.fileno(),))
             except BaseException:
                 ours.close()
                 raise
@@ -349,11 +376,16 @@ class Sandbox:
             "keeper_fd": keeper_theirs.fileno(), "base_fd": base_theirs.fileno(), "root": self.root,
             "uid": self.uid, "network_namespace": cfg_.network_namespace,
             "memory_mb": cfg_.memory_mb, "file_mb": cfg_.file_mb, "disk_mb": cfg_.disk_mb,
+            "snapshot_disk_mb": cfg_.snapshot_disk_mb,
             "cpu_s": cfg_.cpu_s, "cpu_total_s": cfg_.cpu_total_s, "max_open_files": cfg_.max_open_files,
             "timeout_s": cfg_.timeout_s, "output_chars": cfg_.output_chars,
             "max_processes": cfg_.max_processes, "preload": list(cfg_.preload), "cgroup_procs": procs,
         }
-        env = {"PATH": "/usr/bin:/bin", "HOME": self.root, "TMPDIR": self.root, "LANG": "C.UTF-8",
+        self._pending_drops: list[int] = []
+        self._saved: set[int] = set()
+        self._keeper_lock = threading.Lock()
+        live_dir = self.root + "/live"
+        env = {"PATH": "/usr/bin:/bin", "HOME": live_dir, "TMPDIR": live_dir, "LANG": "C.UTF-8",
                "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1",
                "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         log_path = self.state.path / f"{self.sid}.log"
@@ -393,6 +425,16 @@ class Sandbox:
         self._cgroup_ok = bool(self._cgroups)
         self.isolation: tuple[str, ...] = tuple(str(x) for x in layers) + self._host_layers()
         self._base = FrozenInterpreter(_Proc(creds[0], base_pidfd, base_ours, self), self)
+        achieved = hello.get("achieved")
+        self.layers_held = frozenset(str(x) for x in achieved) if isinstance(achieved, list) else frozenset()
+        missing = [name for name in cfg_.required_layers if name not in self.layers_held]
+        if missing:
+            self.close()
+            raise SandboxError(
+                f"the sandbox cannot hold on this machine without: {', '.join(missing)} (its isolation: "
+                f"{'; '.join(x for x in self.isolation if x.startswith('unavailable'))}). To run with weaker "
+                f"isolation anyway, name what to do without: SandboxConfig(allow_weaker={tuple(missing)!r}) "
+                f"or TRACE_GYM_ALLOW_WEAKER={','.join(missing)}")
 
     def _host_layers(self) -> tuple[str, ...]:
         layers = ["kernel-verified pids (SCM_CREDENTIALS, pidfd, parentage, uid)",
@@ -405,8 +447,8 @@ class Sandbox:
             layers.append("unavailable: per-env cgroups (needs root and a writable cgroup tree); "
                           "memory is limited per process only")
         if self.uid is None:
-            layers.append("unavailable: per-env uid, read-only file system and private tmpfs (need root); "
-                          "the audit hook is the main guard against writes, other envs share the host uid")
+            layers.append("no per-env uid (not root): envs share the host uid; Landlock, the mount namespace "
+                          "and seccomp keep each env to its own files and processes")
         return tuple(layers)
 
     # ------------------------------------------------------------------ life
@@ -428,10 +470,14 @@ class Sandbox:
     def thaw(self, frozen: FrozenInterpreter) -> None:
         """Replace the live interpreter with a fresh copy of ``frozen`` (which stays reusable).
 
+        The old live interpreter and every process it left are killed first, then the keeper puts
+        ``frozen``'s files into the live dir (an empty dir for the pristine one), then ``frozen`` forks.
+        When this raises, there is no live interpreter.
+
         Raises:
             SnapshotError: ``frozen`` was released or belongs to another sandbox.
             SandboxCrashed: its process is gone (or broke the protocol while forking).
-            SandboxError: it refused to fork.
+            SandboxError: it refused to fork, or its files could not be restored.
         """
         self._check_open()
         if frozen.released:
@@ -440,22 +486,28 @@ class Sandbox:
             raise SnapshotError("the frozen interpreter belongs to another sandbox")
         if not frozen.usable:
             raise SandboxCrashed("the frozen interpreter's process is gone")
+        old, self._live = self._live, None
+        if old is not None:
+            old.kill()
+        self.kill_strays()
+        source = frozen._proc.pid if frozen is not self._base else None
+        if source is not None and source not in self._saved:
+            raise SandboxError("the frozen interpreter's files were not saved")
+        self._keeper_request({"op": "load", "id": source})
         try:
-            new = frozen._proc.fork(self.config.timeout_s)
+            new = frozen._proc.fork(self.config.timeout_s, "live")
         except SandboxCrashed:
             frozen._proc.kill(released=False)
             raise
-        old, self._live = self._live, new
-        if old is not None:
-            old.kill()
+        self._live = new
 
     def freeze(self) -> FrozenInterpreter:
-        """A frozen copy of the live interpreter.
+        """A frozen copy of the live interpreter, its work dir's files saved beside it by the keeper.
 
         Raises:
             SnapshotLimitError: ``max_frozen`` copies are held.
-            SandboxError: the interpreter refused or failed to fork (it keeps serving);
-                SandboxCrashed: it died or broke the protocol (it was killed).
+            SandboxError: the interpreter refused or failed to fork, or the files did not fit the
+                quota (it keeps serving); SandboxCrashed: it died or broke the protocol (it was killed).
         """
         self._check_open()
         if self._live is None:
@@ -467,11 +519,48 @@ class Sandbox:
             )
         live = self._live
         try:
-            return FrozenInterpreter(live.fork(self.config.timeout_s), self)
+            proc = live.fork(self.config.timeout_s, "frozen")
         except SandboxCrashed:
             self._live = None
             live.kill()
             raise
+        try:
+            self._keeper_request({"op": "save", "id": proc.pid})
+        except SandboxError:
+            proc.kill()
+            raise
+        self._saved.add(proc.pid)
+        return FrozenInterpreter(proc, self)
+
+    def _keeper_request(self, msg: dict[str, Any]) -> None:
+        """One file operation by the keeper (see ``_server.keeper_op``), with the pending drops."""
+        with self._keeper_lock:
+            drops, self._pending_drops = self._pending_drops, []
+            try:
+                send_frame(self._keeper_sock, {**msg, "drop": drops}, time.monotonic() + _KEEPER_TIMEOUT_S)
+                reply = recv_frame(self._keeper_sock, time.monotonic() + _KEEPER_TIMEOUT_S, 65_536)
+            except (OSError, EOFError, TimeoutError, ProtocolError) as exc:
+                raise SandboxCrashed(f"the sandbox's keeper did not answer ({type(exc).__name__})") from exc
+        if reply.get("ok") is not True:
+            error = reply.get("error")
+            raise SandboxError(f"the work dir could not be copied: {str(error)[:300]}")
+
+    def kill_strays(self) -> int:
+        """SIGKILL every process in the tree that is not one of the sandbox's interpreters (with all
+        below it): what a cell started, whatever it did since (setsid, double fork). Returns how many
+        were found. Cheap when there are none: it reads the children lists of the keeper and the live
+        interpreter only."""
+        if not self._started or self._keeper.poll() is not None:
+            return 0
+        known = self._known_pids() | {self._keeper.pid}
+        roots = [self._keeper.pid] + ([self._live.pid] if self._live is not None else [])
+        strays = [pid for root in roots for pid in _children(root) if pid not in known]
+        keeper = self._keeper.pid
+        for stray in strays:
+            for pid in [stray, *_descendants(stray)]:
+                if pid not in known:
+                    kill_pid_checked(pid, lambda p: keeper in _ancestors(p))
+        return len(strays)
 
     def seed(self, seed: int) -> None:
         """Seed ``random`` (and numpy's legacy global RNG) in the live interpreter."""
@@ -484,7 +573,10 @@ class Sandbox:
         interpreter dies, ignores its time limit or breaks the protocol, it is killed and
         :class:`SandboxCrashed` is raised; the caller restores a frozen copy.
         """
-        reply = self._request({"op": "exec", "code": code}, self.config.timeout_s + self.config.kill_grace_s)
+        try:
+            reply = self._request({"op": "exec", "code": code}, self.config.timeout_s + self.config.kill_grace_s)
+        finally:
+            self.kill_strays()  # a cell's processes end with the cell
         return CellResult(ok=reply["ok"], output=reply["output"], truncated_chars=reply["truncated"])
 
     def _request(self, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -506,12 +598,11 @@ class Sandbox:
         """Processes alive in this sandbox's tree, keeper excluded (user-spawned ones included)."""
         return len(_descendants(self._keeper.pid))
 
-    def _remove_workdir(self, pid: int) -> None:
-        """Delete a copy's work dir; inside the keeper's mount namespace when it lives on the private tmpfs."""
-        if self._closed or not self._started:
-            return
-        through = f"/proc/{self._keeper.pid}/root" if self._keeper.poll() is None else ""
-        shutil.rmtree(f"{through}{self.root}/{int(pid)}", ignore_errors=True)
+    def _forget(self, pid: int) -> None:
+        """A copy's process is gone: its saved files are dropped with the next keeper request."""
+        if pid in self._saved:
+            self._saved.discard(pid)
+            self._pending_drops.append(pid)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -569,6 +660,22 @@ class Sandbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _children(pid: int) -> list[int]:
+    """The direct children of ``pid`` (every thread's), from /proc/<pid>/task/*/children."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                found += [int(x) for x in fh.read().split()]
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def _ancestors(pid: int) -> list[int]:
