@@ -16,7 +16,10 @@ checkpoint never has the final name); :func:`read_checkpoint` verifies the manif
 hashes), loads the tensors with ``safetensors`` (a format that holds only numbers, never code),
 decodes the JSON with a closed set of tags and raises :class:`CheckpointError` with a one-line
 reason for anything else: a missing or extra file, a truncated or edited file, a tag it does not
-know, a tensor key that is not in the file.
+know, a tensor key that is not in the file, JSON nested deeper than :data:`MAX_JSON_DEPTH`, a
+bare ``NaN`` / ``Infinity`` (non-finite floats are written as ``{"$float": "inf"}`` tags), a
+file larger than its limit, and a checkpoint directory or file that is a symbolic link (or, with
+``root``, that resolves outside ``root``): nothing is read through a link.
 
 The hashes detect damage (truncation, a disk error, a hand edit); they are not a signature: a
 writer who recomputes them can still change the numbers. What no one can do through a run
@@ -39,8 +42,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 import random
+import re
 import shutil
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -57,6 +64,8 @@ __all__ = [
     "read_checkpoint",
     "verify_checkpoint",
     "list_checkpoints",
+    "checkpoint_step",
+    "MAX_JSON_DEPTH",
     "capture_rng_state",
     "restore_rng_state",
     "predictor_state",
@@ -69,6 +78,13 @@ _TENSORS = "tensors.safetensors"
 _STATE = "state.json"
 _MANIFEST = "manifest.json"
 _FILES = (_TENSORS, _STATE)
+_STEP_DIR = re.compile(r"step_(\d{1,18})")
+
+#: Deepest nesting of lists and objects a checkpoint's JSON may hold (a real one holds about 10).
+MAX_JSON_DEPTH = 100
+#: Largest ``manifest.json`` / ``state.json`` read, in bytes.
+_JSON_LIMITS = {_MANIFEST: 1 << 20, _STATE: 1 << 30}
+_NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -102,10 +118,12 @@ class _Encoder:
 
         if x is None or isinstance(x, bool | str):
             return x
+        if isinstance(x, np.generic):
+            x = x.item()
+        if isinstance(x, float) and not math.isfinite(x):
+            return {"$float": "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")}
         if isinstance(x, int | float):
             return x
-        if isinstance(x, np.generic):
-            return x.item()
         if isinstance(x, torch.Tensor):
             return {"$tensor": self._add(x)}
         if isinstance(x, np.ndarray):
@@ -143,7 +161,10 @@ def _decode(x: Any, tensors: Mapping[str, Any]) -> Any:
         if tag == "$tensor":
             return t
         arr = t.numpy()
-        dtype = np.dtype(str(x.get("dtype", arr.dtype.str)))
+        try:
+            dtype = np.dtype(str(x.get("dtype", arr.dtype.str)))
+        except TypeError:
+            raise CheckpointError(f"state.json gives an unknown array dtype {x.get('dtype')!r}") from None
         if dtype.kind not in "biuf":
             raise CheckpointError(f"state.json gives an unsupported array dtype {dtype}")
         return arr.astype(dtype, copy=False)
@@ -152,6 +173,8 @@ def _decode(x: Any, tensors: Mapping[str, Any]) -> Any:
             return bytes.fromhex(x[tag])
         except ValueError:
             raise CheckpointError("state.json holds a malformed $bytes value") from None
+    if tag == "$float" and x[tag] in _NON_FINITE:
+        return _NON_FINITE[x[tag]]
     if tag == "$tuple" and isinstance(x[tag], list):
         return tuple(_decode(v, tensors) for v in x[tag])
     if tag == "$dict" and isinstance(x[tag], list):
@@ -167,12 +190,88 @@ def _decode(x: Any, tensors: Mapping[str, Any]) -> Any:
     raise CheckpointError(f"state.json holds an unknown tag {tag!r}")
 
 
+def _open_regular(path: Path) -> Any:
+    """``path`` opened for binary reading, never through a symbolic link; :class:`CheckpointError` unless a plain file.
+
+    A missing file raises ``FileNotFoundError``; a FIFO or device does not block the open.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as exc:  # ELOOP: the name is a link
+        raise CheckpointError(f"{path} cannot be read without following a link: {exc.strerror}") from None
+    fh = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        fh.close()
+        raise CheckpointError(f"{path} is not a plain file")
+    return fh
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with path.open("rb") as fh:
+    with _open_regular(path) as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _json_depth(text: str) -> int:
+    """The deepest nesting of ``[`` / ``{`` in JSON ``text`` (brackets inside strings do not count), without parsing it."""
+    depth = deepest = 0
+    for match in _JSON_TOKENS.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in "]}":
+            depth -= 1
+    return deepest
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"a bare {name} (non-finite numbers are stored as $float tags)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:20]} does not fit a float")
+    return value
+
+
+def _read_json(path: Path) -> Any:
+    """Decode ``path`` (a checkpoint's JSON file) within its size limit, :data:`MAX_JSON_DEPTH` and finite numbers.
+
+    Raises ``FileNotFoundError`` when it is missing and :class:`CheckpointError` for anything else.
+    """
+    limit = _JSON_LIMITS[path.name]
+    with _open_regular(path) as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise CheckpointError(f"{path} is larger than {limit} bytes")
+    try:
+        text = data.decode("utf-8")
+        if _json_depth(text) > MAX_JSON_DEPTH:
+            raise CheckpointError(f"{path} nests deeper than {MAX_JSON_DEPTH} levels")
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except CheckpointError:
+        raise
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {type(exc).__name__}: {exc}") from None
+
+
+def _check_inside(path: Path, root: str | Path | None) -> None:
+    """Refuse a checkpoint directory that is a symbolic link or (with ``root``) resolves outside ``root``."""
+    if path.is_symlink():
+        raise CheckpointError(f"{path} is a symbolic link (a checkpoint is read only from a real directory)")
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no checkpoint directory")
+    if root is not None and not path.resolve().is_relative_to(Path(root).resolve()):
+        raise CheckpointError(f"{path} resolves to {path.resolve()}, outside the run directory {root}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -195,29 +294,32 @@ def write_checkpoint(path: str | Path, state: Mapping[str, Any]) -> Path:
     enc = _Encoder()
     tree = enc.encode(dict(state))
     save_file(enc.tensors, str(tmp / _TENSORS), metadata={"format": CHECKPOINT_FORMAT})
-    (tmp / _STATE).write_text(json.dumps(tree, allow_nan=True), encoding="utf-8")
+    (tmp / _STATE).write_text(json.dumps(tree, allow_nan=False), encoding="utf-8")
+    step = state.get("step")
     manifest = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION,
-                "step": state.get("step"),
+                "step": step if isinstance(step, int) and not isinstance(step, bool) else None,
                 "files": {name: {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
                           for name in _FILES}}
-    (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=1, allow_nan=False), encoding="utf-8")
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
     return final
 
 
-def verify_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Check ``path``'s manifest, file sizes and sha256 hashes; returns the manifest or raises :class:`CheckpointError`."""
+def verify_checkpoint(path: str | Path, *, root: str | Path | None = None) -> dict[str, Any]:
+    """Check ``path``'s manifest, file sizes and sha256 hashes; returns the manifest or raises :class:`CheckpointError`.
+
+    ``path`` and its files must be real (no symbolic links); with ``root``, ``path`` must resolve inside it.
+    """
     path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: no checkpoint directory")
+    _check_inside(path, root)
     try:
-        manifest = json.loads((path / _MANIFEST).read_text(encoding="utf-8"))
+        manifest = _read_json(path / _MANIFEST)
     except FileNotFoundError:
         legacy = " (an old pickle checkpoint, which is never loaded)" if (path / "state.pkl").exists() else ""
         raise CheckpointError(f"{path}: no {_MANIFEST}{legacy}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except OSError as exc:
         raise CheckpointError(f"{path}/{_MANIFEST} is unreadable: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path}: not a {CHECKPOINT_FORMAT} manifest")
@@ -228,46 +330,76 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
     if not isinstance(files, dict) or set(files) != set(_FILES):
         raise CheckpointError(f"{path}: the manifest must list exactly {', '.join(_FILES)}")
     for name in _FILES:
-        entry = files[name]
-        file = path / name
-        if not file.is_file():
-            raise CheckpointError(f"{path}: {name} is missing")
-        if not isinstance(entry, dict):
-            raise CheckpointError(f"{path}: malformed manifest entry for {name}")
-        size = file.stat().st_size
-        if size != entry.get("bytes"):
-            raise CheckpointError(f"{path}: {name} has {size} bytes, the manifest says {entry.get('bytes')} "
-                                  f"(truncated or replaced)")
-        if _sha256(file) != entry.get("sha256"):
-            raise CheckpointError(f"{path}: {name} does not match its sha256 in the manifest (edited or damaged)")
+        _verify_file(path, name, files[name])
     return manifest
 
 
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Verify (:func:`verify_checkpoint`) and decode a checkpoint; tensors come back on the CPU."""
+def _verify_file(path: Path, name: str, entry: Any) -> None:
+    """Refuse ``path/name`` unless it is a plain file (not a link) of the manifest ``entry``'s size and sha256."""
+    file = path / name
+    if file.is_symlink():
+        raise CheckpointError(f"{path}: {name} is a symbolic link (a checkpoint's files are read only as plain files)")
+    if not file.is_file():
+        raise CheckpointError(f"{path}: {name} is missing")
+    if not isinstance(entry, dict):
+        raise CheckpointError(f"{path}: malformed manifest entry for {name}")
+    size = file.stat().st_size
+    if size != entry.get("bytes"):
+        raise CheckpointError(f"{path}: {name} has {size} bytes, the manifest says {entry.get('bytes')} "
+                              f"(truncated or replaced)")
+    try:
+        digest = _sha256(file)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: {name} is unreadable: {exc}") from None
+    if digest != entry.get("sha256"):
+        raise CheckpointError(f"{path}: {name} does not match its sha256 in the manifest (edited or damaged)")
+
+
+def read_checkpoint(path: str | Path, *, root: str | Path | None = None) -> dict[str, Any]:
+    """Verify (:func:`verify_checkpoint`, with ``root``) and decode a checkpoint; tensors come back on the CPU.
+
+    Anything that is not a checkpoint this module wrote raises :class:`CheckpointError`, never another error.
+    """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     path = Path(path)
-    verify_checkpoint(path)
+    verify_checkpoint(path, root=root)
     try:
         tensors = load_file(str(path / _TENSORS), device="cpu")
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{path}/{_TENSORS} is not a valid safetensors file: {exc}") from None
     try:
-        tree = json.loads((path / _STATE).read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"{path}/{_STATE} is not valid JSON: {exc}") from None
-    state = _decode(tree, tensors)
+        tree = _read_json(path / _STATE)
+        state = _decode(tree, tensors)
+    except CheckpointError:
+        raise
+    except (OSError, TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise CheckpointError(f"{path}/{_STATE} cannot be decoded: {type(exc).__name__}: {exc}") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}/{_STATE} must hold a mapping")
     return state
 
 
+def checkpoint_step(path: str | Path) -> int | None:
+    """The step a checkpoint directory's name gives (``step_000003`` -> 3); None for any other name."""
+    match = _STEP_DIR.fullmatch(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
 def list_checkpoints(root: str | Path) -> list[Path]:
-    """Complete-looking ``step_*`` checkpoint directories under ``root``, newest (highest step) first."""
-    found = [p for p in Path(root).glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")]
-    return sorted(found, key=lambda p: p.name, reverse=True)
+    """The ``step_<k>`` entries under ``root`` that are directories or symbolic links, highest ``k`` first.
+
+    Nothing is followed or verified: a link is listed (so a reader can refuse it and a pruner
+    remove it) and other files and ``.tmp`` directories are left out. An unreadable ``root`` lists nothing.
+    """
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return []
+    found = [(step, Path(root) / e.name) for e in entries
+             if (step := checkpoint_step(e.name)) is not None and (e.is_symlink() or e.is_dir(follow_symlinks=False))]
+    return [p for _, p in sorted(found, key=lambda sp: (sp[0], sp[1].name), reverse=True)]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -308,7 +440,7 @@ def restore_rng_state(state: Mapping[str, Any], generator: np.random.Generator |
             torch.cuda.set_rng_state_all(list(state["cuda"]))
         if generator is not None and "generator" in state:
             generator.bit_generator.state = dict(state["generator"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+    except (KeyError, TypeError, ValueError, RuntimeError, OverflowError, IndexError) as exc:
         raise CheckpointError(f"malformed RNG state in the checkpoint: {exc}") from None
 
 

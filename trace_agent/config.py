@@ -182,7 +182,9 @@ class RolloutSettings:
             (uniform groups, no branching), ``pcl`` (predictor keeps the prompts nearest 1/2,
             uniform groups), ``treepo`` (random branching), or any name
             :func:`trace_agent.strategies.make_strategy` knows (``trace-root``, ``oracle`` ...), or
-            ``module:attribute`` naming a Strategy class, factory or instance (a custom strategy).
+            ``module:attribute`` naming a Strategy class, factory or instance (a custom strategy;
+            a run resumed from its directory imports it only when the caller allows it, see
+            :mod:`trace_agent.rundir`).
         prompts_per_step: candidate prompts drawn from the pool per step (scored by TRACE/PCL).
         roots: M, root rollouts per step for a branching strategy.
         continuations_per_root: N, continuation units per root rollout. A flat strategy

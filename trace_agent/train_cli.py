@@ -378,7 +378,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise RunDirError("--resume needs the run directory: trace-gym train --resume runs/NAME")
     if args.out and resume and Path(args.out).resolve() != Path(resume).resolve():
         raise RunDirError(f"--out {args.out} and --resume {resume} name different runs: give only --resume {resume}")
-    saved = resume_config(run_dir)
+    # a module:attr strategy the command line itself names may be imported; one only the run dir names may not
+    named = tuple(f.split("=", 1)[1] for f in flags if f.startswith("rollout.strategy="))
+    saved = resume_config(run_dir, allow_code=named)
     extra = [f for f in flags if not f.startswith("out_dir=") and f != "log.progress=false"]
     if args.config is None and not extra:
         return TrainConfig(**{**saved.__dict__, "log": replace(saved.log, progress=saved.log.progress

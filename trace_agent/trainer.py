@@ -37,7 +37,9 @@ verified on load (:mod:`trace_agent.checkpoint`); nothing is unpickled.
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import random
 import shutil
 import time
@@ -51,6 +53,7 @@ import numpy as np
 from trace_agent.checkpoint import (
     CheckpointError,
     capture_rng_state,
+    checkpoint_step,
     list_checkpoints,
     load_predictor_state,
     predictor_state,
@@ -71,6 +74,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from trace_agent.tree import RolloutTree
 
 __all__ = ["StepResult", "Trainer", "CollectorFactory"]
+
+_log = logging.getLogger(__name__)
+
+#: Largest step a checkpoint may give (far beyond any run; it keeps step arithmetic in int64).
+MAX_STEP = 2**53
 
 
 # --------------------------------------------------------------------------------------------------
@@ -223,13 +231,18 @@ class Trainer:
         """Restore a checkpoint written by :meth:`save_checkpoint` into this trainer; returns its step.
 
         The files are verified against the manifest and decoded as data before anything in the
-        trainer changes; a checkpoint that is damaged or does not fit this run (other model shapes,
-        another prompt pool) raises :class:`~trace_agent.checkpoint.CheckpointError` with the reason.
+        trainer changes; a checkpoint that is damaged, out of range (a step that is not a
+        non-negative int, or not the one its ``step_<k>`` name gives; non-finite totals; a pool
+        position past its pool), a symbolic link (or, named inside this run's directory, resolves
+        outside it) or does not fit this run (other model shapes, another prompt pool) raises
+        :class:`~trace_agent.checkpoint.CheckpointError` with the reason, never another error.
         """
         path = Path(path)
-        state = read_checkpoint(path)
+        state = read_checkpoint(path, root=self.out_dir if _lexically_inside(path, self.out_dir) else None)
         try:
-            step = int(state["step"])
+            step = _checked_step(state.get("step"), path)
+            totals = _checked_totals(state.get("totals"))
+            _check_pool(state.get("pool"), len(self.pool.prompt_ids))
             _check_fits(self.learner.model.state_dict(), state["model"], "model")
             if self.reference is not None and state.get("reference") is not None:
                 _check_fits(self.reference.model.state_dict(), state["reference"], "reference")
@@ -238,33 +251,45 @@ class Trainer:
             if self.reference is not None and state.get("reference") is not None:
                 self.reference.model.load_state_dict(state["reference"])
             self.pool.load_state_dict(state["pool"])
-            self.totals = {str(k): float(v) for k, v in dict(state["totals"]).items()}
+            self.totals = totals
             load_predictor_state(self.predictor, state["predictor"])
             if state.get("collector") is not None:
                 self.collector.load_state_dict(state["collector"])
             restore_rng_state(state["rng"], self.rng)
         except CheckpointError as exc:
             raise CheckpointError(f"{path}: {exc}") from None
-        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, OverflowError, IndexError,
+                RecursionError) as exc:
             raise CheckpointError(f"{path} does not fit this run: {type(exc).__name__}: {exc}") from None
         self.step_count = step
         sync_weights(self.engine, self.learner)
         return self.step_count
 
-    def prune_checkpoints(self) -> None:
-        """Keep the newest ``log.keep_checkpoints`` step checkpoints."""
-        for old in list_checkpoints(self.out_dir / "checkpoints")[self.config.log.keep_checkpoints:]:
-            shutil.rmtree(old)
+    def prune_checkpoints(self) -> list[str]:
+        """Keep the newest ``log.keep_checkpoints`` checkpoint directories (and this step's); remove the others.
+
+        Never follows a symbolic link: a linked ``step_<k>`` entry is unlinked (its target stays)
+        and a linked ``checkpoints`` directory is not pruned at all. Never raises: an entry that
+        cannot be removed is left, with one logged warning each; returns those warnings.
+        """
+        root = self.out_dir / "checkpoints"
+        if root.is_symlink():
+            return _warn([f"not pruning {root}: it is a symbolic link"])
+        entries = list_checkpoints(root)
+        real = [p for p in entries if not p.is_symlink()]
+        keep = {*real[:self.config.log.keep_checkpoints], root / f"step_{self.step_count:06d}"}
+        return _warn([msg for p in entries if p not in keep and (msg := _remove_entry(p))])
 
     @staticmethod
     def latest_checkpoint(out_dir: str | Path) -> Path | None:
         """The newest checkpoint under ``<out_dir>/checkpoints`` that passes verification (None: none).
 
-        Damaged ones (truncated, edited, no manifest) are skipped; :meth:`checkpoints` lists them all.
+        Damaged ones (truncated, edited, no manifest) and links or paths that resolve outside
+        ``out_dir`` are skipped; :meth:`checkpoints` lists them all.
         """
         for path in Trainer.checkpoints(out_dir):
             try:
-                verify_checkpoint(path)
+                verify_checkpoint(path, root=out_dir)
             except CheckpointError:
                 continue
             return path
@@ -272,11 +297,68 @@ class Trainer:
 
     @staticmethod
     def checkpoints(out_dir: str | Path) -> list[Path]:
-        """Every ``step_*`` checkpoint directory under ``<out_dir>/checkpoints``, newest first (unverified)."""
+        """Every ``step_<k>`` entry under ``<out_dir>/checkpoints``, newest first (unverified, links included)."""
         return list_checkpoints(Path(out_dir) / "checkpoints")
 
     def save_config(self) -> Path:
         return save_config(self.config, self.out_dir / "config.yaml")
+
+
+def _lexically_inside(path: Path, root: Path) -> bool:
+    """True when ``path`` names a place under ``root`` (compared as absolute, normalised names; links not resolved)."""
+    p, r = os.path.normpath(os.path.abspath(path)), os.path.normpath(os.path.abspath(root))
+    return os.path.commonpath([p, r]) == r
+
+
+def _checked_step(step: Any, path: Path) -> int:
+    """``step`` when it is an int in ``[0, MAX_STEP]`` equal to the step of ``path``'s ``step_<k>`` name (if it has one)."""
+    if type(step) is not int or not 0 <= step <= MAX_STEP:
+        raise CheckpointError(f"its step {step!r} is not an integer between 0 and {MAX_STEP}")
+    named = checkpoint_step(path)
+    if named is not None and named != step:
+        raise CheckpointError(f"it holds step {step}, its directory name says {named}")
+    return step
+
+
+def _checked_totals(totals: Any) -> dict[str, float]:
+    """The budget totals as ``{name: float}``; every value finite and non-negative."""
+    if not isinstance(totals, dict):
+        raise CheckpointError("its budget totals are not a mapping")
+    out = {}
+    for key, value in totals.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+            raise CheckpointError(f"its budget total {key!r} is {value!r}, not a finite non-negative number")
+        out[str(key)] = float(value)
+    return out
+
+
+def _check_pool(pool: Any, size: int) -> None:
+    """Refuse a prompt-pool state whose epoch or cursor is not an int in range (a cursor past the pool never advances)."""
+    if not isinstance(pool, dict):
+        raise CheckpointError("its prompt pool state is not a mapping")
+    epoch, cursor = pool.get("epoch"), pool.get("cursor")
+    if type(epoch) is not int or not 0 <= epoch <= MAX_STEP:
+        raise CheckpointError(f"its prompt pool epoch {epoch!r} is not an integer between 0 and {MAX_STEP}")
+    if type(cursor) is not int or not 0 <= cursor <= size:
+        raise CheckpointError(f"its prompt pool cursor {cursor!r} is not an integer between 0 and {size}")
+
+
+def _remove_entry(path: Path) -> str | None:
+    """Remove one checkpoint entry without following links (a link is unlinked); the warning when it cannot be."""
+    try:
+        if path.is_symlink() or not path.is_dir():
+            path.unlink()
+        else:
+            shutil.rmtree(path)
+    except OSError as exc:
+        return f"could not remove old checkpoint {path}: {exc}"
+    return None
+
+
+def _warn(messages: list[str]) -> list[str]:
+    for message in messages:
+        _log.warning(message)
+    return messages
 
 
 def _check_fits(current: dict[str, Any], saved: Any, what: str) -> None:
