@@ -147,6 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--merge", default=None, metavar="FILE[,FILE...]",
                    help="train nothing: pool the runs of earlier train.json / compare.json files of the same "
                         "comparison (seeds run in parts) into one table under --out")
+    t.add_argument("--runs", default=None, metavar="DIR",
+                   help="pre-registered mode: write one compact JSON per finished (arm, seed) run into DIR (runs "
+                        "already there are skipped), held-out evaluations every eval.every steps; an arm is a "
+                        "strategy, optionally with a budget multiple ('grpo@2x': rollout.roots times 2); seed-major")
+    tab = sub.add_parser("table", help="rebuild the pre-registered comparison's table from its per-run files alone")
+    tab.add_argument("--runs", required=True, metavar="DIR", help="the per-run JSON files of `train --runs`")
+    tab.add_argument("--reference", default="grpo", help="the arm every other is paired against (same seed)")
+    tab.add_argument("--out", default=None, help="also write table.json and table.md here")
     return parser
 
 
@@ -591,6 +599,8 @@ def train_config(args: argparse.Namespace) -> Any:
 def run_train(args: argparse.Namespace, policy: Any = None) -> dict[str, Any]:
     from trace_agent.compare import ComparisonResult, compare_training
 
+    if args.runs and not args.merge:
+        return run_arms(args)
     if args.merge:
         result = ComparisonResult.merge([ComparisonResult.from_json(Path(f).read_text())
                                          for f in args.merge.split(",") if f.strip()])
@@ -610,9 +620,236 @@ def run_train(args: argparse.Namespace, policy: Any = None) -> dict[str, Any]:
     return data
 
 
+# --------------------------------------------------------------------------------------------------
+# the pre-registered comparison: one compact file per (arm, seed) run, and the table rebuilt from those files
+
+#: step metrics kept in a run file: these prefixes, and the step's wall and predictor time.
+RUN_STEP_PREFIXES = ("rollout/", "budget/", "update/", "predictor/")
+RUN_STEP_KEYS = ("time/step_s", "time/predictor_s")
+
+
+def _kept(key: str, value: Any) -> bool:
+    return (key.startswith(RUN_STEP_PREFIXES) or key in RUN_STEP_KEYS) and isinstance(value, int | float)
+
+
+def parse_arm(arm: str) -> tuple[str, int]:
+    """``"grpo@2x"`` -> ``("grpo", 2)``; ``"trace"`` -> ``("trace", 1)``."""
+    name, _, mult = arm.partition("@")
+    if not mult:
+        return name, 1
+    if not mult.endswith("x") or not mult[:-1].isdigit() or int(mult[:-1]) < 1:
+        raise SystemExit(f"paper_claims: arm {arm!r}: a budget multiple is written like 'grpo@2x'")
+    return name, int(mult[:-1])
+
+
+def _code_commit() -> dict[str, Any]:
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True, timeout=30).stdout.strip()
+        except OSError:
+            return ""
+
+    dirty = git("status", "--porcelain", "--", "trace_agent", "trace_envs", "scripts", "docs/configs",
+                "docs/paper/math/pool")
+    return {"commit": git("rev-parse", "HEAD"), "code_dirty": bool(dirty), "root": str(root)}
+
+
+def _eval_data(result: Any, step: int) -> dict[str, Any]:
+    return {"step": step, "success": result.success, "success_se": result.success_se, "tasks": result.tasks,
+            "samples": result.samples, "episodes": result.episodes, "solved_tasks": result.solved_tasks,
+            "seconds": result.seconds}
+
+
+def _base_key(config: Any) -> dict[str, Any]:
+    from trace_agent.config import config_to_dict
+
+    c = config_to_dict(config)
+    return {k: c[k] for k in ("env_id", "env_kwargs", "policy", "sampling", "eval")}
+
+
+def run_arms(args: argparse.Namespace) -> dict[str, Any]:
+    """``train --runs DIR``: every (arm, seed), seed-major, from one start; one compact JSON per finished run."""
+    from trace_agent.config import config_to_dict
+    from trace_agent.metrics import read_metrics
+    from trace_agent.train_cli import evaluate_heldout, run_training
+    from trace_agent.wiring import build_policies
+
+    config = train_config(args)
+    runs = Path(args.runs)
+    runs.mkdir(parents=True, exist_ok=True)
+    arms = [a.strip() for a in args.strategies.split(",") if a.strip()]
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    for arm in arms:
+        parse_arm(arm)
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    code = _code_commit()
+    base_path = runs / "base.json"
+    key = _base_key(config)
+    if base_path.is_file() and json.loads(base_path.read_text()).get("key") == key:
+        base = json.loads(base_path.read_text())["eval"]
+    else:
+        policy, _ = build_policies(config.policy, seed=0, env_id=config.env_id)
+        base = _eval_data(evaluate_heldout(policy, config), 0)
+        del policy
+        base_path.write_text(json.dumps({"what": "held-out evaluation of the starting policy (step 0 of every run)",
+                                         **code, "command": args.command_line, "key": key, "eval": base}, indent=1))
+    log(f"starting policy: held-out {base['success']:.3f} ({base['tasks']} tasks x {base['samples']} samples)")
+    done = []
+    for seed in seeds:
+        for arm in arms:
+            path = runs / f"{arm.replace('@', '_').replace(':', '_')}_s{seed}.json"
+            if path.is_file():
+                log(f"{path.name}: already there, skipped")
+                continue
+            strategy, mult = parse_arm(arm)
+            run_dir = Path(config.out_dir) / path.stem
+            cfg = replace(config, seed=seed, out_dir=str(run_dir),
+                          rollout=replace(config.rollout, strategy=strategy, roots=config.rollout.roots * mult))
+            import time
+
+            t = time.perf_counter()
+            rep = run_training(cfg, evaluate="after", log=lambda _m: None)
+            seconds = time.perf_counter() - t
+            records = read_metrics(run_dir / "metrics.jsonl")
+            evals = [base] + [{"step": int(r["step"]), "success": r["eval/success"], "success_se": r["eval/success_se"],
+                               "episodes": int(r["eval/episodes"]), "seconds": r["eval/seconds"]}
+                              for r in records if "eval/success" in r and int(r["step"]) > 0]
+            steps = [{"step": int(r["step"]), **{k: v for k, v in r.items() if _kept(k, v)}}
+                     for r in records if "rollout/effective_ratio" in r]
+            data = {"arm": arm, "strategy": strategy, "budget_multiple": mult, "seed": seed, **code,
+                    "command": args.command_line, "config": config_to_dict(cfg), "seconds": seconds,
+                    "paper_units": rep.paper_units, "generated_tokens": rep.generated_tokens, "evals": evals,
+                    "steps": steps}
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data, separators=(",", ":"), default=float))
+            tmp.replace(path)
+            done.append(path.name)
+            log(f"{path.name}: {seconds:.0f}s, held-out " + " ".join(f"{e['step']}:{e['success']:.3f}" for e in evals))
+    return {"runs": done, "base": base}
+
+
+def curve_auc_steps(evals: Sequence[dict[str, Any]]) -> float:
+    """Area under the held-out curve (trapezoids over the evaluated steps), divided by the span of steps."""
+    pts = sorted((int(e["step"]), float(e["success"])) for e in evals)
+    if len(pts) < 2:
+        raise ValueError("a learning curve needs two evaluations or more")
+    area = sum((s0 + s1) / 2 * (t1 - t0) for (t0, s0), (t1, s1) in zip(pts, pts[1:]))
+    return area / (pts[-1][0] - pts[0][0])
+
+
+def paired_ci(diffs: Sequence[float]) -> dict[str, float]:
+    """Mean of paired differences, its standard error and the t 95% interval (n - 1 degrees of freedom)."""
+    from scipy.stats import t as student_t
+
+    n = len(diffs)
+    if n == 0:
+        return {"n": 0, "mean": math.nan, "se": math.nan, "low": math.nan, "high": math.nan}
+    mean = sum(diffs) / n
+    if n == 1:
+        return {"n": 1, "mean": mean, "se": math.nan, "low": math.nan, "high": math.nan}
+    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n)
+    q = float(student_t.ppf(0.975, n - 1))
+    return {"n": n, "mean": mean, "se": se, "low": mean - q * se, "high": mean + q * se}
+
+
+def load_runs(runs: str | Path) -> list[dict[str, Any]]:
+    """The per-run files of ``train --runs`` (``*_s<seed>.json``), in name order; base.json is not a run."""
+    out = []
+    for path in sorted(Path(runs).glob("*_s*.json")):
+        data = json.loads(path.read_text())
+        if not {"arm", "seed", "evals", "steps"} <= set(data):
+            raise SystemExit(f"paper_claims table: {path} is not a run file")
+        out.append(data)
+    return out
+
+
+def build_table(runs: Sequence[dict[str, Any]], reference: str = "grpo") -> dict[str, Any]:
+    """Per arm: seeds, mean AUC / final / effective ratio (all steps and step 1) / tokens; paired vs ``reference``."""
+    arms: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        arms.setdefault(r["arm"], []).append(r)
+    grid = {tuple(sorted(int(e["step"]) for e in r["evals"])) for r in runs}
+    if len(grid) > 1:
+        raise SystemExit(f"paper_claims table: the runs were evaluated at different steps: {sorted(grid)}")
+    commits = sorted({r.get("commit", "") for r in runs})
+
+    def per_run(r: dict[str, Any]) -> dict[str, float]:
+        ratios = [float(s["rollout/effective_ratio"]) for s in r["steps"]
+                  if s.get("rollout/effective_ratio") is not None and math.isfinite(float(s["rollout/effective_ratio"]))]
+        first = [float(s["rollout/effective_ratio"]) for s in r["steps"] if int(s["step"]) == 1]
+        final = max(r["evals"], key=lambda e: int(e["step"]))
+        return {"auc": curve_auc_steps(r["evals"]), "final": float(final["success"]),
+                "effective_ratio": sum(ratios) / len(ratios) if ratios else math.nan,
+                "effective_ratio_step1": first[0] if first else math.nan,
+                "generated_tokens": float(r["generated_tokens"]), "paper_units": float(r["paper_units"]),
+                "seconds": float(r["seconds"])}
+
+    values = {arm: {int(r["seed"]): per_run(r) for r in rs} for arm, rs in arms.items()}
+    table: dict[str, Any] = {"reference": reference, "commits": commits, "eval_steps": list(next(iter(grid), ())),
+                             "arms": {}}
+    for arm, by_seed in values.items():
+        entry: dict[str, Any] = {"seeds": sorted(by_seed)}
+        for k in ("auc", "final", "effective_ratio", "effective_ratio_step1", "generated_tokens", "paper_units",
+                  "seconds"):
+            entry[k] = _finite_mean([v[k] for v in by_seed.values()])
+        if arm != reference and reference in values:
+            ref = values[reference]
+            paired = sorted(set(by_seed) & set(ref))
+            entry["vs_reference"] = {k: paired_ci([by_seed[s][k] - ref[s][k] for s in paired]) for k in ("auc", "final")}
+            entry["vs_reference"]["seeds"] = paired
+        table["arms"][arm] = entry
+    return table
+
+
+def _finite_mean(values: Sequence[float]) -> float:
+    vals = [float(v) for v in values if math.isfinite(float(v))]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def table_markdown(table: dict[str, Any]) -> str:
+    ref = table["reference"]
+
+    def ci(c: dict[str, float]) -> str:
+        if c["n"] == 0:
+            return "-"
+        if c["n"] == 1:
+            return f"{c['mean']:+.3f} (1 seed: no interval)"
+        return f"{c['mean']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}] (n = {c['n']})"
+
+    lines = [f"Runs at commit(s) {', '.join(c[:10] for c in table['commits'])}; held-out evaluations at steps "
+             f"{', '.join(map(str, table['eval_steps']))}; AUC = area under the held-out curve over those steps / their "
+             f"span; paired differences against `{ref}` (same seed) with a t 95% interval.", "",
+             f"| arm | seeds | held-out AUC | final held-out | AUC − {ref} [95% CI] | final − {ref} [95% CI] "
+             "| effective ratio (step 1) | effective ratio (all steps) | paper units | generated tokens | s/run |",
+             "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|"]
+    for arm, e in table["arms"].items():
+        vs = e.get("vs_reference")
+        lines.append(f"| {arm} | {len(e['seeds'])} | {_f(e['auc'])} | {_f(e['final'])} "
+                     f"| {ci(vs['auc']) if vs else '-'} | {ci(vs['final']) if vs else '-'} "
+                     f"| {_f(e['effective_ratio_step1'], 2)} | {_f(e['effective_ratio'], 2)} | {e['paper_units']:.0f} "
+                     f"| {e['generated_tokens']:.0f} | {e['seconds']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_table(args: argparse.Namespace, policy: Any = None) -> dict[str, Any]:
+    table = build_table(load_runs(args.runs), reference=args.reference)
+    md = table_markdown(table)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "table.json").write_text(json.dumps(table, indent=1, allow_nan=True))
+        (out / "table.md").write_text(md)
+    print(md)
+    return table
+
+
 RUNNERS: dict[str, Callable[[argparse.Namespace, Any], dict[str, Any]]] = {
     "ratio": run_ratio, "ablation": run_ablation, "shape": run_shape, "budget": run_budget,
-    "predictor": run_predictor, "contrast": run_contrast, "train": run_train,
+    "predictor": run_predictor, "contrast": run_contrast, "train": run_train, "table": run_table,
 }
 
 
@@ -623,7 +860,7 @@ def main(argv: Sequence[str] | None = None, *, policy: Any = None) -> dict[str, 
     args = build_parser().parse_args(rest)
     args.command_line = " ".join(["python scripts/paper_claims.py", *(shlex.quote(a) for a in rest)])
     offline = (args.claim == "contrast" and args.trees) or getattr(args, "bench_json", None)
-    if args.claim != "train" and policy is None and not offline:
+    if args.claim not in ("train", "table") and policy is None and not offline:
         from trace_agent.bench import load_policy
         from trace_agent.wiring import check_env_id
 

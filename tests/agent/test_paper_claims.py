@@ -460,3 +460,66 @@ def test_train_small_compares_strategies_from_one_start(claims, tmp_path) -> Non
     assert on_disk["rows"][0]["paper_units"] == on_disk["rows"][1]["paper_units"] == pytest.approx(12.0)
     assert 0.0 <= data["base"]["success"] <= 1.0 and data["base"]["episodes"] == 2
     assert (tmp_path / "compare.json").is_file() and (tmp_path / "trace_s0" / "summary.json").is_file()
+
+
+# --------------------------------------------------------------------------------------------------
+# the pre-registered comparison's table, rebuilt from per-run files
+
+
+def _run_file(arm: str, seed: int, curve: tuple[float, float, float], ratios: tuple[float, float],
+              tokens: float) -> dict:
+    strategy, _, mult = arm.partition("@")
+    return {"arm": arm, "strategy": strategy, "budget_multiple": int(mult[:-1]) if mult else 1, "seed": seed,
+            "commit": "c0ffee" * 6 + "abcd", "code_dirty": False, "config": {}, "seconds": 10.0,
+            "paper_units": 1152.0 * (2 if mult else 1), "generated_tokens": tokens,
+            "evals": [{"step": s, "success": v} for s, v in zip((0, 8, 16), curve)],
+            "steps": [{"step": 1, "rollout/effective_ratio": ratios[0]}, {"step": 2, "rollout/effective_ratio": ratios[1]}]}
+
+
+def test_table_from_run_files_matches_hand_computed_numbers(claims, tmp_path) -> None:
+    curves = {  # (arm, seed) -> held-out success at steps 0, 8, 16
+        ("grpo", 0): (0.30, 0.34, 0.38), ("grpo", 1): (0.30, 0.30, 0.34), ("grpo", 2): (0.30, 0.36, 0.32),
+        ("trace", 0): (0.30, 0.38, 0.40), ("trace", 1): (0.30, 0.34, 0.34), ("trace", 2): (0.30, 0.36, 0.40),
+        ("grpo@2x", 0): (0.30, 0.40, 0.42),
+    }
+    for (arm, seed), curve in curves.items():
+        data = _run_file(arm, seed, curve, (0.25, 0.5) if arm == "grpo" else (0.5, 0.75), 100.0 + seed)
+        (tmp_path / f"{arm.replace('@', '_')}_s{seed}.json").write_text(json.dumps(data))
+    (tmp_path / "base.json").write_text(json.dumps({"eval": {"step": 0, "success": 0.3}}))  # not a run
+    table = claims.main(["table", "--runs", str(tmp_path), "--out", str(tmp_path / "out")])
+    # AUC over steps 0, 8, 16 = (s0 + 2 s8 + s16) / 4
+    auc = {k: (c[0] + 2 * c[1] + c[2]) / 4 for k, c in curves.items()}
+    assert auc[("trace", 0)] == pytest.approx(0.365)
+    t = table["arms"]["trace"]
+    assert t["seeds"] == [0, 1, 2]
+    assert t["auc"] == pytest.approx((0.365 + 0.33 + 0.355) / 3)
+    assert t["final"] == pytest.approx((0.40 + 0.34 + 0.40) / 3)
+    assert t["effective_ratio_step1"] == pytest.approx(0.5) and t["effective_ratio"] == pytest.approx(0.625)
+    assert table["arms"]["grpo"]["effective_ratio"] == pytest.approx(0.375)
+    assert t["generated_tokens"] == pytest.approx(101.0)
+    diffs = [auc[("trace", s)] - auc[("grpo", s)] for s in range(3)]  # 0.025, 0.02, 0.02
+    mean = sum(diffs) / 3
+    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2 / 3)
+    vs = t["vs_reference"]["auc"]
+    assert vs["n"] == 3 and vs["mean"] == pytest.approx(0.065 / 3) and vs["se"] == pytest.approx(se)
+    assert vs["low"] == pytest.approx(mean - 4.302652729911275 * se)  # t(0.975, df = 2)
+    assert vs["high"] == pytest.approx(mean + 4.302652729911275 * se)
+    assert t["vs_reference"]["final"]["mean"] == pytest.approx((0.02 + 0.0 + 0.08) / 3)
+    two_b = table["arms"]["grpo@2x"]  # one paired seed: a mean, no interval
+    assert two_b["vs_reference"]["auc"]["n"] == 1 and math.isnan(two_b["vs_reference"]["auc"]["low"])
+    assert two_b["vs_reference"]["seeds"] == [0] and two_b["paper_units"] == 2304
+    assert "vs_reference" not in table["arms"]["grpo"]
+    md = (tmp_path / "out" / "table.md").read_text()
+    assert f"| trace | 3 | {(0.365 + 0.33 + 0.355) / 3:.3f} | 0.380 | +0.022 [" in md
+    assert "(n = 3)" in md and "1 seed: no interval" in md and "c0ffeec0ff" in md
+    # runs evaluated at other steps are not pooled
+    (tmp_path / "odd_s9.json").write_text(json.dumps({**_run_file("odd", 9, (0.3, 0.3, 0.3), (0.5, 0.5), 1.0),
+                                                      "evals": [{"step": 0, "success": 0.3}, {"step": 4, "success": 0.3}]}))
+    with pytest.raises(SystemExit, match="different steps"):
+        claims.main(["table", "--runs", str(tmp_path)])
+
+
+def test_arm_names_carry_a_budget_multiple(claims) -> None:
+    assert claims.parse_arm("grpo@2x") == ("grpo", 2) and claims.parse_arm("trace") == ("trace", 1)
+    with pytest.raises(SystemExit):
+        claims.parse_arm("grpo@two")
