@@ -552,15 +552,20 @@ class Sandbox:
         interpreter only."""
         if not self._started or self._keeper.poll() is not None:
             return 0
-        known = self._known_pids() | {self._keeper.pid}
-        roots = [self._keeper.pid] + ([self._live.pid] if self._live is not None else [])
-        strays = [pid for root in roots for pid in _children(root) if pid not in known]
-        keeper = self._keeper.pid
-        for stray in strays:
-            for pid in [stray, *_descendants(stray)]:
-                if pid not in known:
-                    kill_pid_checked(pid, lambda p: keeper in _ancestors(p))
-        return len(strays)
+        keeper, found = self._keeper.pid, 0
+        for _ in range(50):  # a stray may fork while it is being killed: its orphans reach the keeper
+            known = self._known_pids() | {keeper}
+            roots = [keeper] + ([self._live.pid] if self._live is not None else [])
+            strays = [pid for root in roots for pid in _children(root) if pid not in known]
+            if not strays:
+                break
+            found += len(strays)
+            for stray in strays:
+                for pid in [stray, *_descendants(stray)]:
+                    if pid not in known:
+                        kill_pid_checked(pid, lambda p: keeper in _ancestors(p))
+            time.sleep(0.001)
+        return found
 
     def seed(self, seed: int) -> None:
         """Seed ``random`` (and numpy's legacy global RNG) in the live interpreter."""
