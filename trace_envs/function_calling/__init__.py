@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from trace_envs.function_calling.backends import Backends, CallOutcome, format_result
 from trace_envs.function_calling.env import BFCLEnv, render_calls, render_outcomes
+from trace_envs.function_calling.remote import RemoteBackends
 from trace_envs.function_calling.schemas import function_doc_to_tool, to_json_schema
 from trace_envs.function_calling.scoring import GroundTruth, GroundTruthTurn, TurnCheck, check_turn
 
@@ -17,6 +18,7 @@ __all__ = [
     "CallOutcome",
     "GroundTruth",
     "GroundTruthTurn",
+    "RemoteBackends",
     "TurnCheck",
     "check_turn",
     "format_result",

@@ -19,13 +19,17 @@ a :class:`Backends` owns its instances and dispatches a parsed call
 * a result is rendered as BFCL does: a ``str`` as is, a ``dict`` as JSON
   (``str()`` if not serialisable), anything else with ``str()``; a result that cannot
   be rendered (an integer past Python's 4,300-digit limit) is an error result;
-* calls of the stateless classes (bfcl's ``STATELESS_CLASSES``: MathAPI, the only
-  one doing unbounded arithmetic such as ``power(10, 10**9)``) run in a worker
-  process (:class:`IsolatedCalls`) with a wall-clock deadline and a memory limit,
-  so they cannot hang or exhaust the host nor change its process-wide ``mpmath``
-  / ``decimal`` settings; calls of the stateful classes run in the host on
-  arguments bounded by the action-size cap, and the ``mpmath`` precision and the
-  ``decimal`` context are put back after each of them too.
+* the ``mpmath`` precision and the ``decimal`` context are put back after each call.
+
+Where it runs: BFCL-v0 episodes (model-written calls) run a :class:`Backends` inside
+a worker process (:class:`~trace_envs.function_calling.remote.RemoteBackends`), with
+a deadline per call and a memory cap; there ``isolate_stateless`` is off and the
+stateless classes' calls run in that process too. A :class:`Backends` in the host
+runs only trusted calls (the tasks' ground truth); there the calls of the stateless
+classes (bfcl's ``STATELESS_CLASSES``: MathAPI, whose arithmetic is unbounded, e.g.
+``power(10, 10**9)``) still go to a worker process (:class:`IsolatedCalls`) with a
+wall-clock deadline and a memory limit. Both render a stateless call's result under
+the call's own ``mpmath`` precision and clip it to ``RESULT_CHARS``.
 
 State is frozen with ``pickle`` (a deep copy that preserves shared references
 such as the file system's current directory inside its tree, and the private
@@ -53,11 +57,11 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trace_envs.function_calling._isolated import format_result
+from trace_envs.function_calling._isolated import RESULT_CHARS, format_result
 from trace_envs.tasks.bfcl import INSTALL_HINT, BFCLUnavailableError
 
 __all__ = ["CallOutcome", "Backends", "IsolatedCalls", "backend_class", "format_result", "public_state",
-           "compare_public_state"]
+           "compare_public_state", "method_owners", "keyword_arguments"]
 
 _PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_isolated.py")
@@ -254,6 +258,36 @@ class CallOutcome:
                 "result": self.result, "error": self.error, "class_name": self.class_name}
 
 
+def method_owners(classes: Mapping[str, type]) -> dict[str, str]:
+    """{public method name: the class that runs it}: the *last* class defining a name wins (BFCL's rule)."""
+    owner: dict[str, str] = {}
+    for class_name, cls in classes.items():
+        for name, _ in inspect.getmembers(cls, inspect.isfunction):
+            if not name.startswith("_"):
+                owner[name] = class_name
+    return owner
+
+
+def keyword_arguments(classes: Mapping[str, type], owner: Mapping[str, str], name: str, args: Sequence[Any],
+                      kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A call's arguments as keywords only, named by its method's signature (pure class metadata).
+
+    Raises:
+        ValueError: unknown function or arguments that do not bind.
+    """
+    class_name = owner.get(name)
+    if class_name is None:
+        raise ValueError(f"no function named {name!r}")
+    function = inspect.getattr_static(classes[class_name], name)
+    try:
+        bound = _signature(function).bind(None, *args, **kwargs)
+    except TypeError as exc:
+        raise ValueError(f"{name}: {exc}") from exc
+    arguments = dict(bound.arguments)
+    arguments.pop(next(iter(arguments)))  # self
+    return arguments
+
+
 class Backends:
     """The live instances of one episode's involved classes, keyed by class name.
 
@@ -262,13 +296,13 @@ class Backends:
     involved class that defines them (BFCL's rule when names collide).
     """
 
+    #: Run the stateless classes' calls in :data:`_ISOLATED` (the host); the backend worker, itself the
+    #: isolation, runs them in its own process (results clipped to the same length).
+    isolate_stateless = True
+
     def __init__(self, instances: dict[str, Any]) -> None:
         self.instances = instances
-        self._owner: dict[str, str] = {}
-        for class_name, instance in instances.items():
-            for name, _ in inspect.getmembers(type(instance), inspect.isfunction):
-                if not name.startswith("_"):
-                    self._owner[name] = class_name
+        self._owner = method_owners({name: type(instance) for name, instance in instances.items()})
 
     @classmethod
     def load(cls, involved_classes: Sequence[str], initial_config: Mapping[str, Any], *,
@@ -336,12 +370,15 @@ class Backends:
             call_args, call_kwargs = copy.deepcopy((bound.args[1:], bound.kwargs))
         except (RecursionError, MemoryError, TypeError, ValueError) as exc:
             return refuse(f"{name}: the arguments cannot be copied ({type(exc).__name__}).")
-        if class_name in _stateless_classes():
+        stateless = class_name in _stateless_classes()
+        if stateless and self.isolate_stateless:
             text, error = _ISOLATED.call(class_name, name, call_args, call_kwargs)
             return CallOutcome(name=name, args=args, kwargs=kwargs, result=text, error=error, class_name=class_name)
         try:
             with _NumericState():
                 value = method(*call_args, **call_kwargs)
+                if stateless:  # rendered under the call's own mpmath precision, as in IsolatedCalls' worker
+                    value = format_result(value)[:RESULT_CHARS]
             result = format_result(value)
         except Exception as exc:  # noqa: BLE001 - a backend failure is the model's observation, as in BFCL
             return CallOutcome(name=name, args=args, kwargs=kwargs, result=_error_text(exc),
@@ -354,17 +391,8 @@ class Backends:
         Raises:
             ValueError: unknown function or arguments that do not bind.
         """
-        class_name = self._owner.get(name)
-        if class_name is None:
-            raise ValueError(f"no function named {name!r}")
-        function = inspect.getattr_static(type(self.instances[class_name]), name)
-        try:
-            bound = _signature(function).bind(None, *args, **kwargs)
-        except TypeError as exc:
-            raise ValueError(f"{name}: {exc}") from exc
-        arguments = dict(bound.arguments)
-        arguments.pop(next(iter(arguments)))  # self
-        return arguments
+        classes = {class_name: type(instance) for class_name, instance in self.instances.items()}
+        return keyword_arguments(classes, self._owner, name, args, kwargs)
 
     def public_states(self) -> dict[str, dict[str, Any]]:
         """{class name: public attributes}, deep-copied."""

@@ -19,7 +19,8 @@ from trace_envs.actions import (
 )
 from trace_envs.core import BranchableEnv, Task, TaskSet, TurnResult
 from trace_envs.errors import InvalidTaskError
-from trace_envs.function_calling.backends import Backends, CallOutcome
+from trace_envs.function_calling.backends import CallOutcome
+from trace_envs.function_calling.remote import CALL_TIMEOUT_S, BackendState, RemoteBackends
 from trace_envs.function_calling.schemas import TOOL_DETAILS, function_doc_to_tool, tool_schema
 from trace_envs.function_calling.scoring import GroundTruth, TurnCheck, check_turn
 from trace_envs.tasks.bfcl import (
@@ -58,9 +59,10 @@ _TRUTH_CACHE_SIZE = 32
 
 @dataclass(frozen=True, eq=False)
 class _BFCLState:
-    """Snapshot payload: the pickled backends plus the turn bookkeeping; immutable."""
+    """Snapshot payload: the backend state (opaque bytes the worker froze, or its recipe) plus the turn
+    bookkeeping; immutable."""
 
-    backends: bytes
+    backends: BackendState
     user_turn: int
     steps_in_turn: int
     calls_in_turn: int
@@ -69,7 +71,7 @@ class _BFCLState:
 
     def digest(self) -> str:
         rest = repr((self.user_turn, self.steps_in_turn, self.calls_in_turn, self.results, self.checks))
-        return hashlib.sha256(self.backends + rest.encode()).hexdigest()
+        return hashlib.sha256(self.backends.digest().encode() + rest.encode()).hexdigest()
 
 
 class BFCLEnv(BranchableEnv):
@@ -138,12 +140,25 @@ class BFCLEnv(BranchableEnv):
     turn exceeds ``max_steps_per_turn`` steps (BFCL's force quit: reward 0,
     ``info["force_quit"]``). ``truncated`` after ``max_turns`` steps in all.
 
-    **Snapshot contents.** The backend instances, pickled (a deep copy that
-    keeps private attributes, the file system's current directory and the
-    backends' private ``random.Random`` generators), the user-turn index, the
-    step and call counts of the current user turn, every call result so far
-    and the finished turns' checks; plus the transcript and env RNG (base
-    class). Restoring unpickles a fresh copy, so a snapshot is reusable.
+    **Isolation.** The backend instances live in a worker process of this env
+    (:class:`~trace_envs.function_calling.remote.RemoteBackends`), kept warm across
+    steps and episodes; a step's calls go there in one request. Each call has a
+    wall-clock deadline (``backend_timeout_s``) and the worker a memory cap: a call
+    past them (``du()`` on a directory DAG built with ``cp``, say) gets the result
+    "Error during execution: the call exceeded its 2 s limit", has no effect (the
+    worker is killed and rebuilt from the last frozen state and the calls since) and
+    the episode goes on. A turn whose state cannot be compared with the ground truth
+    within the limits fails its state check. Nothing the worker sends is unpickled
+    by the host.
+
+    **Snapshot contents.** The backend instances as the worker froze them (a
+    pickle that keeps private attributes, the file system's current directory
+    and the backends' private ``random.Random`` generators; opaque bytes to the
+    host), or, for a state too deep or too slow to freeze, its recipe (the last
+    frozen state and the calls run since, replayed on restore); the user-turn
+    index, the step and call counts of the current user turn, every call result
+    so far and the finished turns' checks; plus the transcript and env RNG (base
+    class). Restoring thaws a fresh copy in the worker, so a snapshot is reusable.
 
     **Arguments.**
         category: "multi_turn_base" (default), "multi_turn_long_context",
@@ -160,6 +175,7 @@ class BFCLEnv(BranchableEnv):
         max_turns: steps per episode before truncation (default 160).
         render_mode, max_action_chars, max_observation_chars: as :class:`BranchableEnv`;
             observations longer than ``max_observation_chars`` are cut (the checks use the full results).
+        backend_timeout_s: wall-clock deadline of one backend call (default 2 s; state requests get 5x).
 
     ``reset(options={"task_id": "multi_turn_base_0"})`` picks an entry;
     ``options={"task": {...}}`` runs a BFCL-format entry of the caller's
@@ -182,6 +198,7 @@ class BFCLEnv(BranchableEnv):
         render_mode: str | None = None,
         max_action_chars: int = 200_000,
         max_observation_chars: int = 200_000,
+        backend_timeout_s: float = CALL_TIMEOUT_S,
     ) -> None:
         self.category = normalize_category(category)
         if max_steps_per_turn < 1:
@@ -208,7 +225,8 @@ class BFCLEnv(BranchableEnv):
         )
         self.max_steps_per_turn = max_steps_per_turn
         self.refuse_held_back = refuse_held_back
-        self._backends: Backends | None = None
+        self._backends = RemoteBackends(timeout_s=backend_timeout_s)
+        self._started = False
         self._user_turn = 0
         self._steps_in_turn = 0
         self._calls_in_turn = 0
@@ -288,9 +306,7 @@ class BFCLEnv(BranchableEnv):
         return actions
 
     def _probe(self, k: int) -> PythonCall | None:
-        """A call that changes the current backend state (tried on a throwaway copy), or None."""
-        assert self._backends is not None
-        frozen = self._backends.freeze()
+        """A call that changes the current backend state (tried on throwaway copies in the worker), or None."""
         config = self.task.data["initial_config"]
         twitter = config.get("TwitterAPI", {})
         candidates = [
@@ -308,12 +324,13 @@ class BFCLEnv(BranchableEnv):
         ]
         symbols = list(config.get("TradingBot", {}).get("stocks", {})) or ["AAPL", "GOOG", "TSLA", "MSFT", "NVDA"]
         candidates += [PythonCall("add_to_watchlist", (), {"stock": s}) for s in (symbols[::-1] if k else symbols)]
-        for call in candidates:
-            trial = Backends.thaw(frozen)
-            outcome = trial.call(call.name, call.args, call.kwargs)
-            if outcome.class_name is not None and trial.freeze() != frozen:
-                return call
-        return None
+        index = self._backends.probe([(c.name, c.args, c.kwargs) for c in candidates])
+        return None if index is None else candidates[index]
+
+    def close(self) -> None:
+        """Release the snapshots and stop the backend worker (a later reset starts a new one)."""
+        super().close()
+        self._backends.close()
 
     def make_task(self, spec: Mapping[str, Any]) -> Task:
         """A BFCL-format entry (``question``, ``initial_config``, ``involved_classes``, ``ground_truth``,
@@ -334,8 +351,9 @@ class BFCLEnv(BranchableEnv):
         data = task.data
         self._doc_names = frozenset(str(d["name"]) for d in load_function_docs(data["involved_classes"]))
         self._reveals = self._reveal_turns()
-        self._backends = Backends.load(data["involved_classes"], data["initial_config"],
-                                       long_context=bool(data.get("long_context", False)))
+        self._backends.start(data["involved_classes"], data["initial_config"],
+                             long_context=bool(data.get("long_context", False)))
+        self._started = True
         self._user_turn = 0
         self._steps_in_turn = 0
         self._calls_in_turn = 0
@@ -349,9 +367,8 @@ class BFCLEnv(BranchableEnv):
             self._steps_in_turn += 1
             return self._limit_or(TurnResult(error, role="user", info=self._turn_info(parse_error=error)))
         if calls:
-            assert self._backends is not None
-            allowed = self._callable_names()
-            outcomes = [self._backends.call(c.name, c.args, c.kwargs, allowed=allowed) for c in calls]
+            outcomes = self._backends.call_many([(c.name, c.args, c.kwargs) for c in calls],
+                                                allowed=self._callable_names())
             self._results.extend(o.result for o in outcomes)
             self._steps_in_turn += 1
             self._calls_in_turn += len(outcomes)
@@ -361,9 +378,8 @@ class BFCLEnv(BranchableEnv):
         return self._end_user_turn()
 
     def _capture_state(self) -> _BFCLState:
-        assert self._backends is not None
         return _BFCLState(
-            backends=self._backends.freeze(),
+            backends=self._backends.state(),
             user_turn=self._user_turn,
             steps_in_turn=self._steps_in_turn,
             calls_in_turn=self._calls_in_turn,
@@ -372,7 +388,7 @@ class BFCLEnv(BranchableEnv):
         )
 
     def _restore_state(self, payload: _BFCLState) -> None:
-        self._backends = Backends.thaw(payload.backends)
+        self._backends.restore(payload.backends)
         self._user_turn = payload.user_turn
         self._steps_in_turn = payload.steps_in_turn
         self._calls_in_turn = payload.calls_in_turn
@@ -397,7 +413,7 @@ class BFCLEnv(BranchableEnv):
 
     def _keywords(self, calls: Sequence[PythonCall]) -> list[PythonCall]:
         """The calls with positional arguments turned into keywords (for the JSON format)."""
-        if self._backends is None:
+        if not self._started:
             raise RuntimeError("call reset() first")
         return [PythonCall(c.name, (), self._backends.with_keywords(c.name, c.args, c.kwargs)) for c in calls]
 
@@ -462,7 +478,6 @@ class BFCLEnv(BranchableEnv):
                           role=result.role, info=info)
 
     def _end_user_turn(self) -> TurnResult:
-        assert self._backends is not None
         truth = self.ground_truth().turns[self._user_turn]
         check = check_turn(self._user_turn, truth, self._backends, calls_in_turn=self._calls_in_turn,
                            all_results=self._results)

@@ -17,6 +17,9 @@ here every turn is reported, and the verdict is the same).
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +28,7 @@ from trace_envs.actions import PythonCall, parse_call_list
 from trace_envs.core import Task
 from trace_envs.errors import InvalidTaskError
 from trace_envs.function_calling.backends import Backends
+from trace_envs.function_calling.remote import RemoteBackends
 
 __all__ = ["GroundTruthTurn", "GroundTruth", "TurnCheck", "check_turn", "missing_results", "parse_ground_truth_call"]
 
@@ -45,6 +49,16 @@ class GroundTruthTurn:
     results: tuple[str, ...]
     #: {class name: public attributes} after this turn
     states: Mapping[str, Mapping[str, Any]]
+
+    @functools.cached_property
+    def states_blob(self) -> bytes:
+        """:attr:`states` pickled, for the backend worker's state check (trusted ground-truth objects)."""
+        return pickle.dumps(dict(self.states), protocol=pickle.HIGHEST_PROTOCOL)
+
+    @functools.cached_property
+    def states_key(self) -> str:
+        """A digest naming :attr:`states_blob`."""
+        return hashlib.sha256(self.states_blob).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -105,15 +119,29 @@ def missing_results(truth: Sequence[str], model: Sequence[str]) -> list[str]:
     return missing
 
 
-def check_turn(turn: int, truth: GroundTruthTurn, backends: Backends, *, calls_in_turn: int,
+def _differences(backends: Backends | RemoteBackends,
+                      truth: GroundTruthTurn) -> Mapping[str, Sequence[str]] | None:
+    """{class: public attributes that differ from the turn's ground truth}; None when a worker's backends
+    could not be compared in time (too deep or too slow a state)."""
+    if isinstance(backends, RemoteBackends):
+        return backends.compare(truth.states_key, truth.states_blob)
+    return {cls: list(diff) for cls, diff in backends.compare(truth.states).items()}
+
+
+def check_turn(turn: int, truth: GroundTruthTurn, backends: Backends | RemoteBackends, *, calls_in_turn: int,
                all_results: Sequence[str]) -> TurnCheck:
-    """Check the model's state after user turn ``turn`` (see the module docstring)."""
+    """Check the model's state after user turn ``turn`` (see the module docstring). A state that cannot be
+    compared in time fails the state check."""
     if not truth.calls:
         return TurnCheck(turn=turn, valid=True, checked=False, message="no ground truth for this turn: not checked")
     if calls_in_turn == 0:
         return TurnCheck(turn=turn, valid=False, error_type="multi_turn:empty_turn_model_response",
                          message=f"no function call in turn {turn}, whose ground truth has {len(truth.calls)}")
-    differences = backends.compare(truth.states)
+    differences = _differences(backends, truth)
+    if differences is None:
+        return TurnCheck(turn=turn, valid=False, error_type="multi_turn:instance_state_mismatch",
+                         message="the state could not be compared with the ground truth within its time and "
+                                 "memory limits")
     if differences:
         return TurnCheck(
             turn=turn, valid=False, error_type="multi_turn:instance_state_mismatch",
