@@ -447,3 +447,56 @@ def test_python_math_grading_option() -> None:
     assert rewards == {"math-verify": 1.0, "strict": 0.0}
     with pytest.raises(ValueError, match="grading must be one of"):
         PythonMathEnv(tasks="test", grading="exact")
+
+
+def _best_of(repeats: int, fn: Any) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+@pytest.mark.parametrize("unit", ["<answer>", "<answer>x", "<answer>1</answer><answer>", "x + 1 ", "\\boxed{"])
+def test_grading_time_is_linear_in_the_answer_length(unit: str) -> None:
+    """96k characters take about 96 times as long as 1k (a quadratic stage would take about 9,000 times)."""
+    short = (unit * (1_000 // len(unit) + 1))[:1_000]
+    long = (unit * (96_017 // len(unit) + 1))[:96_017]
+    assert len(long) <= MAX_INPUT_CHARS
+    short_s = _best_of(5, lambda: grade_answer(short, "42"))
+    long_s = _best_of(3, lambda: grade_answer(long, "42"))
+    assert long_s < 400 * max(short_s, 20e-6), (short_s, long_s)
+
+
+def test_a_worker_stopped_while_starting_holds_the_caller_no_longer_than_the_wall_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The start of a fresh worker counts against the call's WALL_FACTOR × timeout_s cap; the stopped
+    worker goes on starting in the background once resumed, and joins the pool."""
+    _grading_worker._POOL.shutdown()
+    stopped: list[int] = []
+    real_popen = subprocess.Popen
+
+    def popen_then_stop(*args: Any, **kwargs: Any) -> subprocess.Popen:
+        proc = real_popen(*args, **kwargs)
+        os.kill(proc.pid, signal.SIGSTOP)
+        stopped.append(proc.pid)
+        return proc
+
+    monkeypatch.setattr(_grading_worker.subprocess, "Popen", popen_then_stop)
+    timeout_s = 0.1
+    start = time.monotonic()
+    try:
+        assert grade_answer("2^{10}", "1024", timeout_s=timeout_s) is False
+        assert time.monotonic() - start < _grading_worker.WALL_FACTOR * timeout_s + 0.5
+    finally:
+        monkeypatch.undo()
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    assert len(stopped) == 1
+    deadline = time.monotonic() + 60
+    while stopped[0] not in _grading_worker._POOL.idle_pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stopped[0] in _grading_worker._POOL.idle_pids()
+    assert grade_answer("2^{10}", "1024") is True
