@@ -46,7 +46,8 @@ def test_200_concurrent_clients_none_reset(bm25_index, small_enc) -> None:
         status, body = _retrieve(url, query)
         return query, status, [item["document"]["id"] for item in body["result"][0]]
 
-    with RetrievalServer(bm25_index, ServerConfig(port=0)) as server:
+    # 200 clients, all from 127.0.0.1: one address, so its own limit must allow them
+    with RetrievalServer(bm25_index, ServerConfig(port=0, max_connections_per_client=256)) as server:
         url = server.url
         with ThreadPoolExecutor(max_workers=200) as pool:
             answers = list(pool.map(client, range(200), timeout=120))
@@ -58,7 +59,8 @@ def test_200_concurrent_clients_none_reset(bm25_index, small_enc) -> None:
 def test_300_stalled_connections_do_not_block_innocent_requests(bm25_index, small_enc) -> None:
     queries = [q for q, _ in named_queries(small_enc)][:20]
     stalled: list[socket.socket] = []
-    with RetrievalServer(bm25_index, ServerConfig(port=0, read_timeout_s=60)) as server:
+    config = ServerConfig(port=0, read_timeout_s=60, idle_timeout_s=60, max_connections_per_client=400)
+    with RetrievalServer(bm25_index, config) as server:
         try:
             for i in range(300):
                 s = socket.create_connection(_address(server), timeout=10)
