@@ -176,3 +176,60 @@ def test_fuzzer_is_not_empty():
     assert any("\ud800" <= ch <= "\udfff" for a in sample for ch in a)
     assert any(a.count("[") > 1000 for a in sample)
     assert os.cpu_count()
+
+
+# File operations and processes, interleaved with snapshots: every branch must equal a straight replay.
+FILE_OPS = [
+    "open('a.txt', 'a').write('{n}')",
+    "open('b.txt', 'w').write('{n}' * 3)",
+    "os.makedirs('d/e', exist_ok=True); open('d/e/f.txt', 'a').write('{n}')",
+    "os.path.lexists('la') or os.symlink(os.path.abspath('a.txt'), 'la'); open('la', 'a').write('L{n}')",
+    "os.path.lexists('rb') or os.symlink('b.txt', 'rb'); os.path.exists('rb') and os.truncate('rb', {n} % 3)",
+    "os.path.exists('a.txt') and not os.path.exists('h.txt') and os.link('a.txt', 'h.txt')",
+    "os.path.exists('h.txt') and open('h.txt', 'a').write('H')",
+    "os.path.exists('b.txt') and os.rename('b.txt', 'c.txt')",
+    "os.path.exists('c.txt') and os.chmod('c.txt', 0o600 + {n} % 2 * 0o044)",
+    "held.write('{n}'); held.flush()",
+    "held.seek({n} % 4)",
+    "reader.seek(0); reader.read({n} % 5)",
+    "ro = os.open('.', os.O_RDONLY); fd = os.open('dirfd.txt', os.O_WRONLY | os.O_CREAT | os.O_APPEND, dir_fd=ro); "
+    "os.write(fd, b'{n}'); os.close(fd); os.close(ro)",
+    "os.path.exists('a.txt') and open(f'/proc/self/fd/{{(pf := open(\"a.txt\")).fileno()}}', 'a').write('P')",
+    "os.path.exists('c.txt') and os.unlink('c.txt')",
+    "import mmap; m = mmap.mmap(os.open('big.bin', os.O_RDWR), 8, flags=mmap.MAP_PRIVATE); m[:1] = b'M'",
+]
+PROBE = ("sorted((p, os.path.islink(p), os.path.isfile(p) and open(p, 'rb').read()[:40], "
+         "os.path.isfile(p) and oct(os.lstat(p).st_mode & 0o777)) for p in "
+         "sorted(os.listdir('.')) + ['d/e/f.txt']), held.tell(), reader.tell()")
+SETUP = ("import os\nopen('big.bin', 'wb').write(b'0' * 64)\nheld = open('held.txt', 'a+')\n"
+         "open('r.txt', 'w').write('0123456789')\nreader = open('r.txt')")
+
+
+def _run(env, code: str) -> str:
+    return env.step("<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}}) + "</tool_call>")[0]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fuzz_file_operations_branch_exactly(seed):
+    """Random file operations (links, renames, truncation, held fds, dir fds, /proc/self/fd, maps) with
+    snapshots taken along the way: restoring any snapshot and replaying the rest gives what the
+    straight run gave, and no branch changes another's files."""
+    rng = random.Random(seed)
+    ops = [rng.choice(FILE_OPS).format(n=rng.randrange(10)) for _ in range(14)]
+    env = gym.make("trace_envs/PythonMath-v0", max_turns=100,
+                   sandbox=SandboxConfig(timeout_s=4, kill_grace_s=1, preload=())).unwrapped
+    try:
+        env.reset(seed=seed)
+        assert _run(env, SETUP) == "(no output)"
+        straight, snaps = [], []
+        for i, op in enumerate(ops):
+            if rng.random() < 0.4:
+                snaps.append((i, env.snapshot()))
+            straight.append((_run(env, op), _run(env, PROBE)))
+        for i, snap in reversed(snaps):  # the latest first: later branches run over earlier ones' files
+            env.restore(snap)
+            replay = [(_run(env, op), _run(env, PROBE)) for op in ops[i:]]
+            assert replay == straight[i:], (seed, i, ops[i:])
+            assert not env._episode_info.get("restored_by_replay")
+    finally:
+        env.close()
