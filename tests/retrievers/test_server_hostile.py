@@ -220,7 +220,7 @@ def test_under_ulimit_256_idle_connections_never_stall_a_new_client(launch, per_
         if per_client is None:
             assert answer == 200, "the hoarder is held to its own limit; everyone else is served"
         else:
-            assert answer in (200, 503, "ConnectionResetError", "RemoteDisconnected"), answer
+            assert answer in (200, 503, "ConnectionResetError", "RemoteDisconnected", "BrokenPipeError")
         assert server.proc.poll() is None
     finally:
         for s in idle:
@@ -241,7 +241,8 @@ def test_emfile_in_accept_answers_new_clients_at_once_and_serving_resumes(launch
         for source in (INNOCENT, OTHER, INNOCENT):
             answer, elapsed = _timed(server.url, source)
             assert elapsed < 2, f"a new client waited {elapsed:.1f} s"
-            assert answer in (503, "ConnectionResetError", "RemoteDisconnected"), answer
+            closed = ("ConnectionResetError", "RemoteDisconnected", "BrokenPipeError")  # closed at once
+            assert answer == 503 or answer in closed, answer
     finally:
         for s in idle:
             s.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -173,15 +174,22 @@ class PythonMathEnv(BranchableEnv):
         return super().make_task({**spec, "answer": str(spec["answer"])})
 
     def conformance_actions(self) -> list[str]:
+        """Actions for the snapshot laws: RNG, variables, and the file operations a branch must keep to
+        itself (a symlink made in the branch, truncation through it, a descriptor held across turns,
+        a rename, chmod, a dir fd); each observation shows the files' state."""
         def call(code: str) -> str:
-            return f'<tool_call>{{"name": "python", "arguments": {{"code": {code!r}}}}}</tool_call>'.replace(
-                "'", '"')
+            return "<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}}) + "</tool_call>"
 
+        state = ("sorted((n, open(n).read(), oct(os.lstat(n).st_mode & 0o777)) for n in os.listdir('.') "
+                 "if os.path.isfile(n))")
         return [
-            call("x = 41; import random"),
-            call("r = random.random(); open('notes.txt', 'w').write(str(x)); r"),
-            call("x += 1; print(x, random.randint(0, 10**9), open('notes.txt').read())"),
-            call("open('notes.txt', 'a').write('!'); y = x * 2; y"),
+            call("x = 41; import random, os; held = open('held.txt', 'a+')"),
+            call("r = random.random(); open('notes.txt', 'w').write(str(x)); os.symlink('notes.txt', 'link'); r"),
+            call(f"x += 1; open('link', 'a').write('+'); held.write('h'); held.flush(); "
+                 f"print(x, random.randint(0, 10**9), {state})"),
+            call(f"os.truncate('link', 1); os.rename('held.txt', 'kept.txt'); os.chmod('link', 0o600); {state}"),
+            call("d = os.open('.', os.O_RDONLY); f = os.open('notes.txt', os.O_WRONLY | os.O_APPEND, dir_fd=d); "
+                 f"os.write(f, b'!'); os.close(f); os.close(d); held.write('k'); held.flush(); y = x * 2; (y, {state})"),
             f"<answer>\\boxed{{{self.task.data['answer']}}}</answer>",
         ]
 
