@@ -17,8 +17,8 @@ Available contrast (what "contrast" means here)
     The contrast an anchor offers is the number of (success, failure) pairs among K
     continuations from it: ``s * (K - s)`` of its Monte-Carlo samples, an unbiased estimate
     of ``K (K - 1) V (1 - V)`` (``E[s(K - s)] = K^2 V - K V(1 - V) - K^2 V^2``). By the
-    martingale identity of DESIGN.md, ``V(1 - V)`` is the expected squared movement of the
-    success probability still to come below the anchor. :func:`capture_curve` gives the
+    martingale identity (docs/design.md, "Allocation"), ``V(1 - V)`` is the expected
+    squared movement of the success probability still to come below the anchor. :func:`capture_curve` gives the
     share of the total contrast held by the top-ranked ``k`` of ``n`` anchors, for
     ``k = 0..n``, under a ranking by any score (the paper ranks by ``v(1 - v)``); tied scores
     count as a uniformly random order among themselves (each tied position gets the tie

@@ -135,7 +135,7 @@ __all__ = [
     "policy_loss",
 ]
 
-#: The epsilon of every normalisation (DESIGN.md, "Objectives"; verl's default).
+#: The epsilon of every normalisation (docs/design.md, "Objectives"; verl's default).
 EPS = 1e-6
 
 

@@ -28,7 +28,7 @@ Online training
     metrics: MSE, Brier, Spearman and MSE at root and prefix level, MSE by depth), then
     updates on a batch whose share of prefix examples is a setting: the paper's predictor
     batches are mostly prompt-level, about 6% prefixes (:data:`PAPER_PREFIX_SHARE`;
-    DESIGN.md, "Objectives"), while every inner node of a tree would make prefixes 80-91%
+    docs/design.md, "Objectives"), while every inner node of a tree would make prefixes 80-91%
     of the examples, and the root predictions are what drive stage 1 (root allocation).
 
 Modules (one job each): :mod:`~trace_agent.predictor.base` (the protocol, the prediction

@@ -27,7 +27,7 @@ def main() -> None:
     kwargs = {} if mode in ("old", "cap") else {"max_context_tokens": 10**6}
     policy = HFPolicy.from_pretrained(ROOT / "trace_agent" / "policy" / "assets" / "demo_policy", max_batch_size=32,
                                       **kwargs)
-    env = gym.make("trace_envs/BFCL-v0", **({} if mode == "old" else {"tasks": "test"})).unwrapped
+    env = gym.make("trace_envs/BFCL-v0", tasks="all" if mode == "old" else "test").unwrapped
     contexts = []
     for task_id in env.tasks.ids()[:n]:
         env.reset(options={"task_id": task_id})

@@ -304,7 +304,7 @@ class BFCLDemonstrator:
         copying the name from the question. Arguments the user does not spell out (canonical folder names,
         results read from the state) are kept.
 
-        Not used by the shipped preset (``augment_copies: 0``): build M (stop 27, docs/paper/bfcl/README.md),
+        Not used by the shipped preset (``augment_copies: 0``): build M (docs/paper/bfcl/README.md, "Levers measured"),
         all 149 covered entries with 4 renamed copies of each demonstration, did not learn to copy at this
         model size (5 of 95 generated string arguments on held-out first turns are in the question)."""
         messages, _ = rename_names(demo.messages, spelled_names(demo.messages), self._words(self.rename_words, rng),
