@@ -361,7 +361,7 @@ def spelling(args: argparse.Namespace) -> dict:
 
 def prefixes(args: argparse.Namespace) -> dict:
     from trace_agent.analysis import prefix_mixing
-    from trace_agent.tree import load_jsonl
+    from trace_agent.tree_io import load_jsonl
 
     result = {}
     for name, r in sorted(prefix_mixing(load_jsonl(args.trees)).items()):

@@ -502,7 +502,7 @@ def run_predictor(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
 
 def run_contrast(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
     if args.trees:
-        from trace_agent.tree import load_jsonl
+        from trace_agent.tree_io import load_jsonl
 
         trees = load_jsonl(args.trees)
         ks = {int(t.metadata.get("oracle_samples", 0)) for t in trees}

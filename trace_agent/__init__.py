@@ -47,17 +47,9 @@ from trace_agent.predictor import (
 )
 from trace_agent.rollout import Collection, PromptSpec, RolloutConfig, TreeCollector, prompt_pool
 from trace_agent.strategies import GRPO, PCL, TRACE, Oracle, Strategy, TreePO, make_strategy
-from trace_agent.tree import (
-    BatchStats,
-    Node,
-    RolloutTree,
-    TreeStats,
-    batch_stats,
-    load_jsonl,
-    load_parquet,
-    save_jsonl,
-    save_parquet,
-)
+from trace_agent.tree import Node, RolloutTree
+from trace_agent.tree_io import load_jsonl, load_parquet, save_jsonl, save_parquet
+from trace_agent.tree_stats import BatchStats, TreeStats, batch_stats
 
 __all__ = [
     "Budget",

@@ -216,7 +216,7 @@ class BenchResult:
         paths[0].write_text(self.to_json())
         paths[1].write_text(self.to_markdown())
         if self.trees:
-            from trace_agent.tree import save_jsonl
+            from trace_agent.tree_io import save_jsonl
 
             paths.append(save_jsonl(self.trees, out / "trees.jsonl"))
         paths += plot_result(self, out)

@@ -63,9 +63,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trace_agent.errors import ExportError
+from trace_agent.errors import ExportError, TreeError
 from trace_agent.options import LONE_CHILD, OBJECTIVES, SHARED_TURNS, either
-from trace_agent.tree import Node, RolloutTree, TreeError, ground_truth_of, load_jsonl, load_parquet
+from trace_agent.tree import Node, RolloutTree, ground_truth_of
+from trace_agent.tree_io import load_jsonl, load_parquet
 
 __all__ = [
     "EXPORT_FORMATS",

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trace_agent.tree import Node, RolloutTree, format_messages
+from trace_agent.contexts import format_messages
+from trace_agent.tree import Node, RolloutTree
 
 __all__ = ["tree_layout", "plot_tree", "plot_allocation", "tree_transcript", "find_trees", "show_trees",
            "add_show_tree_parser"]
@@ -162,7 +163,7 @@ def find_trees(path: str | Path, *, step: int | None = None) -> tuple[list[Rollo
 
     Raises ``FileNotFoundError`` with what to do when there are none.
     """
-    from trace_agent.tree import load_jsonl, load_parquet
+    from trace_agent.tree_io import load_jsonl, load_parquet
 
     p = Path(path)
     if p.is_file():

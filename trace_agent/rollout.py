@@ -57,6 +57,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from trace_agent.allocation import BudgetAccount, BudgetConfig
+from trace_agent.contexts import format_messages, make_context
 from trace_agent.engine.base import (
     CollectionError,
     EnvWorkerError,
@@ -74,7 +75,8 @@ from trace_agent.options import ENV_BACKENDS, Batching, EnvBackend, either
 from trace_agent.policy.base import Policy
 from trace_agent.predictor import SuccessPredictor
 from trace_agent.strategies import Budget, PromptValues, RootRequest, Strategy
-from trace_agent.tree import BatchStats, RolloutTree, batch_stats, format_messages, make_context
+from trace_agent.tree import RolloutTree
+from trace_agent.tree_stats import BatchStats, batch_stats
 
 __all__ = [
     "PromptSpec",

@@ -261,7 +261,7 @@ def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool | 
                 if evaluate and config.eval.every and k % config.eval.every == 0 and k < config.steps:
                     metrics.update(_eval_metrics(evaluate_heldout(trainer.engine, config, progress=progress)))
                 if config.log.save_trees:
-                    from trace_agent.tree import save_jsonl
+                    from trace_agent.tree_io import save_jsonl
 
                     save_jsonl(result.trees, out / "trees" / f"step_{k:06d}.jsonl")
                 logger.log(k, metrics)

@@ -1,6 +1,6 @@
 """The five-step training loop and checkpoints that resume bit for bit.
 
-One :meth:`Trainer.step` (DESIGN.md, "One training step"):
+One :meth:`Trainer.step` (docs/design.md, "One training step"):
 
 1. **score** the step's candidate prompts with the predictor,
 2. **allocate roots** and
@@ -152,7 +152,7 @@ class Trainer:
     def step(self) -> StepResult:
         """Run one training step (see the module docstring); returns its trees, segments and metrics."""
         from trace_agent.predictor import refresh_predictor
-        from trace_agent.tree import batch_stats
+        from trace_agent.tree_stats import batch_stats
 
         cfg = self.config
         step = self.step_count + 1

@@ -16,7 +16,7 @@ walk (:func:`bottom_up_targets`: leaf means and counts; also the predictor's sec
 moments) relies on. :func:`path_token_ids` is the one reconstruction of a token path
 from the recorded ids (the collector's contexts, the objectives' segment contexts).
 
-Around the tree, one module each, re-exported here: contexts for the predictor
+Around the tree, one module each, imported from where they live: contexts for the predictor
 (:mod:`trace_agent.contexts`: :data:`CONTEXT_SEPARATOR`, :func:`make_context`,
 :func:`split_context`), statistics (:mod:`trace_agent.tree_stats`: :class:`TreeStats`,
 :class:`BatchStats`, :func:`batch_stats`) and files (:mod:`trace_agent.tree_io`:
@@ -37,41 +37,26 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from trace_agent.contexts import CONTEXT_SEPARATOR, format_messages, make_context, split_context
+from trace_agent.contexts import format_messages, make_context
 from trace_agent.errors import TreeError
-from trace_agent.success import SUCCESS_THRESHOLD, is_success
-from trace_agent.tree_io import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    load_jsonl,
-    load_parquet,
-    save_jsonl,
-    save_parquet,
-)
-from trace_agent.tree_stats import BatchStats, TreeStats, batch_stats, tree_stats
+from trace_agent.success import is_success
+from trace_agent.tree_stats import TreeStats, tree_stats
 
 __all__ = [
-    "CONTEXT_SEPARATOR",
-    "SUCCESS_THRESHOLD",
+    "FORMAT_NAME",
     "FORMAT_VERSION",
     "Node",
     "Rollout",
     "RolloutTree",
-    "TreeStats",
-    "BatchStats",
-    "TreeError",
     "bottom_up_targets",
     "path_token_ids",
-    "batch_stats",
-    "format_messages",
-    "make_context",
-    "split_context",
     "ground_truth_of",
-    "save_jsonl",
-    "load_jsonl",
-    "save_parquet",
-    "load_parquet",
 ]
+
+#: Name and version of the JSONL / Parquet layout (a :meth:`RolloutTree.to_dict` record; files in
+#: :mod:`trace_agent.tree_io`).
+FORMAT_NAME = "trace-gym/rollout-tree"
+FORMAT_VERSION = 1
 
 
 Message = dict[str, Any]

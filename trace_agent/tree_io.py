@@ -11,18 +11,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trace_agent.errors import TreeError
+from trace_agent.tree import FORMAT_NAME, FORMAT_VERSION, RolloutTree
 
-if TYPE_CHECKING:  # pragma: no cover
-    from trace_agent.tree import RolloutTree
-
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "save_jsonl", "load_jsonl", "save_parquet", "load_parquet"]
-
-#: Name and version of the JSONL / Parquet layout (a :meth:`RolloutTree.to_dict` record).
-FORMAT_NAME = "trace-gym/rollout-tree"
-FORMAT_VERSION = 1
+__all__ = ["save_jsonl", "load_jsonl", "save_parquet", "load_parquet"]
 
 
 def save_jsonl(trees: Iterable[RolloutTree], path: str | Path) -> Path:
@@ -38,8 +32,6 @@ def save_jsonl(trees: Iterable[RolloutTree], path: str | Path) -> Path:
 
 def load_jsonl(path: str | Path) -> list[RolloutTree]:
     """Read trees written by :func:`save_jsonl`."""
-    from trace_agent.tree import RolloutTree
-
     with Path(path).open(encoding="utf-8") as fh:
         return [RolloutTree.from_dict(json.loads(line)) for line in fh if line.strip()]
 
@@ -101,8 +93,6 @@ def save_parquet(trees: Iterable[RolloutTree], path: str | Path) -> Path:
 def load_parquet(path: str | Path) -> list[RolloutTree]:
     """Read trees written by :func:`save_parquet`."""
     import pyarrow.parquet as pq
-
-    from trace_agent.tree import RolloutTree
 
     table = pq.read_table(path)
     meta = table.schema.metadata or {}

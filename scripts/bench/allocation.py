@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from trace_agent.allocation import allocate_prefixes, allocate_roots, prefix_objective, root_objective  # noqa: E402
-from trace_agent.tree import make_context  # noqa: E402
+from trace_agent.contexts import make_context  # noqa: E402
 
 
 def median_time(fn: Callable[[], Any], repeats: int, warmup: int = 2) -> tuple[float, float]:

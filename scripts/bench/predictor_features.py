@@ -45,7 +45,8 @@ from trace_agent.predictor import (  # noqa: E402
     refresh_predictor,
     spearman,
 )
-from trace_agent.tree import RolloutTree, load_jsonl  # noqa: E402
+from trace_agent.tree import RolloutTree  # noqa: E402
+from trace_agent.tree_io import load_jsonl  # noqa: E402
 
 FEATURIZERS = ("minilm", "policy-states", "hashed")
 

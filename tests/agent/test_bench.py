@@ -53,7 +53,7 @@ def test_bench_runs_every_strategy_at_equal_budget_and_writes_its_outputs(tmp_pa
         if p.suffix == ".png":
             assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000, p
     from trace_agent.plotting import show_trees
-    from trace_agent.tree import load_jsonl
+    from trace_agent.tree_io import load_jsonl
 
     trees = load_jsonl(tmp_path / "trees.jsonl")
     assert {(t.metadata["strategy"], t.metadata["seed"]) for t in trees} == {(r["strategy"], r["seed"])

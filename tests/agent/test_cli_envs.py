@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trace_agent.cli import main
-from trace_agent.tree import load_jsonl
+from trace_agent.tree_io import load_jsonl
 from trace_agent.wiring import task_ids
 
 _SMALL = ["--policy", "tiny", "--steps", "1", "--tasks", "1", "--samples", "1", "--no-progress",

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from trace_agent.contexts import format_messages, make_context
 from trace_agent.engine.base import Phase, prompt_key, request_seed
 from trace_agent.engine.scheduler import EngineConfig, GenerationEngine, TurnRequest
 from trace_agent.policy.base import Generation, TokenContext
@@ -39,7 +40,7 @@ from trace_agent.strategies import (
     TreePO,
     make_strategy,
 )
-from trace_agent.tree import RolloutTree, format_messages, ground_truth_of, make_context
+from trace_agent.tree import RolloutTree, ground_truth_of
 
 from .test_rollout import _check_budget, make_math_env, scripted_setup, tiny_hf_policy  # noqa: F401
 

@@ -17,7 +17,8 @@ import pytest
 
 from trace_agent.cli import main as trace_gym
 from trace_agent.export import ExportConfig, ExportError, export_rows, fill_from_env, read_trees, write_rows
-from trace_agent.tree import RolloutTree, save_jsonl, save_parquet
+from trace_agent.tree import RolloutTree
+from trace_agent.tree_io import save_jsonl, save_parquet
 
 TOOLS = [{"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}]
 VERDICTS = ("Correct.", "Incorrect.")

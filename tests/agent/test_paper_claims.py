@@ -432,7 +432,7 @@ def test_predictor_and_contrast_small_on_the_same_probe_trees(claims, demo_polic
                        policy=demo_policy)
     on_disk = _outputs(tmp_path / "p", "predictor")
     assert on_disk["error_by_depth"] == json.loads(json.dumps(data["error_by_depth"], allow_nan=True))
-    from trace_agent.tree import load_jsonl
+    from trace_agent.tree_io import load_jsonl
 
     trees = load_jsonl(raw / "trees.jsonl")
     depths = {n.depth for t in trees for n in t.nodes if not n.is_leaf and "oracle_value" in n.info}

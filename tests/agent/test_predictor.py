@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.agent.conftest import TreeFactory, build_tree
+from trace_agent.contexts import CONTEXT_SEPARATOR, make_context
 from trace_agent.predictor import (
     EmbeddingPredictor,
     EmbeddingPredictorConfig,
@@ -25,7 +26,7 @@ from trace_agent.predictor import (
     train_bpe_tokenizer,
     tree_examples,
 )
-from trace_agent.tree import CONTEXT_SEPARATOR, RolloutTree, make_context
+from trace_agent.tree import RolloutTree
 
 
 @pytest.fixture(autouse=True, scope="module")

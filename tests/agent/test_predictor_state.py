@@ -12,8 +12,8 @@ from trace_agent.checkpoint import (
     read_checkpoint,
     write_checkpoint,
 )
+from trace_agent.contexts import make_context
 from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer, SuccessPredictor
-from trace_agent.tree import make_context
 
 CONTEXTS = [make_context(f"question {i}: add {i} and {i + 1}", f"<|assistant|>\nstep {i}") for i in range(6)]
 TARGETS = [0.0, 1.0, 0.5, 0.25, 1.0, 0.0]

@@ -130,7 +130,7 @@ def test_predictor_features_bench_ranks_two_families_of_prompts(policy, tmp_path
     from pathlib import Path
 
     from tests.agent.conftest import build_tree
-    from trace_agent.tree import save_jsonl
+    from trace_agent.tree_io import save_jsonl
 
     rng = np.random.default_rng(1)
     trees = [build_tree(prompt_id=f"e{i}", prompt=f"Add {a} and {b}.", rate=0.9, roots=8, depth=1,
@@ -168,7 +168,7 @@ def test_predictor_features_by_seed_scores_roots_and_prefixes_of_held_out_seeds(
     from pathlib import Path
 
     from tests.agent.conftest import build_tree
-    from trace_agent.tree import save_jsonl
+    from trace_agent.tree_io import save_jsonl
 
     trees = []
     for seed in range(4):

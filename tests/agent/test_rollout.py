@@ -31,7 +31,8 @@ from trace_agent.rollout import (
     prompt_pool,
 )
 from trace_agent.strategies import GRPO, TRACE, Budget, TreePO
-from trace_agent.tree import RolloutTree, load_jsonl, save_jsonl
+from trace_agent.tree import RolloutTree
+from trace_agent.tree_io import load_jsonl, save_jsonl
 from trace_envs.core import Task
 from trace_envs.python_tool.env import PythonMathEnv
 

@@ -11,19 +11,11 @@ import pytest
 
 from tests.agent.conftest import TreeFactory
 from trace_agent.allocation import BudgetAccount
-from trace_agent.tree import (
-    CONTEXT_SEPARATOR,
-    RolloutTree,
-    TreeError,
-    batch_stats,
-    bottom_up_targets,
-    load_jsonl,
-    load_parquet,
-    make_context,
-    save_jsonl,
-    save_parquet,
-    split_context,
-)
+from trace_agent.contexts import CONTEXT_SEPARATOR, make_context, split_context
+from trace_agent.errors import TreeError
+from trace_agent.tree import RolloutTree, bottom_up_targets
+from trace_agent.tree_io import load_jsonl, load_parquet, save_jsonl, save_parquet
+from trace_agent.tree_stats import batch_stats
 
 
 class Handle:

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from trace_agent.tree import split_context
+from trace_agent.contexts import split_context
 
 __all__ = [
     "CachingFeaturizer",
