@@ -73,23 +73,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trace_agent.loss import (
-    LOG_RATIO_CLAMP,
-    LOSS_AGG_MODES,
-    LOSS_TERMS,
-    LossAggMode,
-    LossMeans,
-    LossStats,
-    PackedSequence,
-    k3_kl,
-    loss_normalizer,
-    pack_segments,
-    policy_loss,
-)
 from trace_agent.options import (
     LONE_CHILD,
     OBJECTIVES,
@@ -103,23 +89,9 @@ from trace_agent.options import (
 )
 from trace_agent.tree import Node, RolloutTree, path_token_ids
 
-if TYPE_CHECKING:  # pragma: no cover
-    pass
-
 __all__ = [
     "EPS",
-    "LOG_RATIO_CLAMP",
-    "ObjectiveName",
-    "OBJECTIVES",
-    "LossAggMode",
-    "LOSS_AGG_MODES",
-    "SharedTurns",
-    "Singleton",
     "Segment",
-    "PackedSequence",
-    "LossMeans",
-    "LossStats",
-    "LOSS_TERMS",
     "group_normalized",
     "grpo_leaf_advantages",
     "tree_grpo_leaf_advantages",
@@ -129,10 +101,6 @@ __all__ = [
     "node_context_ids",
     "tree_segments",
     "batch_segments",
-    "pack_segments",
-    "loss_normalizer",
-    "k3_kl",
-    "policy_loss",
 ]
 
 #: The epsilon of every normalisation (docs/design.md, "Objectives"; verl's default).

@@ -8,15 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+from trace_agent.loss import k3_kl, pack_segments, policy_loss
 from trace_agent.objectives import (
     EPS,
     Segment,
     batch_segments,
     grpo_leaf_advantages,
-    k3_kl,
     node_advantages,
-    pack_segments,
-    policy_loss,
     tree_grpo_leaf_advantages,
     tree_segments,
 )

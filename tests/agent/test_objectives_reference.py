@@ -9,16 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from trace_agent.objectives import (
-    EPS,
-    LOSS_AGG_MODES,
-    PackedSequence,
-    group_normalized,
-    loss_normalizer,
-    pack_segments,
-    policy_loss,
-    tree_segments,
-)
+from trace_agent.loss import LOSS_AGG_MODES, PackedSequence, loss_normalizer, pack_segments, policy_loss
+from trace_agent.objectives import EPS, group_normalized, tree_segments
 from trace_agent.tree import RolloutTree
 
 

@@ -26,7 +26,8 @@ from trace_agent.config import (
     config_to_dict,
     load_config,
 )
-from trace_agent.objectives import batch_segments, loss_normalizer, pack_segments
+from trace_agent.loss import loss_normalizer, pack_segments
+from trace_agent.objectives import batch_segments
 from trace_agent.pool import PromptPool
 from trace_agent.trainer import Trainer
 from trace_agent.update import batch_loss, segment_logprobs, update_policy

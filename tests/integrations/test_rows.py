@@ -16,7 +16,8 @@ from trace_agent.integrations.rows import (
     token_advantages,
     tree_key,
 )
-from trace_agent.objectives import OBJECTIVES, group_normalized, tree_segments
+from trace_agent.objectives import group_normalized, tree_segments
+from trace_agent.options import OBJECTIVES
 from trace_agent.rollout import node_context, path_token_ids
 from trace_agent.tree import RolloutTree
 
