@@ -71,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
         policy = load_demo_policy(args.out)
         for env_id in envs:
-            # held-out questions: PythonMath-v0 and WikiQA-v0 name their test split "test"
-            env_kwargs = {"tasks": "test"} if env_id in ("trace_envs/PythonMath-v0", "trace_envs/WikiQA-v0") else {}
+            env_kwargs = {"tasks": "test"}  # every env names its held-out split "test"
             env = gym.make(env_id, **env_kwargs).unwrapped
             task_ids = env.tasks.ids()[:args.eval_tasks]
             env.close()

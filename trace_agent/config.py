@@ -537,10 +537,15 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     return plain(dataclasses.asdict(config))
 
 
-def config_from_dict(cls: type[Any], data: Mapping[str, Any]) -> Any:
-    """Build ``cls`` (a config dataclass) from a nested mapping; unknown keys are an error."""
+def config_from_dict(cls: type[Any], data: Mapping[str, Any], *, _prefix: str = "") -> Any:
+    """Build ``cls`` (a config dataclass) from a nested mapping; unknown keys are an error.
+
+    Each value is converted to its field's type (:func:`_convert`); one that does not fit raises
+    :class:`ConfigError` naming the setting, the value and the expected type in one line
+    (``optim.lr='abc': expected a float``).
+    """
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{cls.__name__} needs a mapping, got {type(data).__name__}")
+        raise _BadValue(_prefix.rstrip(".") or cls.__name__, data, f"a mapping of {cls.__name__} fields")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
@@ -550,36 +555,142 @@ def config_from_dict(cls: type[Any], data: Mapping[str, Any]) -> Any:
     for name, value in data.items():
         hint = hints[name]
         if dataclasses.is_dataclass(hint) and isinstance(hint, type):
-            kwargs[name] = config_from_dict(hint, value or {})
-        elif typing.get_origin(hint) is tuple and isinstance(value, list):
-            kwargs[name] = tuple(_coerce(float, v) for v in value)
+            kwargs[name] = config_from_dict(hint, {} if value is None else value, _prefix=f"{_prefix}{name}.")
         else:
-            kwargs[name] = _coerce_hint(hint, value)
+            kwargs[name] = _convert(hint, value, f"{_prefix}{name}")
     try:
         return cls(**kwargs)
     except TypeError as exc:
         raise ConfigError(f"{cls.__name__}: {exc}") from None
 
 
-def _coerce(kind: type, value: Any) -> Any:
-    """YAML 1.1 reads ``1e-4`` as a string: turn numeric strings into the field's number type."""
-    if isinstance(value, str) and kind in (int, float):
-        try:
-            return kind(value)
-        except ValueError:
+class _BadValue(ConfigError):
+    """A value that does not fit its field's type: ``key``, ``value`` and ``expected`` (a phrase)."""
+
+    def __init__(self, key: str, value: Any, expected: str) -> None:
+        super().__init__(f"{key}={_shown(value)}: expected {expected}")
+        self.key, self.value, self.expected = key, value, expected
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+_NAMES = {int: "an integer", float: "a float", bool: "true or false", str: "a string"}
+
+
+def _expected(hint: Any) -> str:
+    """The phrase for what ``hint`` accepts: ``a float``, ``an integer or null``, ``one of 'a', 'b'``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint in _NAMES:
+        return _NAMES[hint]
+    if hint is Any:
+        return "any value"
+    if origin is Literal:
+        return f"one of {', '.join(repr(a) for a in args)}"
+    if origin in (typing.Union, _UnionType):
+        parts: list[str] = []
+        for a in args:
+            if a is bool:
+                parts += ["true", "false"]
+            elif typing.get_origin(a) is Literal:
+                parts += [repr(v) for v in typing.get_args(a)]
+            elif a is not type(None):
+                parts.append(_expected(a))
+        if type(None) in args:
+            parts.append("null")
+        return ", ".join(parts[:-1]) + f" or {parts[-1]}" if len(parts) > 1 else parts[0]
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"a list of {_plural(args[0])}"
+        return f"a list of {len(args)} {_plural(args[0])}" if len(set(args)) == 1 else f"a list of {len(args)} values"
+    if origin in (dict, Mapping):
+        return "a mapping"
+    return getattr(hint, "__name__", str(hint))
+
+
+def _plural(hint: Any) -> str:
+    return {int: "integers", float: "floats", bool: "booleans", str: "strings"}.get(hint, "values")
+
+
+_UnionType = type(int | None)
+
+
+def _convert(hint: Any, value: Any, key: str) -> Any:
+    """``value`` as the type ``hint`` names, or :class:`_BadValue` (via ``key``) when it does not fit.
+
+    int: an int, an integral float, or a string ``int()`` reads; float: an int or float, or a string
+    ``float()`` reads (YAML 1.1 reads ``1e-4`` as a string); bool: true or false only; str: a string
+    (a number becomes its text); a Literal: one of its values; ``X | None``: null or an X; a tuple: a
+    list of its items (a lone string is a one-item list); a dict: a mapping.
+    """
+    try:
+        return _converted(hint, value)
+    except (TypeError, ValueError, OverflowError):
+        raise _BadValue(key, value, _expected(hint)) from None
+
+
+def _converted(hint: Any, value: Any) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
+    if hint is bool:
+        if isinstance(value, bool):
             return value
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    return value
-
-
-def _coerce_hint(hint: Any, value: Any) -> Any:
-    args = typing.get_args(hint) if typing.get_origin(hint) is not None else (hint,)
-    for kind in (int, float):
-        if kind in args and not (isinstance(value, str) and str in args):
-            coerced = _coerce(kind, value)
-            if coerced is not value or isinstance(value, kind):
-                return coerced
+        raise TypeError
+    if hint is int:
+        if isinstance(value, bool):
+            raise TypeError
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            return int(value.strip())
+        raise TypeError
+    if hint is float:
+        if isinstance(value, bool):
+            raise TypeError
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, str):
+            return float(value.strip())
+        raise TypeError
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+        raise TypeError
+    if origin is Literal:
+        if any(type(value) is type(a) and value == a for a in args):
+            return value
+        raise ValueError
+    if origin in (typing.Union, _UnionType):
+        if value is None:
+            if type(None) in args:
+                return None
+            raise TypeError
+        for alternative in (a for a in args if a is not type(None)):
+            try:
+                return _converted(alternative, value)
+            except (TypeError, ValueError, OverflowError):
+                continue
+        raise TypeError
+    if origin is tuple:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            raise TypeError
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_converted(args[0], v) for v in items)
+        if len(items) != len(args):
+            raise ValueError
+        return tuple(_converted(a, v) for a, v in zip(args, items))
+    if origin in (dict, Mapping):
+        if isinstance(value, Mapping):
+            return dict(value)
+        raise TypeError
     return value
 
 
@@ -606,7 +717,12 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
                 base: TrainConfig | None = None) -> TrainConfig:
-    """A :class:`TrainConfig` from ``base`` (default: the defaults), a YAML file, then overrides."""
+    """A :class:`TrainConfig` from ``base`` (default: the defaults), a YAML file, then overrides.
+
+    A value that does not fit its field's type raises :class:`ConfigError` in one line: for an
+    override, ``--set optim.lr=abc: expected a float``; for a file value, ``FILE: optim.lr='abc':
+    expected a float``.
+    """
     import yaml
 
     data = config_to_dict(base or TrainConfig())
@@ -616,7 +732,15 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
             raise ConfigError(f"{path}: the top level must be a mapping")
         data = _merge(data, loaded)
     data = apply_overrides(data, overrides)
-    return config_from_dict(TrainConfig, data)
+    try:
+        return config_from_dict(TrainConfig, data)
+    except _BadValue as exc:
+        given = {item.partition("=")[0].strip(): item for item in overrides}
+        if exc.key in given:
+            raise ConfigError(f"--set {given[exc.key]}: expected {exc.expected}") from None
+        if path is not None:
+            raise ConfigError(f"{path}: {exc}") from None
+        raise
 
 
 def save_config(config: TrainConfig, path: str | Path) -> Path:

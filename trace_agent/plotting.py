@@ -5,7 +5,8 @@ matplotlib is imported inside the functions, so importing this module is cheap.
 ``trace-gym show-tree PATH`` draws saved trees to PNG: ``PATH`` is a run directory (its
 ``trees/step_<k>.jsonl``, written by ``trace-gym train``; the newest step unless ``--step``),
 a bench directory (its ``trees.jsonl``, written by ``trace-gym bench``; ``--strategy`` and
-``--seed`` pick a batch) or a ``.jsonl`` / ``.parquet`` tree file.
+``--seed`` pick a batch) or a ``.jsonl`` / ``.parquet`` tree file. Each picture carries a legend
+of its colours, markers and dashed edges (:data:`TREE_LEGEND`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Any
 from trace_agent.contexts import format_messages
 from trace_agent.tree import Node, RolloutTree
 
-__all__ = ["tree_layout", "plot_tree", "plot_allocation", "tree_transcript", "find_trees", "show_trees",
+__all__ = ["TREE_LEGEND", "TREE_LEGEND_TITLE", "tree_layout", "tree_figure", "plot_tree", "plot_allocation",
+           "tree_transcript", "find_trees", "show_trees",
            "add_show_tree_parser"]
 
 _SUCCESS = "#2e9d4a"
@@ -47,23 +49,38 @@ def tree_layout(tree: RolloutTree) -> dict[int, tuple[float, float]]:
     return pos
 
 
-def plot_tree(tree: RolloutTree, path: str | Path, *, title: str | None = None, dpi: int = 100) -> Path:
-    """Draw ``tree`` to a PNG at ``path`` and return the path.
+#: The legend of :func:`tree_figure`: (marker or line style, colour, text), in drawing order.
+TREE_LEGEND: tuple[tuple[str, str, str], ...] = (
+    ("s", _SUCCESS, "leaf: success"),
+    ("s", _FAILURE, "leaf: failure"),
+    ("o", "#f0c419", "inner node: share of successes below (red 0 .. green 1)"),
+    ("o", _OPEN, "inner node: nothing below it finished"),
+    ("-", "#777777", "turn"),
+    ("--", "#777777", "turn that starts a continuation (a branch)"),
+)
 
-    Leaves are green (success) or red (failure); inner nodes are coloured by their
+#: The legend's title: what the node labels mean.
+TREE_LEGEND_TITLE = "v^ predicted success, r reward"
+
+
+def tree_figure(tree: RolloutTree, *, title: str | None = None, dpi: int = 100) -> Any:
+    """A matplotlib ``Figure`` (Agg canvas) of ``tree``, with a legend (:data:`TREE_LEGEND`).
+
+    Leaves are green (success) or red (failure) squares; inner nodes are circles coloured by their
     bottom-up target on a red-to-green scale and grey when nothing below them finished.
-    Each node is labelled with its predicted value ``v^`` when it has one, and edges
-    that start a continuation are dashed.
+    Each node is labelled with its predicted value ``v^`` when it has one (leaves also with
+    their reward ``r``), and edges that start a continuation are dashed.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.colors import LinearSegmentedColormap
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
     pos = tree_layout(tree)
     targets, counts = tree.targets()
     n_rows = max(y for _, y in pos.values()) + 1
     depth = max(x for x, _ in pos.values()) + 1
-    fig = Figure(figsize=(min(2.0 + 1.6 * depth, 30.0), min(1.5 + 0.45 * n_rows, 40.0)), dpi=dpi)
+    fig = Figure(figsize=(min(2.0 + 1.6 * depth, 30.0) + 3.2, min(1.5 + 0.45 * n_rows, 40.0) + 0.5), dpi=dpi)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     cmap = LinearSegmentedColormap.from_list("outcome", [_FAILURE, "#f0c419", _SUCCESS])
@@ -91,6 +108,12 @@ def plot_tree(tree: RolloutTree, path: str | Path, *, title: str | None = None, 
             label = (label + " " if label else "") + f"r={node.reward:g}"
         if label:
             ax.annotate(label, (x, y), xytext=(6, 6), textcoords="offset points", fontsize=7)
+    handles = [Line2D([], [], color=color, ls=style, lw=1.0) if style in ("-", "--") else
+               Line2D([], [], ls="", marker=style, markersize=8, markerfacecolor=color, markeredgecolor="black",
+                      markeredgewidth=0.6)
+               for style, color, _ in TREE_LEGEND]
+    ax.legend(handles, [text for *_, text in TREE_LEGEND], title=TREE_LEGEND_TITLE, fontsize=7,
+              title_fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
     s, f = tree.outcome_counts()
     ax.set_title(title or f"{tree.prompt_id}: {s} success / {f} failure" + (" (mixed)" if s and f else ""))
     ax.set_xlabel("turn (depth)")
@@ -99,9 +122,15 @@ def plot_tree(tree: RolloutTree, path: str | Path, *, title: str | None = None, 
     ax.invert_yaxis()
     ax.margins(x=0.15, y=0.1)
     fig.tight_layout()
+    return fig
+
+
+def plot_tree(tree: RolloutTree, path: str | Path, *, title: str | None = None, dpi: int = 100) -> Path:
+    """Draw ``tree`` (:func:`tree_figure`, legend included) to a PNG at ``path`` and return the path."""
+    fig = tree_figure(tree, title=title, dpi=dpi)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
+    fig.savefig(path, format="png", bbox_inches="tight")
     return path
 
 

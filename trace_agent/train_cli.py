@@ -20,6 +20,12 @@ and ``summary.json``. ``--resume DIR`` refuses a conflicting config and names th
 differences; a fresh run refuses a directory that holds a run (``--overwrite`` replaces it).
 Splits: every env's ``train`` split trains and its ``test`` split is held out
 (:func:`trace_agent.wiring.split_kwargs`).
+
+Demo settings: without ``--config`` (and without ``--resume``), a run of the demo policy
+(``policy.kind: demo``, the default) on an env with a shipped demo config starts from that config
+(:data:`DEMO_CONFIGS`: ``docs/configs/demo.yaml``, ``wiki_demo.yaml``, ``bfcl_demo.yaml``: learning
+rate, rollout shape, turn and token limits, held-out sample), and the flags and ``--set`` overrides
+apply on top; one line on stderr names the config applied. ``--config`` replaces it.
 """
 
 from __future__ import annotations
@@ -34,11 +40,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trace_agent.config import TrainConfig, config_to_dict, load_config
-from trace_agent.options import BATCHING, ENV_BACKENDS, OBJECTIVES
+from trace_agent.options import BATCHING, ENV_BACKENDS, OBJECTIVES, POLICY_KINDS
 from trace_agent.strategies import STRATEGY_NAMES
 from trace_agent.success import success_rate
 
 __all__ = [
+    "CONFIG_DIR",
+    "DEMO_CONFIGS",
     "EvalResult",
     "TrainReport",
     "evaluate_heldout",
@@ -46,7 +54,19 @@ __all__ = [
     "config_from_args",
     "add_train_parser",
     "add_eval_parser",
+    "demo_config_path",
 ]
+
+
+#: The demo policy's settings per env: file names under ``docs/configs/`` (see the module docstring).
+DEMO_CONFIGS: dict[str, str] = {
+    "trace_envs/PythonMath-v0": "demo.yaml",
+    "trace_envs/WikiQA-v0": "wiki_demo.yaml",
+    "trace_envs/BFCL-v0": "bfcl_demo.yaml",
+}
+
+#: Where :data:`DEMO_CONFIGS` are read from (the source tree's ``docs/configs``).
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "docs" / "configs"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,7 +114,12 @@ class TrainReport:
 def evaluate_heldout(policy: Any, config: TrainConfig, *, seed: int = 12345,
                      on_episode: Callable[[str, int, float, list[dict[str, Any]]], None] | None = None,
                      progress: bool = False) -> EvalResult:
-    """Play ``config.eval.samples`` episodes on each of the first ``config.eval.tasks`` held-out tasks.
+    """Play ``config.eval.samples`` episodes on each of ``config.eval.tasks`` held-out tasks.
+
+    The tasks are a deterministic sample of the ``config.eval.split`` split stratified over the
+    tasks' kinds (:func:`trace_envs.tasks.splits.stratified_ids`: WikiQA's question kinds,
+    PythonMath's families; round robin over the kinds, each kind's tasks in split order), so a
+    sample smaller than the split covers every kind it can; ``eval.tasks`` null plays every task.
 
     Episodes run in waves of ``policy.max_batch_size`` side by side (one env each, reused across
     waves): one batched ``policy.generate`` per turn over the wave's live episodes, whatever
@@ -108,16 +133,22 @@ def evaluate_heldout(policy: Any, config: TrainConfig, *, seed: int = 12345,
     from tqdm import tqdm
 
     from trace_agent.policy.episodes import EpisodeStart, play_episodes
-    from trace_agent.wiring import make_env_factory, task_ids
+    from trace_agent.wiring import make_env_factory
+    from trace_envs.tasks.splits import stratified_ids
 
     e, s = config.eval, config.sampling
-    ids = task_ids(config.env_id, e.split, env_kwargs=config.env_kwargs)
-    ids = ids[:e.tasks] if e.tasks else ids
     t0 = time.perf_counter()
     make = make_env_factory(config.env_id, e.split, max_turns=s.max_turns, env_kwargs=config.env_kwargs)
-    episodes = [(t, k) for t in range(len(ids)) for k in range(e.samples)]
-    wave = max(1, min(len(episodes), getattr(policy, "max_batch_size", 32)))
-    envs = [make() for _ in range(wave)]
+    envs = [make()]
+    try:
+        ids = stratified_ids(envs[0].tasks, e.tasks)
+        episodes = [(t, k) for t in range(len(ids)) for k in range(e.samples)]
+        wave = max(1, min(len(episodes), getattr(policy, "max_batch_size", 32)))
+        envs += [make() for _ in range(wave - 1)]
+    except BaseException:
+        for env in envs:
+            env.close()
+        raise
     rewards = [0.0] * len(episodes)
     bar = tqdm(total=len(episodes), desc="eval", unit="episode", disable=not progress, dynamic_ncols=True,
                leave=False)
@@ -325,7 +356,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="override any config field, e.g. --set optim.lr=1e-4 (repeatable; values are YAML)")
     parser.add_argument("--env", help="env id (config: env_id)")
-    parser.add_argument("--policy", help="policy kind: demo, hf, vllm, tiny ... (config: policy.kind)")
+    parser.add_argument("--policy", choices=POLICY_KINDS,
+                        help="policy kind (config: policy.kind); demo (the default) starts from the env's demo "
+                             "config when no --config is given")
     parser.add_argument("--policy-path", help="checkpoint directory or hub name (config: policy.path)")
     parser.add_argument("--device", help="torch device of the policy (config: policy.device)")
     parser.add_argument("--seed", type=int, help="run seed (config: seed)")
@@ -372,7 +405,19 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     flags = [*_flags(args), *args.overrides]
     resume = getattr(args, "resume", None)
     if resume is None:
-        return load_config(args.config, flags)
+        config = load_config(args.config, flags)
+        demo = demo_config_path(config) if args.config is None else None
+        if demo is None:
+            return config
+        import sys
+
+        if not demo.is_file():
+            print(f"trace-gym: the demo policy's settings for {config.env_id} are in docs/configs/{demo.name}, "
+                  f"not found here: pass --config with a copy of it", file=sys.stderr, flush=True)
+            return config
+        print(f"trace-gym: using the demo policy's settings for {config.env_id}: {_shown_path(demo)} "
+              f"(flags and --set apply on top; --config replaces it)", file=sys.stderr, flush=True)
+        return load_config(demo, flags)
     run_dir = resume or args.out
     if not run_dir:
         raise RunDirError("--resume needs the run directory: trace-gym train --resume runs/NAME")
@@ -387,6 +432,24 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                                                                 and not args.no_progress)})
     given = load_config(args.config, flags, base=None if args.config else saved)
     return resume_config(run_dir, given)
+
+
+def demo_config_path(config: TrainConfig) -> Path | None:
+    """The demo config (:data:`DEMO_CONFIGS`) a run of ``config`` starts from, or None.
+
+    Only a run of the demo policy (``policy.kind == "demo"``) on an env that has one gets one; the
+    path may not exist outside a source checkout.
+    """
+    if config.policy.kind != "demo" or config.env_id not in DEMO_CONFIGS:
+        return None
+    return CONFIG_DIR / DEMO_CONFIGS[config.env_id]
+
+
+def _shown_path(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _preflight(args: argparse.Namespace, config: TrainConfig, *, train: bool) -> int | None:

@@ -121,16 +121,18 @@ def split_kwargs(env_id: str, split: str | None, env_kwargs: dict[str, Any] | No
       (:func:`trace_envs.tasks.wiki.wiki_split`); "all" / "default" every question; anything
       else must be an existing HotpotQA-format file (a split name is never looked up on the hub).
     * BFCL-v0: "train" / "test" are the fixed partition of the category's entries
-      (:func:`trace_envs.tasks.bfcl.bfcl_split`, category from ``env_kwargs``); "all" / None the whole category.
+      (:func:`trace_envs.tasks.bfcl.bfcl_split`, category from ``env_kwargs``); "all" / "default"
+      the whole category.
 
+    ``split=None`` leaves the env its own default task set (every env's is its train split).
     An explicit ``env_kwargs["tasks"]`` wins over ``split``.
     """
     kwargs = dict(env_kwargs or {})
-    if "tasks" in kwargs:
+    if "tasks" in kwargs or split is None:
         return kwargs
     if env_id == "trace_envs/WikiQA-v0":
-        if split in (None, *ALL_TASKS):
-            return {**kwargs, "tasks": "default"}
+        if split in ALL_TASKS:
+            return {**kwargs, "tasks": "all"}
         from trace_envs.tasks.wiki import WIKI_SPLITS, wiki_split
 
         if split in WIKI_SPLITS:
@@ -140,15 +142,15 @@ def split_kwargs(env_id: str, split: str | None, env_kwargs: dict[str, Any] | No
                                 f"HotpotQA-format file (none exists at {split})")
         return {**kwargs, "tasks": split}
     if env_id == "trace_envs/BFCL-v0":
-        if split in (None, *ALL_TASKS):
-            return kwargs
+        if split in ALL_TASKS:
+            return {**kwargs, "tasks": "all"}
         from trace_envs.tasks.bfcl import BFCL_SPLITS, bfcl_split
 
         if split not in BFCL_SPLITS:
             raise EnvSetupError(f"BFCL-v0 has no split {split!r}: use train, test or all "
                                 f"(set the category with env_kwargs.category)")
         return {**kwargs, "tasks": bfcl_split(str(kwargs.get("category", "multi_turn_base")), split)}
-    return {**kwargs, "tasks": split} if split is not None else kwargs
+    return {**kwargs, "tasks": split}
 
 
 def resolve_strategy(spec: Any) -> Any:

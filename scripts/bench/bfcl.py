@@ -85,7 +85,7 @@ def _largest_entries(env: BFCLEnv, count: int) -> list[tuple[int, str, list[str]
 
 
 def _snapshot_rows(repeats: int, count: int) -> list[dict[str, Any]]:
-    env = BFCLEnv(category="multi_turn_long_context")
+    env = BFCLEnv(category="multi_turn_long_context", tasks="all")  # the largest states of the whole category
     rows = []
     for size, task_id, prefix, steps in _largest_entries(env, count):
         env.reset(options={"task_id": task_id})

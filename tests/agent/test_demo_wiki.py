@@ -75,7 +75,7 @@ def test_a_path_is_still_a_qa_file(tmp_path: Path) -> None:
 
     with pytest.raises(TaskNotFoundError, match="no task file"):
         resolve_tasks(tmp_path / "train")
-    assert resolve_tasks("default").ids() == default_wiki_tasks().ids()
+    assert resolve_tasks("all").ids() == default_wiki_tasks().ids()
 
 
 # --------------------------------------------------------------------------------------------- demonstrator
@@ -111,7 +111,7 @@ def test_passages_are_parsed_from_the_env_observation() -> None:
 
 @pytest.fixture(scope="module")
 def wiki_env():
-    env = gym.make(ENV_ID, max_turns=6).unwrapped
+    env = gym.make(ENV_ID, tasks="all", max_turns=6).unwrapped
     yield env
     env.close()
 

@@ -106,7 +106,7 @@ def _bfcl_verdicts(cases: list[dict[str, Any]]) -> list[list[Any]]:
 
 @pytest.mark.parametrize("category", BFCL_CATEGORIES)
 def test_reward_agrees_with_bfcl_multi_turn_checker(category: str) -> None:
-    env = BFCLEnv(category=category)
+    env = BFCLEnv(category=category, tasks="all")
     entries = {e["id"]: e for e in load_bfcl_entries(category)}
     cases: list[dict[str, Any]] = []
     ours: list[tuple[str, str, float]] = []

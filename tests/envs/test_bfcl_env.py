@@ -25,7 +25,7 @@ END = "All done for this request."
 
 @pytest.fixture(scope="module")
 def base_env() -> BFCLEnv:
-    return BFCLEnv(category="multi_turn_base")
+    return BFCLEnv(category="multi_turn_base", tasks="all")
 
 
 def play(env: BFCLEnv, actions: list[str]) -> tuple[float, dict]:
@@ -69,7 +69,7 @@ def test_make_and_category_in_config_key() -> None:
     assert isinstance(env.unwrapped, BFCLEnv)
     assert env.unwrapped.category == "multi_turn_miss_func"
     assert "category=multi_turn_miss_func" in env.unwrapped.config_key
-    assert len(env.unwrapped.tasks) == 200
+    assert len(env.unwrapped.tasks) == 150  # the default: the train split
     with pytest.raises(ValueError, match="unknown BFCL category"):
         BFCLEnv(category="multi_turn_composite")
 
@@ -85,7 +85,7 @@ def test_snapshot_of_another_category_is_refused(base_env: BFCLEnv) -> None:
 # ----------------------------------------------------------------------------- conformance
 @pytest.mark.parametrize("category", BFCL_CATEGORIES)
 def test_conformance_on_every_category(category: str) -> None:
-    env = gym.make("trace_envs/BFCL-v0", category=category)
+    env = gym.make("trace_envs/BFCL-v0", category=category, tasks="all")
     # entries come in blocks of 50 per main backend: this touches every backend class
     for index in (0, 37, 60, 110, 160, 199):
         check_branchable_env(env, task_id=f"{category}_{index}")
@@ -93,7 +93,7 @@ def test_conformance_on_every_category(category: str) -> None:
 
 def test_conformance_actions_mutate_state_before_and_after_the_cut() -> None:
     for category in BFCL_CATEGORIES:
-        env = BFCLEnv(category=category)
+        env = BFCLEnv(category=category, tasks="all")
         for task_id in env.tasks.ids()[::7]:
             env.reset(options={"task_id": task_id})
             start = env._backends.freeze()  # noqa: SLF001 - full state, private attributes included
@@ -238,7 +238,7 @@ def test_held_back_functions_run_as_in_bfcl_unless_refused() -> None:
 # ----------------------------------------------------------------------------- reward
 @pytest.mark.parametrize("category", BFCL_CATEGORIES)
 def test_ground_truth_replay_scores_one_on_every_entry(category: str) -> None:
-    env = BFCLEnv(category=category)
+    env = BFCLEnv(category=category, tasks="all")
     failures = []
     for task_id in env.tasks.ids():
         for style in ("python", "json"):
@@ -295,7 +295,7 @@ def test_two_branches_from_one_snapshot_diverge_without_leaking(base_env: BFCLEn
     assert snap.digest() == digest
 
     # restoring into a fresh env gives the same branch
-    fresh = BFCLEnv()
+    fresh = BFCLEnv(tasks="all")
     fresh.reset(options={"task_id": "multi_turn_base_0"})
     fresh.restore(snap)
     assert fs_state(fresh) == at_snap and fresh.messages == base_env.messages[: len(fresh.messages)]

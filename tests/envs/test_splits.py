@@ -30,10 +30,11 @@ def test_wiki_splits_are_disjoint_cover_everything_and_hold_every_kind() -> None
 def test_wiki_split_names_never_reach_the_hub() -> None:
     """'train'/'test' are the synthetic splits; another string must be an existing file, else a clear error."""
     assert split_kwargs("trace_envs/WikiQA-v0", "test")["tasks"].ids() == wiki_split("test").ids()
-    assert split_kwargs("trace_envs/WikiQA-v0", "all") == {"tasks": "default"}
+    assert split_kwargs("trace_envs/WikiQA-v0", "all") == {"tasks": "all"}
+    assert split_kwargs("trace_envs/WikiQA-v0", None) == {}  # the env's own default: its train split
     with pytest.raises(EnvSetupError, match="no split 'validation'"):
         split_kwargs("trace_envs/WikiQA-v0", "validation")
-    assert split_kwargs("trace_envs/WikiQA-v0", "test", {"tasks": "default"}) == {"tasks": "default"}
+    assert split_kwargs("trace_envs/WikiQA-v0", "test", {"tasks": "all"}) == {"tasks": "all"}
 
 
 def test_wiki_env_from_the_factory_serves_only_its_split() -> None:
@@ -60,6 +61,8 @@ def test_bfcl_splits_per_category() -> None:
         bfcl_split("miss_func", "test").ids()
     with pytest.raises(EnvSetupError, match="no split"):
         split_kwargs("trace_envs/BFCL-v0", "dev")
+    assert split_kwargs("trace_envs/BFCL-v0", "all") == {"tasks": "all"}
+    assert split_kwargs("trace_envs/BFCL-v0", None) == {}
 
 
 @needs_bfcl

@@ -27,7 +27,7 @@ def _cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def env() -> Iterator[WikiQAEnv]:
-    e = gym.make("trace_envs/WikiQA-v0")
+    e = gym.make("trace_envs/WikiQA-v0", tasks="all")
     yield e.unwrapped
     e.close()
 

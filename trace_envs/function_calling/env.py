@@ -163,9 +163,9 @@ class BFCLEnv(BranchableEnv):
     **Arguments.**
         category: "multi_turn_base" (default), "multi_turn_long_context",
             "multi_turn_miss_func" or "multi_turn_miss_param" ("base" etc. also accepted).
-        tasks: a TaskSet to use instead of the category's 200 entries (tasks made by
-            :func:`trace_envs.tasks.bfcl.entry_to_task`), or a split name of the category:
-            "train" / "test" (:func:`trace_envs.tasks.bfcl.bfcl_split`, 150 / 50 entries) or "all".
+        tasks: a split name of the category: "train" (the default; None means it too) or "test"
+            (:func:`trace_envs.tasks.bfcl.bfcl_split`, 150 / 50 of its 200 entries), "all" (every entry),
+            or a TaskSet (tasks made by :func:`trace_envs.tasks.bfcl.entry_to_task`).
         tool_detail: "full" (default: BFCL's docs), "compact" (no description text) or "names" (see Tools).
         task_ids: keep only these entries of ``tasks`` (in this order; an unknown id raises TaskNotFoundError naming it),
             e.g. ``--env-kwargs '{"tasks": "train", "task_ids": [...]}'`` from the command line.
@@ -177,7 +177,11 @@ class BFCLEnv(BranchableEnv):
             observations longer than ``max_observation_chars`` are cut (the checks use the full results).
         backend_timeout_s: wall-clock deadline of one backend call (default 2 s; state requests get 5x).
 
-    ``reset(options={"task_id": "multi_turn_base_0"})`` picks an entry;
+    **Task set.** By default the env serves the category's train split only: a held-out (test)
+    entry is played only by an env made with ``tasks="test"`` (or ``"all"``).
+
+    ``reset(options={"task_id": "multi_turn_base_0"})`` picks an entry of the env's task set (the id
+    of an entry of the other split raises ``TaskNotFoundError`` naming the split that holds it);
     ``options={"task": {...}}`` runs a BFCL-format entry of the caller's
     (``question``, ``initial_config``, ``involved_classes``, ``ground_truth``,
     optional ``id``, ``missed_function``, ``long_context``).
@@ -189,7 +193,7 @@ class BFCLEnv(BranchableEnv):
         self,
         *,
         category: str = "multi_turn_base",
-        tasks: TaskSet | str | None = None,
+        tasks: TaskSet | str | None = "train",
         tool_detail: str = "full",
         task_ids: Sequence[str] | None = None,
         max_steps_per_turn: int = MAX_STEPS_PER_TURN,
@@ -205,12 +209,13 @@ class BFCLEnv(BranchableEnv):
             raise ValueError(f"max_steps_per_turn must be >= 1, got {max_steps_per_turn}")
         if tool_detail not in TOOL_DETAILS:
             raise ValueError(f"tool_detail must be one of {', '.join(TOOL_DETAILS)}, got {tool_detail!r}")
+        if tasks is None:
+            tasks = "train"
         if isinstance(tasks, str):
             if tasks not in (*BFCL_SPLITS, "all"):
                 raise ValueError(f"tasks={tasks!r}: give a TaskSet or a split name ({', '.join(BFCL_SPLITS)}, all)")
-            tasks = bfcl_split(self.category, tasks) if tasks in BFCL_SPLITS else None
+            tasks = bfcl_split(self.category, tasks) if tasks in BFCL_SPLITS else load_bfcl_tasks(self.category)
         self.tool_detail = tool_detail
-        tasks = tasks if tasks is not None else load_bfcl_tasks(self.category)
         if task_ids is not None:
             if isinstance(task_ids, str) or not task_ids:
                 raise ValueError("task_ids must be a non-empty list of entry ids")

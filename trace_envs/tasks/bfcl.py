@@ -26,6 +26,7 @@ from typing import Any
 
 from trace_envs.core import Task, TaskSet
 from trace_envs.errors import InvalidTaskError, TraceEnvError
+from trace_envs.tasks.splits import SplitTaskSet
 
 __all__ = [
     "BFCL_CATEGORIES",
@@ -195,7 +196,9 @@ def bfcl_split(category: str = "multi_turn_base", split: str = "train") -> TaskS
     The partition is fixed: the category's entry ids, sorted, are shuffled by a generator
     seeded with the category's name and the first ``ceil(BFCL_HELDOUT_FRACTION * n)`` are
     held out. Both splits keep the data file's order; together they are the whole category.
-    The TaskSet's name is ``bfcl/<category>/<split>``.
+    The TaskSet's name is ``bfcl/<category>/<split>``. It is a
+    :class:`~trace_envs.tasks.splits.SplitTaskSet`: looking up an entry of the other split raises
+    ``TaskNotFoundError`` naming that split.
     """
     import math
     import random
@@ -209,4 +212,6 @@ def bfcl_split(category: str = "multi_turn_base", split: str = "train") -> TaskS
     random.Random(f"trace-gym-bfcl-split|{name}").shuffle(order)
     held = set(order[:math.ceil(BFCL_HELDOUT_FRACTION * len(order))])
     chosen = [t for t in tasks.values() if (t.task_id in held) == (split == "test")]
-    return TaskSet(chosen, name=f"bfcl/{name}/{split}")
+    other = "train" if split == "test" else "test"
+    return SplitTaskSet(chosen, name=f"bfcl/{name}/{split}", split=split,
+                        elsewhere=dict.fromkeys((t for t in tasks if (t in held) != (split == "test")), other))

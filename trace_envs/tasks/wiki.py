@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_envs.core import Task, TaskSet
+from trace_envs.tasks.splits import SplitTaskSet
 
 __all__ = [
     "SyntheticWikiConfig",
@@ -403,13 +404,14 @@ def wiki_split(split: str, config: SyntheticWikiConfig | None = None) -> TaskSet
     disjoint, cover every question, hold every kind in both, and are answered from the same
     corpus and index (a held-out question is new, its passages are not). Tasks keep their
     generation order inside a split; the TaskSet's name is ``<config.key>/<split>`` so a
-    snapshot never moves between splits.
+    snapshot never moves between splits. It is a :class:`~trace_envs.tasks.splits.SplitTaskSet`:
+    looking up a question of the other split raises ``TaskNotFoundError`` naming that split.
     """
     import math
 
     if split not in WIKI_SPLITS:
         raise ValueError(f"unknown WikiQA split {split!r}; choose one of {', '.join(WIKI_SPLITS)} "
-                         f"(or 'default' for all questions)")
+                         f"(or 'all' for every question)")
     config = config or SyntheticWikiConfig()
     tasks = default_wiki_tasks(config)
     kinds: dict[str, list[str]] = {}
@@ -421,7 +423,9 @@ def wiki_split(split: str, config: SyntheticWikiConfig | None = None) -> TaskSet
         random.Random(f"trace-gym-wiki-split|{config.seed}|{kind}").shuffle(order)
         held.update(order[:math.ceil(HELDOUT_FRACTION * len(order))])
     chosen = [t for t in tasks.values() if (t.task_id in held) == (split == "test")]
-    return TaskSet(chosen, name=f"{config.key}/{split}")
+    other = "train" if split == "test" else "test"
+    return SplitTaskSet(chosen, name=f"{config.key}/{split}", split=split,
+                        elsewhere=dict.fromkeys((t for t in tasks if (t in held) != (split == "test")), other))
 
 
 def wiki_demonstration_tasks(per_kind: int = 200, *, seed: int = 1,

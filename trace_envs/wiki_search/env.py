@@ -63,12 +63,13 @@ def resolve_retriever(retriever: Any, *, cache_dir: str | Path | None = None) ->
 
 
 def resolve_tasks(tasks: str | Path | TaskSet | Sequence[Task]) -> TaskSet:
-    """"default" -> the synthetic questions; "train" / "test" -> their split; a TaskSet or list of Tasks;
-    a path -> a QA file.
+    """"train" -> the synthetic questions' train split (the env's default); "test" -> the held-out split;
+    "all" -> every synthetic question; a TaskSet or list of Tasks; a path -> a QA file.
 
     The split names (:data:`trace_envs.tasks.wiki.WIKI_SPLITS`) are the synthetic encyclopedia's
-    splits (:func:`trace_envs.tasks.wiki.wiki_split`); a QA file of that name is passed as a ``Path``
-    (or as ``"./train"``).
+    splits (:func:`trace_envs.tasks.wiki.wiki_split`); a QA file of such a name is passed as a ``Path``
+    (or as ``"./train"``). ``"default"`` is refused (``InvalidTaskError``): it is ambiguous between
+    the default split and every question.
 
     A path is a ``.parquet``, ``.json`` or ``.jsonl`` file (read by extension) in HotpotQA's
     layout or in Search-R1's (its ``nq_hotpotqa_train`` parquet, or verl's preprocessed copy);
@@ -76,10 +77,13 @@ def resolve_tasks(tasks: str | Path | TaskSet | Sequence[Task]) -> TaskSet:
     """
     if isinstance(tasks, TaskSet):
         return tasks
-    if isinstance(tasks, str) and tasks == "default":
+    if isinstance(tasks, str) and tasks == "all":
         from trace_envs.tasks.wiki import default_wiki_tasks
 
         return default_wiki_tasks()
+    if isinstance(tasks, str) and tasks == "default":
+        raise InvalidTaskError("tasks='default' is ambiguous: give 'train' (the default split), 'test' (held out) "
+                               "or 'all' (every question)")
     if isinstance(tasks, str):
         from trace_envs.tasks.wiki import WIKI_SPLITS, wiki_split
 
@@ -91,7 +95,8 @@ def resolve_tasks(tasks: str | Path | TaskSet | Sequence[Task]) -> TaskSet:
         return load_qa_file(tasks)
     if isinstance(tasks, Sequence) and all(isinstance(t, Task) for t in tasks):
         return TaskSet(list(tasks), name="wikiqa-custom")
-    raise TypeError(f"tasks must be 'default', 'train', 'test', a TaskSet, a list of Tasks or a path, got {type(tasks).__name__}")
+    raise TypeError(f"tasks must be 'train', 'test', 'all', a TaskSet, a list of Tasks or a path, "
+                    f"got {type(tasks).__name__}")
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,11 @@ class WikiQAEnv(BranchableEnv):
     **Episode end.** Terminated by an ``<answer>``; truncated after
     ``max_turns`` turns without one (reward 0).
 
+    **Task set.** By default the env serves the train split only: a held-out (test) question is
+    played only by an env made with ``tasks="test"`` (or ``"all"``). ``reset(options={"task_id": ...})``
+    picks among the env's own tasks; the id of a question of the other split raises
+    ``TaskNotFoundError`` naming the split that holds it.
+
     **Snapshot contents.** The transcript, the turn counter, the RNG (base
     class) and the search state: number of searches, number of error turns and
     the queries made. The retriever is shared and read-only, so it is not copied.
@@ -154,8 +164,9 @@ class WikiQAEnv(BranchableEnv):
         retriever: None (the default synthetic corpus with a bm25s index, built once
             into ``$TRACE_GYM_CACHE`` or ``~/.cache/trace-gym``), a ``retrievers.Retriever``,
             an index directory, or a retrieval server URL (``http://host:port``).
-        tasks: "default" (every synthetic question), "train" or "test" (their split), a TaskSet, a list
-            of Tasks, or a path to a HotpotQA or Search-R1 file.
+        tasks: "train" (the default: the synthetic questions' train split, 315 of 420), "test" (the
+            held-out split, 105), "all" (every synthetic question), a TaskSet, a list of Tasks, or a
+            path to a HotpotQA or Search-R1 file.
         top_k: passages per search (1..20).
         max_turns: turns per episode.
         max_passage_chars: characters of passage text shown per hit.
@@ -173,7 +184,7 @@ class WikiQAEnv(BranchableEnv):
         self,
         *,
         retriever: Any = None,
-        tasks: str | Path | TaskSet | Sequence[Task] = "default",
+        tasks: str | Path | TaskSet | Sequence[Task] = "train",
         top_k: int = 3,
         max_turns: int = 8,
         max_passage_chars: int = 600,
