@@ -862,7 +862,7 @@ def main(argv: Sequence[str] | None = None, *, policy: Any = None) -> dict[str, 
     offline = (args.claim == "contrast" and args.trees) or getattr(args, "bench_json", None)
     if args.claim not in ("train", "table") and policy is None and not offline:
         from trace_agent.bench import load_policy
-        from trace_agent.wiring import check_env_id
+        from trace_agent.env_factory import check_env_id
 
         check_env_id(args.env)
         policy = load_policy(args.policy, env_id=args.env, log=lambda m: print(m, file=sys.stderr))

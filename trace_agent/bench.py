@@ -45,9 +45,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from trace_agent.env_factory import make_env_factory, task_ids
 from trace_agent.rollout import Collection, PromptSpec, RolloutConfig, TreeCollector
 from trace_agent.strategies import STRATEGY_NAMES, Budget, Strategy, TreePO
-from trace_agent.wiring import make_env_factory, resolve_strategy, task_ids
+from trace_agent.wiring import resolve_strategy
 
 __all__ = [
     "BenchConfig",
@@ -302,7 +303,7 @@ def run_bench(
 
     ``strategies`` overrides ``config.strategies`` (objects instead of names); ``predictor``
     defaults to a fresh one of ``config.predictor``'s kind; ``make_env``
-    defaults to :func:`~trace_agent.wiring.make_env_factory` (the env's own tasks, ``env_kwargs``
+    defaults to :func:`~trace_agent.env_factory.make_env_factory` (the env's own tasks, ``env_kwargs``
     as given: ``gym.make(config.env_id, max_turns=..., **env_kwargs).unwrapped``). ``progress``
     shows bars (with ETA) over the warm-up batches and the measured batches; ``log`` lines are
     written above them.
@@ -557,7 +558,7 @@ def _cli(args: argparse.Namespace) -> int:
     )
     from tqdm import tqdm
 
-    from trace_agent.wiring import check_env_id
+    from trace_agent.env_factory import check_env_id
 
     check_env_id(config.env_id)  # before the policy loads
     _check_policy(args.policy, args.policy_cache, config.env_id)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from trace_agent.wiring import make_env_factory
+from trace_agent.env_factory import make_env_factory
 
 if TYPE_CHECKING:  # pragma: no cover
     from trace_agent.config import TrainConfig

@@ -313,11 +313,11 @@ def read_trees(paths: Sequence[str | Path]) -> list[RolloutTree]:
 def fill_from_env(trees: Sequence[RolloutTree], env_id: str, **env_kwargs: Any) -> int:
     """Give trees without tools or ground truth the env's (older files); returns how many were filled.
 
-    The env comes from the one env factory (:func:`~trace_agent.wiring.make_env_factory`) with
+    The env comes from the one env factory (:func:`~trace_agent.env_factory.make_env_factory`) with
     its default task set, as ``gym.make(env_id)`` has it (``env_kwargs`` such as ``tasks=``
     choose another); one turn is enough, nothing is stepped.
     """
-    from trace_agent.wiring import make_env_factory
+    from trace_agent.env_factory import make_env_factory
 
     missing = [t for t in trees if not t.tools or t.ground_truth is None]
     if not missing:

@@ -137,7 +137,8 @@ def write_policy_meta(directory: str | Path, *, env_ids: Sequence[str], **extra:
 
 def preflight(config: TrainConfig, *, train: bool = True) -> list[Check]:
     """Every check for ``config`` (``train=False``: only what ``trace-gym eval`` needs)."""
-    from trace_agent.wiring import EnvSetupError, check_env_id, split_kwargs
+    from trace_agent.env_factory import check_env_id, split_kwargs
+    from trace_agent.errors import EnvSetupError
 
     checks: list[Check] = []
     try:

@@ -19,7 +19,7 @@ policy (``policy/``, loadable with ``HFPolicy.from_pretrained``), ``learning_cur
 and ``summary.json``. ``--resume DIR`` refuses a conflicting config and names the
 differences; a fresh run refuses a directory that holds a run (``--overwrite`` replaces it).
 Splits: every env's ``train`` split trains and its ``test`` split is held out
-(:func:`trace_agent.wiring.split_kwargs`).
+(:func:`trace_agent.env_factory.split_kwargs`).
 
 Demo settings: without ``--config`` (and without ``--resume``), a run of the demo policy
 (``policy.kind: demo``, the default) on an env with a shipped demo config starts from that config
@@ -132,8 +132,8 @@ def evaluate_heldout(policy: Any, config: TrainConfig, *, seed: int = 12345,
     """
     from tqdm import tqdm
 
+    from trace_agent.env_factory import make_env_factory
     from trace_agent.policy.episodes import EpisodeStart, play_episodes
-    from trace_agent.wiring import make_env_factory
     from trace_envs.tasks.splits import stratified_ids
 
     e, s = config.eval, config.sampling
@@ -250,11 +250,11 @@ def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool | 
     from tqdm import tqdm
 
     from trace_agent.config import save_config
+    from trace_agent.env_factory import check_env_id
     from trace_agent.metrics import MetricsLogger, plot_learning_curves, read_metrics
     from trace_agent.preflight import policy_dir, policy_env_ids, write_policy_meta
     from trace_agent.rundir import TrainingStopped, config_differences
     from trace_agent.trainer import Trainer
-    from trace_agent.wiring import check_env_id
 
     check_env_id(config.env_id)
     t_start = time.perf_counter()

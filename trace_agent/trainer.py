@@ -64,10 +64,11 @@ from trace_agent.checkpoint import (
 )
 from trace_agent.collector import CollectorProtocol, default_collector
 from trace_agent.config import TrainConfig, config_to_dict, save_config
+from trace_agent.env_factory import task_ids
 from trace_agent.objectives import Segment, batch_segments
 from trace_agent.pool import PromptPool
 from trace_agent.update import sync_weights, update_policy
-from trace_agent.wiring import build_policies, build_predictor, task_ids
+from trace_agent.wiring import build_policies, build_predictor
 
 if TYPE_CHECKING:  # pragma: no cover
     from trace_agent.policy.hf import HFPolicy

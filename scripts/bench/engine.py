@@ -47,10 +47,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 
+from trace_agent.env_factory import make_env_factory, task_ids  # noqa: E402
 from trace_agent.policy.base import Generation, TokenContext  # noqa: E402
 from trace_agent.rollout import PromptSpec, RolloutConfig, TreeCollector  # noqa: E402
 from trace_agent.strategies import Budget, make_strategy  # noqa: E402
-from trace_agent.wiring import make_env_factory, task_ids  # noqa: E402
 
 MATH = "trace_envs/PythonMath-v0"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from trace_agent.cli import main
+from trace_agent.env_factory import task_ids
 from trace_agent.tree_io import load_jsonl
-from trace_agent.wiring import task_ids
 
 _SMALL = ["--policy", "tiny", "--steps", "1", "--tasks", "1", "--samples", "1", "--no-progress",
           "--set", "rollout.prompts_per_step=2", "--set", "rollout.roots=4", "--set", "rollout.group_size=2",

@@ -187,8 +187,8 @@ def test_shipped_policy_acts_on_held_out_questions() -> None:
     """The shipped policy searches for what the question names, copies names from what it read into later
     queries, and succeeds on some held-out questions but not all (measured at build: first search right 0.88,
     held-out success 0.14 on all 105 test questions; here, 84 episodes: 0.87 and 0.08)."""
+    from trace_agent.env_factory import make_env_factory
     from trace_agent.policy.episodes import EpisodeStart, play_episodes
-    from trace_agent.wiring import make_env_factory
 
     policy = load_demo_policy(SHIPPED)
     make = make_env_factory(ENV_ID, None, max_turns=5, env_kwargs={"tasks": "test"})

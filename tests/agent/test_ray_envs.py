@@ -22,9 +22,9 @@ ray = pytest.importorskip("ray")
 import trace_envs  # noqa: E402, F401
 from trace_agent.engine.base import EnvWorkerError  # noqa: E402
 from trace_agent.engine.ray_envs import RayConfig, RayEnvHost, ensure_ray  # noqa: E402
+from trace_agent.env_factory import make_env_factory  # noqa: E402
 from trace_agent.rollout import PromptSpec, RolloutConfig, TreeCollector  # noqa: E402
 from trace_agent.strategies import GRPO, TRACE, Budget, TreePO  # noqa: E402
-from trace_agent.wiring import make_env_factory  # noqa: E402
 
 from .test_engine import _dump, _predictor, _slow_scripted  # noqa: E402
 from .test_rollout import ScriptedPolicy, _check_budget  # noqa: E402

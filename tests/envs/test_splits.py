@@ -7,7 +7,8 @@ from collections import Counter
 
 import pytest
 
-from trace_agent.wiring import EnvSetupError, make_env_factory, split_kwargs, task_ids
+from trace_agent.env_factory import make_env_factory, split_kwargs, task_ids
+from trace_agent.errors import EnvSetupError
 from trace_envs.tasks.wiki import HELDOUT_FRACTION, default_wiki_tasks, wiki_split
 
 needs_bfcl = pytest.mark.skipif(importlib.util.find_spec("bfcl_eval") is None, reason="bfcl-eval not installed")

@@ -315,7 +315,7 @@ class TraceTreeWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[na
     def collector(self, env_id: str) -> TreeCollector:
         """The tree collector of ``env_id`` (its envs are created per worker thread on first use)."""
         if env_id not in self.collectors:
-            from trace_agent.wiring import make_env_factory
+            from trace_agent.env_factory import make_env_factory
 
             rollout = self.config.actor_rollout_ref.rollout
             self.collectors[env_id] = TreeCollector(

@@ -39,7 +39,7 @@ def dataset_rows(
     limit: int | None = None,
 ) -> list[dict[str, Any]]:
     """One verl row per task of ``env_id``'s ``split`` (or per id in ``task_ids``), in task order."""
-    from trace_agent.wiring import make_env_factory
+    from trace_agent.env_factory import make_env_factory
 
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")

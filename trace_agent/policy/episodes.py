@@ -181,7 +181,7 @@ def evaluate_policy(
     ``generate`` per turn; :func:`~trace_agent.policy.episodes.play_episodes`). Returns task
     id -> rewards.
     """
-    from trace_agent.wiring import make_env_factory
+    from trace_agent.env_factory import make_env_factory
 
     make = make_env_factory(env_id, None, max_turns=max_turns, env_kwargs=dict(env_kwargs or {}))
     envs = [make() for _ in range(samples)]
