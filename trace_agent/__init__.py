@@ -34,7 +34,7 @@ from trace_agent.allocation import (
     proportional_split,
     repeat_probability,
 )
-from trace_agent.budget import Budget, BudgetAccount, BudgetConfig, paper_budget
+from trace_agent.budget import Budget, paper_budget
 from trace_agent.predictor import (
     EmbeddingPredictor,
     EmbeddingPredictorConfig,
@@ -66,8 +66,6 @@ __all__ = [
     "make_strategy",
     "prompt_pool",
     "BatchStats",
-    "BudgetAccount",
-    "BudgetConfig",
     "EmbeddingPredictor",
     "EmbeddingPredictorConfig",
     "InfeasibleAllocation",

@@ -28,9 +28,7 @@ Prefix problem (:func:`allocate_prefixes`)
 
 Budgets
     :func:`continuation_budget` and :func:`proportional_split` divide a budget between
-    prompts and prefixes. The budget itself, its paper unit and the running account
-    (:func:`paper_budget`, :class:`BudgetConfig`, :class:`BudgetAccount`) live in
-    :mod:`trace_agent.budget` and are re-exported here.
+    prompts and prefixes. The budget itself and its paper unit live in :mod:`trace_agent.budget`.
 """
 
 from __future__ import annotations
@@ -42,7 +40,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from trace_agent.budget import BudgetAccount, BudgetConfig, paper_budget
 from trace_agent.budget import whole_count as _whole
 from trace_agent.errors import InfeasibleAllocation
 from trace_agent.success import success_mask
@@ -51,7 +48,6 @@ if TYPE_CHECKING:  # pragma: no cover
     pass
 
 __all__ = [
-    "InfeasibleAllocation",
     "mixed_probability",
     "flip_probability",
     "repeat_probability",
@@ -64,9 +60,6 @@ __all__ = [
     "RootObjective",
     "continuation_budget",
     "proportional_split",
-    "paper_budget",
-    "BudgetConfig",
-    "BudgetAccount",
 ]
 
 #: Relative tolerance under which two root objectives count as tied (the smaller active count wins).

@@ -9,9 +9,10 @@ about half of one, so M root rollouts with N continuations each cost M * (1 + N/
   (:attr:`trace_agent.config.RolloutSettings.budget`) and the strategies read it.
 - :func:`paper_budget` - the planned cost of (M, N); :func:`spent_units` - the cost of
   rollouts that ran (roots at 1, continuations at the cost each).
-- :class:`BudgetConfig` / :class:`BudgetAccount` - a running account in paper units (flat or
-  depth-proportional continuation charges) and in real work (generated and appended
-  observation tokens, env steps), side by side.
+- :func:`continuation_cost` - the one validation of a continuation's price, (0, 1].
+
+What a batch really cost (generated and observation tokens, env steps) is counted from its trees
+(:func:`trace_agent.tree_stats.batch_stats`), beside its paper units.
 
 Pure Python; importing it imports nothing heavy.
 """
@@ -20,18 +21,17 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trace_agent.tree import RolloutTree
+    pass
 
 __all__ = [
     "Budget",
+    "continuation_cost",
     "paper_budget",
     "spent_units",
-    "BudgetConfig",
-    "BudgetAccount",
     "whole_count",
 ]
 
@@ -50,20 +50,32 @@ def whole_count(name: str, x: Any, *, minimum: int = 0) -> int:
 
 
 
+def continuation_cost(x: Any) -> float:
+    """``x`` as the paper-unit price of one continuation: a finite number in (0, 1] (1/2 in the paper)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(f"continuation_cost must be a number, got {type(x).__name__}")
+    if not (math.isfinite(x) and 0.0 < x <= 1.0):
+        raise ValueError(f"continuation_cost must be in (0, 1], got {x}")
+    return float(x)
+
+
 def paper_budget(roots: int, continuations_per_root: float, *, continuation_cost: float = 0.5) -> float:
     """The paper's budget unit for M roots with N continuations each: M * (1 + N * continuation_cost).
 
     With the default cost of 1/2, (1024, 2) and (512, 6) both cost 2048.
     """
     m = whole_count("roots", roots)
-    if continuations_per_root < 0 or continuation_cost < 0:
-        raise ValueError("continuations_per_root and continuation_cost must be >= 0")
-    return m * (1.0 + continuations_per_root * continuation_cost)
+    if continuations_per_root < 0:
+        raise ValueError(f"continuations_per_root must be >= 0, got {continuations_per_root}")
+    return m * (1.0 + continuations_per_root * _price(continuation_cost))
 
 
 def spent_units(root_rollouts: int, continuations: int, *, continuation_cost: float = 0.5) -> float:
     """Paper units of rollouts that ran: 1 per root rollout, ``continuation_cost`` per continuation."""
-    return root_rollouts + continuation_cost * continuations
+    return root_rollouts + _price(continuation_cost) * continuations
+
+
+_price = continuation_cost  # the parameters above share the function's name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,8 +107,7 @@ class Budget:
             raise ValueError(f"roots ({self.roots}) must be a multiple of group_size ({self.group_size})")
         if self.continuations_per_root < 0:
             raise ValueError(f"continuations_per_root must be >= 0, got {self.continuations_per_root}")
-        if not 0.0 < self.continuation_cost <= 1.0:
-            raise ValueError(f"continuation_cost must be in (0, 1], got {self.continuation_cost}")
+        _price(self.continuation_cost)
         if self.root_cap is not None and self.root_cap < 2:
             raise ValueError(f"root_cap must be >= 2 or None, got {self.root_cap}")
         if self.prefix_cap is not None and self.prefix_cap < 1:
@@ -143,102 +154,3 @@ class Budget:
     def prompt_continuations(self, roots: int) -> int:
         """A prompt's continuation units: N per root rollout."""
         return self.continuations_per_root * int(roots)
-
-
-@dataclass(frozen=True, kw_only=True)
-class BudgetConfig:
-    """How a continuation is charged in the paper's unit (a full rollout = 1).
-
-    Attributes:
-        continuation_cost: paper units charged for one continuation (default 1/2, the paper's
-            "a replay from the middle costs about half a rollout").
-        depth_proportional: when True and the depths are known, charge a continuation
-            (turns it generated) / (depth of its leaf) instead, the share of a full
-            rollout it actually re-ran; ``continuation_cost`` is the fallback.
-    """
-
-    continuation_cost: float = 0.5
-    depth_proportional: bool = False
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.continuation_cost) and 0.0 <= self.continuation_cost <= 1.0):
-            raise ValueError(f"continuation_cost must be in [0, 1], got {self.continuation_cost}")
-
-    def charge(self, *, new_turns: int | None = None, leaf_depth: int | None = None) -> float:
-        """Paper units for one continuation that generated ``new_turns`` turns ending at ``leaf_depth``."""
-        if self.depth_proportional and new_turns is not None and leaf_depth:
-            return min(1.0, max(0.0, new_turns / leaf_depth))
-        return self.continuation_cost
-
-
-@dataclass(kw_only=True)
-class BudgetAccount:
-    """Running totals of what rollouts cost, in the paper's unit and in real work.
-
-    ``charge_root`` / ``charge_continuation`` add one rollout each; ``charge_tree`` adds
-    every rollout of a finished :class:`~trace_agent.tree.RolloutTree` (its kind and depths
-    come from the tree). ``summary()`` reports both views side by side.
-    """
-
-    config: BudgetConfig = field(default_factory=BudgetConfig)
-    root_rollouts: int = 0
-    continuations: int = 0
-    paper_units: float = 0.0
-    generated_tokens: int = 0
-    observation_tokens: int = 0
-    env_steps: int = 0
-
-    def charge_root(self, *, generated_tokens: int = 0, observation_tokens: int = 0, env_steps: int = 0) -> float:
-        """Add one full rollout from the prompt (1 paper unit); returns the units charged."""
-        self.root_rollouts += 1
-        self._real(generated_tokens, observation_tokens, env_steps)
-        self.paper_units += 1.0
-        return 1.0
-
-    def charge_continuation(
-        self,
-        *,
-        generated_tokens: int = 0,
-        observation_tokens: int = 0,
-        env_steps: int = 0,
-        new_turns: int | None = None,
-        leaf_depth: int | None = None,
-    ) -> float:
-        """Add one continuation from a visited prefix; returns the paper units charged."""
-        units = self.config.charge(new_turns=new_turns, leaf_depth=leaf_depth)
-        self.continuations += 1
-        self._real(generated_tokens, observation_tokens, env_steps)
-        self.paper_units += units
-        return units
-
-    def charge_tree(self, tree: RolloutTree) -> float:
-        """Add every rollout of ``tree``; a rollout starting at the root is a root rollout. Returns units."""
-        total = 0.0
-        for r in tree.rollouts():
-            if r.start_depth == 0:
-                total += self.charge_root(
-                    generated_tokens=r.generated_tokens, observation_tokens=r.observation_tokens,
-                    env_steps=r.turns,
-                )
-            else:
-                total += self.charge_continuation(
-                    generated_tokens=r.generated_tokens, observation_tokens=r.observation_tokens,
-                    env_steps=r.turns, new_turns=r.turns, leaf_depth=r.end_depth,
-                )
-        return total
-
-    def _real(self, generated_tokens: int, observation_tokens: int, env_steps: int) -> None:
-        self.generated_tokens += whole_count("generated_tokens", generated_tokens)
-        self.observation_tokens += whole_count("observation_tokens", observation_tokens)
-        self.env_steps += whole_count("env_steps", env_steps)
-
-    def summary(self) -> dict[str, float]:
-        """Both views: rollouts and paper units; generated/observation tokens and env steps."""
-        return {
-            "root_rollouts": float(self.root_rollouts),
-            "continuations": float(self.continuations),
-            "paper_units": self.paper_units,
-            "generated_tokens": float(self.generated_tokens),
-            "observation_tokens": float(self.observation_tokens),
-            "env_steps": float(self.env_steps),
-        }

@@ -8,7 +8,6 @@ Public API::
         batch = collector.collect(prompts, TRACE(), Budget(roots=32, continuations_per_root=2, group_size=4))
     batch.trees          # one RolloutTree per active prompt (snapshots released)
     batch.stats()        # BatchStats: effective ratio, contrast pairs, depth histograms, tokens, env steps
-    batch.account        # BudgetAccount: paper units and real cost side by side
     batch.engine         # EngineStats: engine calls, sequences per call, time inside the backend
 
 One :meth:`TreeCollector.collect` call runs one asyncio event loop (docs/engine.md):
@@ -56,7 +55,6 @@ from typing import Any, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from trace_agent.allocation import BudgetAccount, BudgetConfig
 from trace_agent.contexts import format_messages, make_context
 from trace_agent.engine.base import (
     CollectionError,
@@ -209,7 +207,6 @@ class Collection:
         prompt_ids: the candidate pool, in order.
         roots: root rollouts allocated per candidate (0: skipped).
         trees: one tree per active prompt, in pool order.
-        account: the budget spent, in paper units and in real cost (tokens, env steps).
         wall_seconds: time of the whole call.
         oracle_generated_tokens / oracle_env_steps: Monte-Carlo estimation cost (Oracle only;
             outside the budget).
@@ -224,7 +221,6 @@ class Collection:
     prompt_ids: tuple[str, ...]
     roots: tuple[int, ...]
     trees: tuple[RolloutTree, ...]
-    account: BudgetAccount
     wall_seconds: float
     oracle_generated_tokens: int = 0
     oracle_env_steps: int = 0
@@ -513,7 +509,7 @@ class TreeCollector:
     # ---------------------------------------------------------------- a batch
     def collect(self, prompts: Sequence[PromptSpec], strategy: Strategy, budget: Budget, *,
                 seed: int = 0) -> Collection:
-        """Allocate roots over ``prompts`` with ``strategy``, grow one tree per active prompt, account the budget.
+        """Allocate roots over ``prompts`` with ``strategy``, grow one tree per active prompt.
 
         Raises:
             CollectionError: duplicate prompt ids, or a strategy allocation that breaks the
@@ -551,12 +547,9 @@ class TreeCollector:
                                   retries=self.config.env_retries)
         for (_, prompt, _, _), tree in zip(jobs, trees, strict=True):
             self._keep_root_context(prompt, tree)
-        account = BudgetAccount(config=BudgetConfig(continuation_cost=budget.continuation_cost))
-        for tree in trees:
-            account.charge_tree(tree)
         return Collection(
             strategy=strategy.name, budget=budget, prompt_ids=ids, roots=tuple(roots), trees=tuple(trees),
-            account=account, wall_seconds=time.perf_counter() - t0,
+            wall_seconds=time.perf_counter() - t0,
             oracle_generated_tokens=growth.oracle_generated_tokens, oracle_env_steps=growth.oracle_env_steps,
             root_values=tuple(float("nan") for _ in ids) if values is None else tuple(float(v) for v in values),
             engine=engine.stats, predictor_seconds=0.0 if predictor is None else predictor.seconds,

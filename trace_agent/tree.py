@@ -430,8 +430,7 @@ class RolloutTree:
         """Counts, outcome mix, contrast pairs, branch-point depth histogram and costs of this tree.
 
         ``paper_units`` charges 1 per rollout from the root and ``continuation_cost`` per
-        continuation (:func:`~trace_agent.budget.spent_units`; use
-        :class:`~trace_agent.budget.BudgetAccount` for other rules).
+        continuation (:func:`~trace_agent.budget.spent_units`).
         """
         return tree_stats(self, continuation_cost=continuation_cost)
 

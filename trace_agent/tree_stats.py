@@ -100,8 +100,7 @@ def tree_stats(tree: RolloutTree, *, continuation_cost: float = 0.5) -> TreeStat
     """Counts, outcome mix, contrast pairs, branch-point depth histogram and costs of ``tree``.
 
     ``paper_units`` charges 1 per rollout from the root and ``continuation_cost`` per
-    continuation (:func:`~trace_agent.budget.spent_units`; use
-    :class:`~trace_agent.budget.BudgetAccount` for other rules).
+    continuation (:func:`~trace_agent.budget.spent_units`).
     """
     s, f = tree.outcome_counts()
     rollouts = tree.rollouts()

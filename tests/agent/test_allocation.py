@@ -10,22 +10,20 @@ import numpy as np
 import pytest
 
 from trace_agent.allocation import (
-    BudgetAccount,
-    BudgetConfig,
-    InfeasibleAllocation,
     allocate_flip_once,
     allocate_prefixes,
     allocate_roots,
     continuation_budget,
     flip_probability,
     mixed_probability,
-    paper_budget,
     prefix_objective,
     proportional_split,
     repeat_probability,
     root_objective,
     spread_degenerate,
 )
+from trace_agent.budget import Budget, continuation_cost, paper_budget, spent_units
+from trace_agent.errors import InfeasibleAllocation
 
 SIX = [0.99, 0.90, 0.50, 0.50, 0.15, 0.02]
 
@@ -325,18 +323,18 @@ def test_proportional_split_sums_exactly() -> None:
         proportional_split([0, 0], 3)
 
 
-def test_paper_budget_and_account() -> None:
+def test_paper_budget_and_one_continuation_price() -> None:
     assert paper_budget(1024, 2) == paper_budget(512, 6) == 2048
-    acct = BudgetAccount()
-    acct.charge_root(generated_tokens=100, observation_tokens=40, env_steps=3)
-    acct.charge_continuation(generated_tokens=30, env_steps=1)
-    s = acct.summary()
-    assert s["paper_units"] == 1.5 and s["generated_tokens"] == 130 and s["env_steps"] == 4
-    prop = BudgetAccount(config=BudgetConfig(depth_proportional=True))
-    assert prop.charge_continuation(new_turns=1, leaf_depth=4) == 0.25
-    assert prop.charge_continuation() == 0.5  # depths unknown: the fixed cost
-    with pytest.raises(ValueError):
-        BudgetConfig(continuation_cost=2.0)
+    assert spent_units(3, 4, continuation_cost=0.25) == 4.0
+    for bad in (0.0, -0.5, 2.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"\(0, 1\]"):
+            paper_budget(4, 1, continuation_cost=bad)
+        with pytest.raises(ValueError, match=r"\(0, 1\]"):
+            spent_units(1, 1, continuation_cost=bad)
+        with pytest.raises(ValueError, match=r"\(0, 1\]"):
+            Budget(roots=4, continuations_per_root=1, group_size=2, continuation_cost=bad)
+    with pytest.raises(TypeError):
+        continuation_cost(True)
 
 
 # ----------------------------------------------------------------------------- theory

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from tests.agent.conftest import TreeFactory
-from trace_agent.allocation import BudgetAccount
 from trace_agent.contexts import CONTEXT_SEPARATOR, make_context, split_context
 from trace_agent.errors import TreeError
 from trace_agent.tree import RolloutTree, bottom_up_targets
@@ -130,11 +129,10 @@ def test_batch_stats_effective_ratio(make_tree: TreeFactory) -> None:
     assert math.isnan(batch_stats([empty]).effective_ratio)
 
 
-def test_budget_account_from_trees() -> None:
-    acct = BudgetAccount()
-    units = acct.charge_tree(_hand_tree())
-    assert units == 2.5 and acct.root_rollouts == 2 and acct.continuations == 1
-    assert acct.generated_tokens == 8 and acct.env_steps == 5
+def test_budget_spent_by_a_tree() -> None:
+    stats = _hand_tree().stats()
+    assert stats.paper_units == 2.5 and stats.root_rollouts == 2 and stats.continuations == 1
+    assert stats.generated_tokens == 8 and stats.env_steps == 5
 
 
 def test_context_keeps_prompt_and_history_apart() -> None:

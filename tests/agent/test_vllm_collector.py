@@ -131,7 +131,7 @@ def test_collector_with_four_workers_gives_the_single_worker_trees(engine) -> No
         for x, y in zip(sa, sb):
             assert all(math.isfinite(v) for v in x[4])
             assert max((abs(p - q) for p, q in zip(x[4], y[4])), default=0.0) < 1e-4
-    assert one.account.paper_units == four.account.paper_units
+    assert one.stats().paper_units == four.stats().paper_units
     # continuations were sampled (TRACE spends N * m units per prompt): more rollouts than roots
     rollouts = sum(len({n.rollout_id for n in t.nodes if n.rollout_id >= 0}) for t in one.trees)
     assert rollouts > sum(one.roots)
