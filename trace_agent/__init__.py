@@ -25,7 +25,6 @@ On top of them (policies in :mod:`trace_agent.policy`, torch loaded lazily):
 from __future__ import annotations
 
 from trace_agent.allocation import (
-    InfeasibleAllocation,
     allocate_prefixes,
     allocate_roots,
     continuation_budget,
@@ -35,6 +34,8 @@ from trace_agent.allocation import (
     repeat_probability,
 )
 from trace_agent.budget import Budget, paper_budget
+from trace_agent.engine.base import PromptSpec, prompt_pool
+from trace_agent.errors import InfeasibleAllocation
 from trace_agent.predictor import (
     EmbeddingPredictor,
     EmbeddingPredictorConfig,
@@ -45,7 +46,7 @@ from trace_agent.predictor import (
     score_nodes,
     tree_examples,
 )
-from trace_agent.rollout import Collection, PromptSpec, RolloutConfig, TreeCollector, prompt_pool
+from trace_agent.rollout import Collection, RolloutConfig, TreeCollector
 from trace_agent.strategies import GRPO, PCL, TRACE, Oracle, Strategy, TreePO, make_strategy
 from trace_agent.tree import Node, RolloutTree
 from trace_agent.tree_io import load_jsonl, load_parquet, save_jsonl, save_parquet
