@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trace_agent.config import (  # noqa: E402
+from trace_agent.config import (
     EvalConfig,
     LogConfig,
     ObjectiveConfig,
@@ -40,10 +40,8 @@ from trace_agent.config import (  # noqa: E402
     RolloutSettings,
     SamplingSettings,
     TrainConfig,
-    apply_overrides,
-    config_from_dict,
-    config_to_dict,
 )
+from trace_agent.config_io import apply_overrides, config_from_dict, config_to_dict
 
 
 def demo_config(args: argparse.Namespace) -> TrainConfig:

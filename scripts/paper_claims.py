@@ -582,7 +582,7 @@ def run_contrast(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
 
 def train_config(args: argparse.Namespace) -> Any:
     """The comparison's TrainConfig: ``--config`` (default docs/configs/demo.yaml), ``--small`` sizes, flags, ``--set``."""
-    from trace_agent.config import load_config
+    from trace_agent.config_io import load_config
 
     path = args.config or str(Path(__file__).resolve().parents[1] / "docs" / "configs" / "demo.yaml")
     flags = [f"out_dir={json.dumps(args.out)}", "log.progress=false"]
@@ -665,7 +665,7 @@ def _eval_data(result: Any, step: int) -> dict[str, Any]:
 
 
 def _base_key(config: Any) -> dict[str, Any]:
-    from trace_agent.config import config_to_dict
+    from trace_agent.config_io import config_to_dict
 
     c = config_to_dict(config)
     return {k: c[k] for k in ("env_id", "env_kwargs", "policy", "sampling", "eval")}
@@ -673,7 +673,7 @@ def _base_key(config: Any) -> dict[str, Any]:
 
 def run_arms(args: argparse.Namespace) -> dict[str, Any]:
     """``train --runs DIR``: every (arm, seed), seed-major, from one start; one compact JSON per finished run."""
-    from trace_agent.config import config_to_dict
+    from trace_agent.config_io import config_to_dict
     from trace_agent.metrics import read_metrics
     from trace_agent.train_cli import evaluate_heldout, run_training
     from trace_agent.wiring import build_policies

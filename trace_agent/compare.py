@@ -37,7 +37,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from trace_agent.config import TrainConfig, config_to_dict
+from trace_agent.config import TrainConfig
+from trace_agent.config_io import config_to_dict
 
 __all__ = ["ComparisonResult", "compare_training"]
 

@@ -1,6 +1,6 @@
 """The names of the trainer's named options, each list written once.
 
-Each option is a ``Literal`` type, for annotations (and :func:`~trace_agent.config.config_from_dict`,
+Each option is a ``Literal`` type, for annotations (and :func:`~trace_agent.config_io.config_from_dict`,
 which reads them), and the tuple of its values, for checks, ``argparse`` choices and messages.
 The tuple is read off the type with :func:`typing.get_args`, so the two cannot disagree. The
 config (:mod:`trace_agent.config`), the math (:mod:`trace_agent.objectives`,

@@ -23,7 +23,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from trace_agent.config import TrainConfig, config_to_dict, load_config
+from trace_agent.config import TrainConfig
+from trace_agent.config_io import config_to_dict, load_config
 from trace_agent.errors import ConfigError, RunDirError
 
 __all__ = [

@@ -39,7 +39,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from trace_agent.config import TrainConfig, config_to_dict, load_config
+from trace_agent.config import TrainConfig
+from trace_agent.config_io import config_to_dict, load_config
 from trace_agent.options import BATCHING, ENV_BACKENDS, OBJECTIVES, POLICY_KINDS
 from trace_agent.strategies import STRATEGY_NAMES
 from trace_agent.success import success_rate
@@ -249,7 +250,7 @@ def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool | 
     """
     from tqdm import tqdm
 
-    from trace_agent.config import save_config
+    from trace_agent.config_io import save_config
     from trace_agent.env_factory import check_env_id
     from trace_agent.metrics import MetricsLogger, plot_learning_curves, read_metrics
     from trace_agent.preflight import policy_dir, policy_env_ids, write_policy_meta

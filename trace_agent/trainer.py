@@ -63,7 +63,8 @@ from trace_agent.checkpoint import (
     write_checkpoint,
 )
 from trace_agent.collector import CollectorProtocol, default_collector
-from trace_agent.config import TrainConfig, config_to_dict, save_config
+from trace_agent.config import TrainConfig
+from trace_agent.config_io import config_to_dict, save_config
 from trace_agent.env_factory import task_ids
 from trace_agent.objectives import Segment, batch_segments
 from trace_agent.pool import PromptPool

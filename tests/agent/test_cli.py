@@ -16,7 +16,8 @@ import torch
 
 from tests.agent.test_trainer import ROOT, state_equal, tiny_config
 from trace_agent.cli import main
-from trace_agent.config import EvalConfig, LogConfig, RolloutSettings, TrainConfig, load_config, save_config
+from trace_agent.config import EvalConfig, LogConfig, RolloutSettings, TrainConfig
+from trace_agent.config_io import load_config, save_config
 from trace_agent.metrics import read_metrics
 
 #: The tiny Parity run (tests/agent/test_trainer.py) as a YAML config, 2 steps, small held-out eval.

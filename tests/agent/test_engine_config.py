@@ -7,14 +7,9 @@ import argparse
 import pytest
 
 from trace_agent.collector import CollectorProtocol, StrategyCollector, rollout_config
-from trace_agent.config import (
-    ConfigError,
-    RolloutSettings,
-    TrainConfig,
-    apply_overrides,
-    config_from_dict,
-    config_to_dict,
-)
+from trace_agent.config import RolloutSettings, TrainConfig
+from trace_agent.config_io import apply_overrides, config_from_dict, config_to_dict
+from trace_agent.errors import ConfigError
 from trace_agent.rollout import RolloutConfig
 
 

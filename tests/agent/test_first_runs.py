@@ -11,14 +11,9 @@ import pytest
 import yaml
 
 from trace_agent.cli import build_parser, main
-from trace_agent.config import (
-    ConfigError,
-    EvalConfig,
-    SamplingSettings,
-    TrainConfig,
-    config_to_dict,
-    load_config,
-)
+from trace_agent.config import EvalConfig, SamplingSettings, TrainConfig
+from trace_agent.config_io import config_to_dict, load_config
+from trace_agent.errors import ConfigError
 from trace_agent.train_cli import (
     CONFIG_DIR,
     DEMO_CONFIGS,

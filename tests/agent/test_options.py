@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from trace_agent import config, loss, objectives, options
-from trace_agent.config import ConfigError, ObjectiveConfig, PolicyConfig, PredictorSettings, RolloutSettings
+from trace_agent.config import ObjectiveConfig, PolicyConfig, PredictorSettings, RolloutSettings
 from trace_agent.engine.scheduler import EngineConfig
+from trace_agent.errors import ConfigError
 from trace_agent.export import ExportConfig, ExportError
 from trace_agent.strategies import STRATEGY_NAMES, make_strategy
 

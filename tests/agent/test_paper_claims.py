@@ -237,7 +237,8 @@ def test_spread_is_mean_sample_sd_min_max() -> None:
 
 
 def test_comparison_summary_pairs_each_seed_with_the_reference() -> None:
-    from trace_agent.config import TrainConfig, config_to_dict
+    from trace_agent.config import TrainConfig
+    from trace_agent.config_io import config_to_dict
 
     rows = []
     for seed, (t, g) in enumerate([(0.5, 0.4), (0.3, 0.35), (0.6, 0.5)]):
@@ -261,7 +262,8 @@ def test_comparison_summary_pairs_each_seed_with_the_reference() -> None:
 
 def _comparison(strategies: tuple[str, ...], seeds: tuple[int, ...], *, steps: int = 4,
                 out_dir: str = "a") -> ComparisonResult:
-    from trace_agent.config import TrainConfig, config_to_dict
+    from trace_agent.config import TrainConfig
+    from trace_agent.config_io import config_to_dict
 
     rows = tuple({"strategy": name, "seed": seed, "after": 0.1 * seed + 0.01 * len(name), "after_se": 0.01,
                   "effective_ratio": 0.5, "train_success": 0.4, "paper_units": 100.0, "generated_tokens": 10.0,

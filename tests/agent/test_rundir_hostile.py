@@ -18,7 +18,9 @@ import pytest
 from tests.agent.test_checkpoint import _copy_run, two_checkpoints  # noqa: F401  (a fixture)
 from tests.agent.test_trainer import tiny_config
 from trace_agent.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
-from trace_agent.config import ConfigError, EvalConfig, LogConfig, RolloutSettings, save_config
+from trace_agent.config import EvalConfig, LogConfig, RolloutSettings
+from trace_agent.config_io import save_config
+from trace_agent.errors import ConfigError
 from trace_agent.trainer import Trainer
 
 pytestmark = pytest.mark.hostile
@@ -267,7 +269,7 @@ def test_resume_refuses_code_named_by_the_run_dir(tmp_path: Path, payload, capsy
 
 
 def test_code_the_caller_allows_or_gives_is_resumed(tmp_path: Path, payload, monkeypatch) -> None:
-    from trace_agent.config import load_config
+    from trace_agent.config_io import load_config
     from trace_agent.rundir import resume_config
     from trace_agent.wiring import resolve_strategy
 

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from trace_agent.config import (
-    ConfigError,
     ObjectiveConfig,
     OptimConfig,
     PolicyConfig,
@@ -23,9 +22,9 @@ from trace_agent.config import (
     RolloutSettings,
     SamplingSettings,
     TrainConfig,
-    config_to_dict,
-    load_config,
 )
+from trace_agent.config_io import config_to_dict, load_config
+from trace_agent.errors import ConfigError
 from trace_agent.loss import loss_normalizer, pack_segments
 from trace_agent.objectives import batch_segments
 from trace_agent.pool import PromptPool

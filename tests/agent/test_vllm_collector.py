@@ -44,7 +44,7 @@ def engine(request, model_dir):
 
     engine_kwargs = {"dtype": "float32", "max_model_len": 2048, "enforce_eager": True, "kv_cache_memory_bytes": 1 << 28}
     if request.param == "vllm-async":  # the GPU recipe's own policy section, scaled down to the tiny model on CPU
-        from trace_agent.config import load_config
+        from trace_agent.config_io import load_config
 
         recipe = load_config(RECIPE, [f"policy.path={model_dir}", "policy.device=cpu", "policy.dtype=float32",
                                       f"policy.engine_kwargs={engine_kwargs}"])

@@ -18,7 +18,8 @@ import pytest
 
 pytest.importorskip("httpx")
 
-from trace_agent.config import ConfigError, PolicyConfig  # noqa: E402
+from trace_agent.config import PolicyConfig  # noqa: E402
+from trace_agent.errors import ConfigError  # noqa: E402
 from trace_agent.policy.base import PolicyError, TokenContext  # noqa: E402
 from trace_agent.policy.vllm_server import (  # noqa: E402
     ServerSettings,

@@ -1,0 +1,259 @@
+"""Config files and overrides: YAML to a :class:`~trace_agent.config.TrainConfig` and back.
+
+Values are converted per field type (int, float, bool, str, named choices, optional fields,
+fixed- and variable-length tuples, nested sections); a value that does not convert is one
+:class:`~trace_agent.errors.ConfigError` line naming the setting, the value and the type it needs.
+Overrides are ``section.field=value`` strings whose values are parsed as YAML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from trace_agent.config import TrainConfig
+from trace_agent.errors import ConfigError
+
+__all__ = ["config_to_dict", "config_from_dict", "apply_overrides", "load_config", "save_config"]
+
+
+# --------------------------------------------------------------------------------------------------
+# dict / YAML round trip
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """A plain nested dict (tuples as lists) of a config dataclass."""
+    def plain(x: Any) -> Any:
+        if isinstance(x, tuple | list):
+            return [plain(v) for v in x]
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        return x
+
+    return plain(dataclasses.asdict(config))
+
+
+def config_from_dict(cls: type[Any], data: Mapping[str, Any], *, _prefix: str = "") -> Any:
+    """Build ``cls`` (a config dataclass) from a nested mapping; unknown keys are an error.
+
+    Each value is converted to its field's type (:func:`_convert`); one that does not fit raises
+    :class:`ConfigError` naming the setting, the value and the expected type in one line
+    (``optim.lr='abc': expected a float``).
+    """
+    if not isinstance(data, Mapping):
+        raise _BadValue(_prefix.rstrip(".") or cls.__name__, data, f"a mapping of {cls.__name__} fields")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown {cls.__name__} field(s) {unknown}; known: {sorted(fields)}")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+            kwargs[name] = config_from_dict(hint, {} if value is None else value, _prefix=f"{_prefix}{name}.")
+        else:
+            kwargs[name] = _convert(hint, value, f"{_prefix}{name}")
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"{cls.__name__}: {exc}") from None
+
+
+class _BadValue(ConfigError):
+    """A value that does not fit its field's type: ``key``, ``value`` and ``expected`` (a phrase)."""
+
+    def __init__(self, key: str, value: Any, expected: str) -> None:
+        super().__init__(f"{key}={_shown(value)}: expected {expected}")
+        self.key, self.value, self.expected = key, value, expected
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+_NAMES = {int: "an integer", float: "a float", bool: "true or false", str: "a string"}
+
+
+def _expected(hint: Any) -> str:
+    """The phrase for what ``hint`` accepts: ``a float``, ``an integer or null``, ``one of 'a', 'b'``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint in _NAMES:
+        return _NAMES[hint]
+    if hint is Any:
+        return "any value"
+    if origin is Literal:
+        return f"one of {', '.join(repr(a) for a in args)}"
+    if origin in (typing.Union, _UnionType):
+        parts: list[str] = []
+        for a in args:
+            if a is bool:
+                parts += ["true", "false"]
+            elif typing.get_origin(a) is Literal:
+                parts += [repr(v) for v in typing.get_args(a)]
+            elif a is not type(None):
+                parts.append(_expected(a))
+        if type(None) in args:
+            parts.append("null")
+        return ", ".join(parts[:-1]) + f" or {parts[-1]}" if len(parts) > 1 else parts[0]
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"a list of {_plural(args[0])}"
+        return f"a list of {len(args)} {_plural(args[0])}" if len(set(args)) == 1 else f"a list of {len(args)} values"
+    if origin in (dict, Mapping):
+        return "a mapping"
+    return getattr(hint, "__name__", str(hint))
+
+
+def _plural(hint: Any) -> str:
+    return {int: "integers", float: "floats", bool: "booleans", str: "strings"}.get(hint, "values")
+
+
+_UnionType = type(int | None)
+
+
+def _convert(hint: Any, value: Any, key: str) -> Any:
+    """``value`` as the type ``hint`` names, or :class:`_BadValue` (via ``key``) when it does not fit.
+
+    int: an int, an integral float, or a string ``int()`` reads; float: an int or float, or a string
+    ``float()`` reads (YAML 1.1 reads ``1e-4`` as a string); bool: true or false only; str: a string
+    (a number becomes its text); a Literal: one of its values; ``X | None``: null or an X; a tuple: a
+    list of its items (a lone string is a one-item list); a dict: a mapping.
+    """
+    try:
+        return _converted(hint, value)
+    except (TypeError, ValueError, OverflowError):
+        raise _BadValue(key, value, _expected(hint)) from None
+
+
+def _converted(hint: Any, value: Any) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise TypeError
+    if hint is int:
+        if isinstance(value, bool):
+            raise TypeError
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            return int(value.strip())
+        raise TypeError
+    if hint is float:
+        if isinstance(value, bool):
+            raise TypeError
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, str):
+            return float(value.strip())
+        raise TypeError
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+        raise TypeError
+    if origin is Literal:
+        if any(type(value) is type(a) and value == a for a in args):
+            return value
+        raise ValueError
+    if origin in (typing.Union, _UnionType):
+        if value is None:
+            if type(None) in args:
+                return None
+            raise TypeError
+        for alternative in (a for a in args if a is not type(None)):
+            try:
+                return _converted(alternative, value)
+            except (TypeError, ValueError, OverflowError):
+                continue
+        raise TypeError
+    if origin is tuple:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            raise TypeError
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_converted(args[0], v) for v in items)
+        if len(items) != len(args):
+            raise ValueError
+        return tuple(_converted(a, v) for a, v in zip(args, items))
+    if origin in (dict, Mapping):
+        if isinstance(value, Mapping):
+            return dict(value)
+        raise TypeError
+    return value
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` strings to a nested dict (values parsed as YAML); returns a new dict."""
+    import copy
+
+    import yaml
+
+    out = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"an override is section.field=value, got {item!r}")
+        parts = key.strip().split(".")
+        node = out
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {p!r} is not a section")
+        node[parts[-1]] = yaml.safe_load(raw)
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
+                base: TrainConfig | None = None) -> TrainConfig:
+    """A :class:`TrainConfig` from ``base`` (default: the defaults), a YAML file, then overrides.
+
+    A value that does not fit its field's type raises :class:`ConfigError` in one line: for an
+    override, ``--set optim.lr=abc: expected a float``; for a file value, ``FILE: optim.lr='abc':
+    expected a float``.
+    """
+    import yaml
+
+    data = config_to_dict(base or TrainConfig())
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+        data = _merge(data, loaded)
+    data = apply_overrides(data, overrides)
+    try:
+        return config_from_dict(TrainConfig, data)
+    except _BadValue as exc:
+        given = {item.partition("=")[0].strip(): item for item in overrides}
+        if exc.key in given:
+            raise ConfigError(f"--set {given[exc.key]}: expected {exc.expected}") from None
+        if path is not None:
+            raise ConfigError(f"{path}: {exc}") from None
+        raise
+
+
+def save_config(config: TrainConfig, path: str | Path) -> Path:
+    """Write ``config`` as YAML (loadable by :func:`load_config`)."""
+    import yaml
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+    return path
+
+
+def _merge(a: dict[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+    return out
