@@ -2,7 +2,9 @@
 
 ``import trace_envs`` registers the suite with Gymnasium; it imports no torch,
 faiss, Java or vLLM. Every env is an ordinary ``gymnasium.Env`` plus
-``snapshot()`` / ``restore()``::
+``snapshot()`` / ``restore()``; ``gym.make`` returns it inside a thin
+:class:`~trace_envs.wrappers.BranchingWrapper` that branches the whole wrapper
+chain below it (``TimeLimit`` included)::
 
     import gymnasium as gym
     import trace_envs
@@ -16,18 +18,16 @@ faiss, Java or vLLM. Every env is an ordinary ``gymnasium.Env`` plus
 
 from __future__ import annotations
 
-from gymnasium.envs.registration import register, registry
+from gymnasium.envs.registration import WrapperSpec, register, registry
 
 from trace_envs.actions import ParsedAction, ToolCall, parse_action
 from trace_envs.checker import check_branchable_env
 from trace_envs.core import (
     BranchableEnv,
-    BranchableWrapper,
     Snapshot,
     Task,
     TaskSet,
     TurnResult,
-    find_branchable,
 )
 from trace_envs.errors import (
     ForeignSnapshotError,
@@ -39,6 +39,7 @@ from trace_envs.errors import (
     TaskNotFoundError,
     TraceEnvError,
 )
+from trace_envs.wrappers import BranchableWrapper, BranchingWrapper, SnapshotHandle, find_branchable
 
 __all__ = [
     "BranchableEnv",
@@ -51,6 +52,8 @@ __all__ = [
     "ParsedAction",
     "parse_action",
     "find_branchable",
+    "BranchingWrapper",
+    "SnapshotHandle",
     "check_branchable_env",
     "registered_ids",
     "TraceEnvError",
@@ -78,7 +81,10 @@ def registered_ids() -> list[str]:
     return list(_ENVS)
 
 
+#: ``gym.make`` applies ``additional_wrappers`` after its own (``TimeLimit``, ...), so this one is outermost.
+_BRANCHING = WrapperSpec(name="BranchingWrapper", entry_point="trace_envs.wrappers:BranchingWrapper", kwargs={})
+
 for _env_id, _entry_point in _ENVS.items():
     if _env_id not in registry:
-        # No wrappers: gymnasium.make returns the env itself, so snapshot()/restore() need no forwarding.
-        register(id=_env_id, entry_point=_entry_point, order_enforce=False, disable_env_checker=True)
+        register(id=_env_id, entry_point=_entry_point, order_enforce=False, disable_env_checker=True,
+                 additional_wrappers=(_BRANCHING,))

@@ -4,6 +4,11 @@ Each law is a small ``check_*`` function that raises ``AssertionError`` with a
 message naming the law and the first difference. The test suite runs
 :func:`check_branchable_env` over every registered id, so a new env gets the
 laws for free. The actions used come from ``env.conformance_actions()``.
+
+A wrapped env is checked through its whole chain: steps and resets go through
+the outermost wrapper and save points are taken with
+:func:`trace_envs.wrappers.snapshot` / :func:`~trace_envs.wrappers.restore`, so
+the wrappers' own state (``TimeLimit``'s step count, ...) is under the laws too.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.utils.env_checker import check_env
 
-from trace_envs.core import BranchableEnv, Snapshot, Task, find_branchable
+from trace_envs import wrappers as _wrappers
+from trace_envs.core import Snapshot, Task
 from trace_envs.errors import ForeignSnapshotError
 
 __all__ = [
@@ -26,6 +32,8 @@ __all__ = [
     "check_isolation",
     "check_longevity",
     "check_foreign_snapshot_refused",
+    "check_foreign_chain_refused",
+    "ChainView",
 ]
 
 Transition = tuple[str, float, bool, bool]
@@ -152,6 +160,45 @@ def check_foreign_snapshot_refused(env: Any, seed: int, task_id: str, other_task
         raise AssertionError("restore() accepted a non-Snapshot")
 
 
+def check_foreign_chain_refused(env: gym.Env, seed: int, task_id: str) -> None:
+    """Law 5b: a snapshot taken through other wrappers (or none) is refused by a wrapped env."""
+    _, base = _wrappers.wrapper_chain(env)
+    if not _wrappers.chain_key(env):
+        return
+    env.reset(seed=seed, options={"task_id": task_id})
+    snap = _wrappers.snapshot(env)
+    foreign = [base.snapshot(), replace(snap, wrapper_states=snap.wrapper_states[:-1]),
+               replace(snap, wrapper_states=(("some.module:OtherWrapper", None), *snap.wrapper_states[1:]))]
+    for bad in foreign:
+        try:
+            _wrappers.restore(env, bad)
+        except ForeignSnapshotError as exc:
+            assert str(exc), "foreign chain: the error has no message"
+        else:
+            raise AssertionError(f"a snapshot taken through other wrappers was accepted: {bad.wrapper_states!r}")
+    _wrappers.restore(env, snap)
+
+
+class ChainView:
+    """``env`` (possibly wrapped) seen by the laws: its own ``reset``/``step``, and
+    :func:`trace_envs.wrappers.snapshot` / :func:`~trace_envs.wrappers.restore` over its whole chain."""
+
+    def __init__(self, env: gym.Env) -> None:
+        self.env = env
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        return self.env.reset(**kwargs)
+
+    def step(self, action: str) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
+        return self.env.step(action)
+
+    def snapshot(self) -> Snapshot:
+        return _wrappers.snapshot(self.env)
+
+    def restore(self, snapshot: Snapshot) -> None:
+        _wrappers.restore(self.env, snapshot)
+
+
 def check_gymnasium_api(env: gym.Env) -> None:
     """Law 6: Gymnasium's own ``check_env`` passes."""
     check_env(env.unwrapped, skip_render_check=False)
@@ -166,14 +213,17 @@ def check_branchable_env(
 ) -> None:
     """Run every law on ``env`` (a BranchableEnv, possibly wrapped); raise AssertionError on the first failure.
 
+    A wrapped env is stepped through its outermost wrapper and branched over its whole chain
+    (see :class:`ChainView`); its wrappers' classes must match for a snapshot to be restored.
+
     Args:
         seed: the reset seed used for every episode.
         task_id: the task to test on (default: the first of the env's task set).
         actions: turns that change the env's state (default: ``env.conformance_actions()``
             after resetting to the task).
     """
-    branchable = find_branchable(env)
-    base: BranchableEnv = env.unwrapped  # type: ignore[assignment]
+    branchable = ChainView(env)
+    _, base = _wrappers.wrapper_chain(env)
     ids = base.tasks.ids()
     task_id = task_id if task_id is not None else ids[0]
     other_task_id = next((t for t in ids if t != task_id), None)
@@ -186,5 +236,6 @@ def check_branchable_env(
     check_isolation(branchable, actions, seed, task_id)
     check_longevity(branchable, actions, seed, task_id, other_seed=seed + 17)
     check_foreign_snapshot_refused(branchable, seed, task_id, other_task_id)
+    check_foreign_chain_refused(env, seed, task_id)
     check_gymnasium_api(env)
     assert isinstance(base.snapshot(), Snapshot)

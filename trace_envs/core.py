@@ -28,7 +28,7 @@ import string
 import threading
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -53,8 +53,6 @@ __all__ = [
     "TurnResult",
     "Snapshot",
     "BranchableEnv",
-    "BranchableWrapper",
-    "find_branchable",
 ]
 
 Message = dict[str, Any]
@@ -542,43 +540,3 @@ class BranchableEnv(gym.Env[str, str]):
             )
         if snapshot.released:
             raise SnapshotError(f"{snapshot!r} was released (dropped, or its env was closed)")
-
-
-def find_branchable(env: gym.Env) -> BranchableEnv | BranchableWrapper:
-    """The outermost object in a wrapper chain that has ``snapshot()``/``restore()``."""
-    current: Any = env
-    while True:
-        if isinstance(current, (BranchableEnv, BranchableWrapper)):
-            return current
-        inner = getattr(current, "env", None)
-        if inner is None:
-            raise TypeError(f"{type(env).__name__} does not wrap a BranchableEnv")
-        current = inner
-
-
-class BranchableWrapper(gym.Wrapper[str, str, str, str]):
-    """Base for user wrappers of a branchable env: forwards ``snapshot``/``restore``.
-
-    Gymnasium 1.x wrappers do not forward attributes. Subclass this instead of
-    ``gym.Wrapper``; a wrapper that keeps its own state overrides
-    ``wrapper_state()`` / ``load_wrapper_state()`` and that state travels in the snapshot.
-    """
-
-    def wrapper_state(self) -> Any:
-        return None
-
-    def load_wrapper_state(self, state: Any) -> None:
-        """Load a value made by ``wrapper_state`` (must not keep references into it)."""
-
-    def snapshot(self) -> Snapshot:
-        inner = find_branchable(self.env).snapshot()
-        state = copy.deepcopy(self.wrapper_state())
-        return replace(inner, wrapper_states=inner.wrapper_states + ((type(self).__qualname__, state),),
-                       snapshot_id=inner.snapshot_id)
-
-    def restore(self, snapshot: Snapshot) -> None:
-        if not snapshot.wrapper_states or snapshot.wrapper_states[-1][0] != type(self).__qualname__:
-            raise SnapshotError(f"snapshot was not taken through a {type(self).__qualname__} wrapper")
-        *rest, (_, state) = snapshot.wrapper_states
-        find_branchable(self.env).restore(replace(snapshot, wrapper_states=tuple(rest)))
-        self.load_wrapper_state(copy.deepcopy(state))

@@ -1,8 +1,9 @@
-"""Gymnasium vector envs and space utilities on the suite's text spaces (FreeText)."""
+"""Gymnasium vector envs on the suite: text spaces (FreeText) and branching sub-envs through snapshot handles."""
 
 from __future__ import annotations
 
 import copy
+import pickle
 
 import gymnasium as gym
 import numpy as np
@@ -11,7 +12,9 @@ from gymnasium.spaces import flatten, flatten_space, unflatten
 from gymnasium.vector.utils import create_shared_memory, read_from_shared_memory, write_to_shared_memory
 
 import trace_envs  # noqa: F401
+from trace_envs import ForeignSnapshotError, SnapshotHandle
 from trace_envs.core import FreeText
+from trace_envs.vector import release_handles, restore_handles, snapshot_handles
 
 TEXTS = ["", "plain ascii", "héllo wörld ☃ 日本語 🙂", "a\x00b", "lone \ud800 surrogate", "x" * 64]
 
@@ -71,5 +74,43 @@ def test_non_ascii_observations_cross_the_process_boundary(tmp_path, monkeypatch
         assert obs == ("Question: Wer gründete Ærø ☃?",) * 2
         obs, rewards, terminated, *_ = venv.step(("<answer>Ærø</answer>", "<answer>Aero</answer>"))
         assert obs[0] == "Answer received: Ærø" and list(rewards) == [1.0, 0.0] and all(terminated)
+    finally:
+        venv.close()
+
+
+@pytest.mark.parametrize("env_id", ["trace_envs/PythonMath-v0", "trace_envs/WikiQA-v0", "trace_envs/BFCL-v0"])
+def test_async_sub_envs_branch_through_snapshot_handles(env_id: str, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TRACE_GYM_CACHE", str(tmp_path))
+    if env_id.endswith("BFCL-v0"):
+        pytest.importorskip("bfcl_eval")
+    venv = gym.make_vec(env_id, num_envs=2, vectorization_mode="async",
+                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.DISABLED})
+    try:
+        venv.reset(seed=3)
+        plans = venv.call("conformance_actions")
+        venv.step(tuple(plan[0] for plan in plans))
+        handles = venv.call("snapshot_handle")
+        assert all(isinstance(h, SnapshotHandle) and h.turn == 1 for h in handles)
+        assert handles[0].owner != handles[1].owner and len(pickle.dumps(handles)) < 2000
+        second = tuple(plan[1] for plan in plans)
+        expected = venv.step(second)[0]
+        assert venv.call("restore_handle", handles) == (True, True)
+        assert venv.step(second)[0] == expected
+        with pytest.raises(ForeignSnapshotError, match="belongs to sub-env 1, not to sub-env 0"):
+            restore_handles(venv, handles[::-1])
+        assert restore_handles(venv, (None, handles[1])) == (False, True)
+        assert venv.call("turn") == (2, 1)  # the workers survived the refusal
+        assert release_handles(venv, handles) == 2 and venv.call("held_handles") == (0, 0)
+    finally:
+        venv.close()
+
+
+def test_sync_sub_envs_take_the_same_handles() -> None:
+    venv = gym.make_vec("trace_envs/PythonMath-v0", num_envs=2, vectorization_mode="sync")
+    try:
+        venv.reset(seed=0)
+        handles = snapshot_handles(venv)
+        venv.step(("still thinking", "still thinking"))
+        assert restore_handles(venv, handles) == (True, True) and venv.call("turn") == (0, 0)
     finally:
         venv.close()

@@ -111,7 +111,7 @@ class EnvHost(Protocol):
 
 
 def _core(env: Any) -> Any:
-    from trace_envs.core import find_branchable
+    from trace_envs.wrappers import find_branchable
 
     return find_branchable(env)
 
