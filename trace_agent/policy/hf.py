@@ -15,13 +15,23 @@ need the same batch composition: the engine's deterministic mode, docs/engine.md
 With only ``seed`` one generator serves the whole call (reproducible for the same
 contexts, batch composition and device).
 
-Bounded batches. ``generate`` sorts its contexts by length and cuts them into
-forward passes of at most ``max_batch_size`` rows *and* ``max_batch_tokens`` padded
-tokens (rows x longest row), so one long context (a BFCL transcript with its tool
-schemas) never pads a batch of short ones, and a batch of long ones is split;
-results come back in input order. Per-request ``seeds`` make the tokens independent
-of that grouping; with a shared ``seed`` the grouping is a deterministic function
-of the contexts' lengths, so a call is still reproducible.
+Bounded, length-grouped batches. ``generate`` sorts its contexts by length (stable) and
+cuts them into forward passes of at most ``max_batch_size`` rows *and* ``max_batch_tokens``
+padded tokens (rows x longest row), so one long context (a BFCL transcript with its tool
+schemas) never pads a batch of short ones, and a batch of long ones is split; results come
+back in input order (:func:`length_grouped_chunks`; ``length_grouping=False`` takes the
+contexts in input order instead, the unsorted baseline). The grouping is a function of the
+contexts' lengths and the two bounds alone, so the same call gives the same batches. What a
+request's turn depends on:
+
+* greedy decoding: its context and the model only, up to the last bits of the logits, which
+  change with the batch's padding and size (so a near-tie can flip; none on the tests' tiny
+  models, where grouped, unsorted and one-at-a-time decoding give the same ids);
+* ``seeds=`` (one per context, what the rollout engine passes): its own ``torch.Generator``
+  draws, in its own order, whatever batch it lands in, so the same holds at any temperature;
+* a shared ``seed`` only: one generator consumed batch after batch, in the grouping's order,
+  so a request's tokens depend on the grouping (and so on the other contexts' lengths),
+  reproducibly for the same contexts.
 
 Context cap. ``max_context_tokens`` (default: the model's ``max_position_embeddings``)
 bounds prompt + turn: a turn stops with ``finish_reason="length"`` when its context
@@ -70,22 +80,28 @@ _SETTINGS = ("tool_detail", "max_context_tokens", "max_batch_tokens")
 _TOOL_DETAILS = ("full", "compact", "names")  # trace_envs.function_calling.schemas.TOOL_DETAILS
 
 
-def length_grouped_chunks(lengths: Sequence[int], *, max_rows: int, max_tokens: int) -> list[list[int]]:
-    """Indices of ``lengths`` sorted by length (stable) and cut into chunks of at most ``max_rows``
-    rows whose padded size ``rows * longest`` stays within ``max_tokens`` (a single row longer than
-    ``max_tokens`` is a chunk of its own). Every index appears exactly once; inside a chunk the
-    indices are in input order (so inputs that fit one chunk form the same batch as without grouping)."""
+def length_grouped_chunks(lengths: Sequence[int], *, max_rows: int, max_tokens: int,
+                          sort: bool = True) -> list[list[int]]:
+    """Indices of ``lengths`` cut into chunks of at most ``max_rows`` rows whose padded size
+    ``rows * longest`` stays within ``max_tokens`` (a single row longer than ``max_tokens`` is a chunk
+    of its own). With ``sort`` (the default) the indices are taken in order of length (stable: equal
+    lengths keep their input order), so each chunk holds contexts of similar length; without it they
+    are taken in input order (the unsorted baseline). Every index appears exactly once; inside a chunk
+    the indices are in input order (so inputs that fit one chunk form the same batch either way).
+    The result is a function of ``lengths`` and the bounds alone."""
     if max_rows < 1 or max_tokens < 1:
         raise ValueError(f"max_rows and max_tokens must be >= 1, got {max_rows} and {max_tokens}")
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i]) if sort else list(range(len(lengths)))
     chunks: list[list[int]] = []
     current: list[int] = []
+    longest = 0
     for i in order:
-        # sorted ascending: the new row is the chunk's longest
-        if current and (len(current) + 1 > max_rows or (len(current) + 1) * lengths[i] > max_tokens):
+        width = max(longest, lengths[i])
+        if current and (len(current) + 1 > max_rows or (len(current) + 1) * width > max_tokens):
             chunks.append(sorted(current))
-            current = []
+            current, width = [], lengths[i]
         current.append(i)
+        longest = width
     if current:
         chunks.append(sorted(current))
     return chunks
@@ -105,6 +121,7 @@ class HFPolicy(ChatTemplated):
         max_context_tokens: most tokens of context + turn (None: the model's ``max_position_embeddings``,
             or no cap when it has none); see the module docstring.
         tool_detail: "full", "compact" (tool schemas without their description text) or "names" (names only).
+        length_grouping: sort a call's contexts by length before cutting batches (see the module docstring).
     """
 
     def __init__(
@@ -119,6 +136,7 @@ class HFPolicy(ChatTemplated):
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         max_context_tokens: int | None = None,
         tool_detail: str = "full",
+        length_grouping: bool = True,
     ) -> None:
         import torch
 
@@ -135,6 +153,7 @@ class HFPolicy(ChatTemplated):
         self.max_batch_tokens = int(max_batch_tokens)
         self.max_context_tokens = None if max_context_tokens is None else int(max_context_tokens)
         self.tool_detail = tool_detail
+        self.length_grouping = bool(length_grouping)
         #: contexts cut so far (given an empty turn because they had reached ``max_context_tokens``)
         self.context_cuts = 0
         self.model = model if device is None else model.to(device)
@@ -238,7 +257,7 @@ class HFPolicy(ChatTemplated):
         for i in sorted(set(range(len(contexts))) - set(live)):
             results[i] = self._cut(len(contexts[i]))
         chunks = length_grouped_chunks([len(contexts[i]) for i in live], max_rows=self.max_batch_size,
-                                       max_tokens=self.max_batch_tokens)
+                                       max_tokens=self.max_batch_tokens, sort=self.length_grouping)
         was_training = self.model.training
         self.model.eval()
         try:

@@ -16,7 +16,12 @@ forward pass (kernels may tile a batch differently). See docs/engine.md for what
 Weights: the async engine's core always runs in a child process, so :meth:`update_weights`
 writes the ``state_dict`` as safetensors into ``weights_dir`` and has the workers reload it
 (``collective_rpc("reload_weights", kwargs={"weights_path": ...})``), then resets the prefix
-cache; requests in flight are drained first (``pause_generation(mode="wait")``).
+cache; requests in flight are drained first (``pause_generation(mode="wait")``). A temporary
+``weights_dir`` (the default) belongs to the policy: :meth:`AsyncVLLMPolicy.close` removes it (so does
+garbage collection or interpreter exit); a ``weights_dir`` the caller named is left as it is.
+
+Lifetime: a context manager; ``close()`` (idempotent) shuts the engine and its core process down,
+stops the private loop and removes the temporary weights dir; later calls raise :class:`PolicyError`.
 
 ``vllm`` is imported lazily: this module imports without it.
 """
@@ -25,8 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import shutil
 import tempfile
 import uuid
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +42,7 @@ from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, Tok
 from trace_agent.policy.chat import ChatRenderer, ChatTemplated
 from trace_agent.policy.loop_thread import LoopBackedPolicy, LoopThread
 from trace_agent.policy.vllm_backend import (
+    EngineLifetime,
     check_contexts,
     check_sessions,
     completion_to_generation,
@@ -48,7 +56,20 @@ from trace_agent.policy.vllm_backend import (
 __all__ = ["AsyncVLLMPolicy"]
 
 
-class AsyncVLLMPolicy(LoopBackedPolicy, ChatTemplated):
+def _remove_dir(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _shutdown(holder: list[Any], loop: LoopThread) -> None:
+    """Shut the ``AsyncLLM`` in ``holder`` down (dropping the last reference to it), then close ``loop``."""
+    try:
+        if holder:
+            holder.pop().shutdown()
+    finally:
+        loop.close()
+
+
+class AsyncVLLMPolicy(EngineLifetime, LoopBackedPolicy, ChatTemplated):
     """vLLM's ``AsyncLLM`` as a :class:`~trace_agent.policy.base.Policy` and
     :class:`~trace_agent.policy.base.AsyncPolicy` (see the module docstring).
 
@@ -58,7 +79,7 @@ class AsyncVLLMPolicy(LoopBackedPolicy, ChatTemplated):
         end_of_turn: the token that ends an assistant turn.
         template_kwargs: extra chat-template variables (Qwen3: ``{"enable_thinking": False}``).
         weights_dir: where :meth:`update_weights` writes the safetensors the engine reloads
-            (None: a temporary directory made on first use).
+            (None: a temporary directory made on first use and removed by :meth:`close`).
         request_timeout_s: most seconds one synchronous call may wait (None: no limit).
         **engine_kwargs: passed to ``AsyncEngineArgs`` (``dtype``, ``gpu_memory_utilization``,
             ``max_model_len``, ``max_num_seqs``...), over
@@ -91,6 +112,7 @@ class AsyncVLLMPolicy(LoopBackedPolicy, ChatTemplated):
         self.tokenizer = tokenizer
         self.chat = ChatRenderer(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
         self.weights_dir = None if weights_dir is None else Path(weights_dir)
+        self._temp_weights: weakref.finalize | None = None
         self.request_timeout_s = request_timeout_s
         kwargs = engine_defaults({"disable_log_stats": True, **engine_kwargs})
         args = AsyncEngineArgs(model=str(model), tokenizer=str(model), **kwargs)
@@ -106,26 +128,35 @@ class AsyncVLLMPolicy(LoopBackedPolicy, ChatTemplated):
         except BaseException:
             self._loop.close()
             raise
+        self._finalizer = weakref.finalize(self, _shutdown, [self.engine], self._loop)
 
     # ------------------------------------------------------------- weights
     def _weights_dir(self) -> Path:
-        """``weights_dir``, or a temporary directory made on first use."""
+        """``weights_dir``, or a temporary directory made on first use; :class:`PolicyError` once closed."""
+        if self.engine is None:
+            raise PolicyError("AsyncVLLMPolicy is closed")
         if self.weights_dir is None:
-            self.weights_dir = Path(tempfile.mkdtemp(prefix="trace-vllm-weights-"))
+            path = tempfile.mkdtemp(prefix="trace-vllm-weights-")
+            self._temp_weights = weakref.finalize(self, _remove_dir, path)
+            self.weights_dir = Path(path)
         return self.weights_dir
 
     def reset_prefix_cache(self) -> None:
+        if self.engine is None:
+            raise PolicyError("AsyncVLLMPolicy is closed")
         self._loop.run(self.engine.reset_prefix_cache())
 
     def close(self) -> None:
-        """Shut the engine (and its core process) down; idempotent."""
-        engine = getattr(self, "engine", None)
-        if engine is not None:
-            try:
-                engine.shutdown()
-            finally:
-                self.engine = None
-        self._loop.close()
+        """Shut the engine (and its core process) down, stop the loop, remove a temporary ``weights_dir``;
+        idempotent. The directory is removed even when the shutdown raises."""
+        self.engine = None
+        try:
+            self._finalizer()
+        finally:
+            temp = getattr(self, "_temp_weights", None)
+            if temp is not None:
+                temp()
+                self.weights_dir = self._temp_weights = None
 
     # ------------------------------------------------------------- internals
     def _request_id(self) -> str:
@@ -168,6 +199,8 @@ class AsyncVLLMPolicy(LoopBackedPolicy, ChatTemplated):
         return target_logprobs(outputs, contexts, targets)
 
     async def _reload(self, weights_path: str) -> None:
+        if self.engine is None:
+            raise PolicyError("AsyncVLLMPolicy is closed")
         await self.engine.pause_generation(mode="wait")
         try:
             await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": weights_path})

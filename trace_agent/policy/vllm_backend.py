@@ -29,6 +29,12 @@ Log-probs: the engine is built with ``logprobs_mode="processed_logprobs"``
 ``top_p == 1`` this is ``log_softmax(logits / temperature)``, the same quantity
 the transformers backend reports.
 
+Lifetime: every backend here is a context manager; ``close()`` (idempotent, also run by ``__exit__``
+on an exception) shuts the engine down and drops it, so its weights and KV cache are freed for the
+next engine of the process, and later calls raise :class:`PolicyError`. An engine that is never
+closed is shut down when its policy is garbage-collected or the interpreter exits. :func:`close_engine`
+closes a run's generation engine and leaves a learner that doubles as its own engine alone.
+
 Weights: :meth:`VLLMPolicy.update_weights` loads a trainer's ``state_dict`` into
 the running model (the workers' ``reload_weights``, through ``LLM.collective_rpc``)
 and resets the prefix cache, whose blocks were computed with the old weights. The engine runs
@@ -42,9 +48,11 @@ The request-building and output-reading helpers here (:func:`request_seeds`,
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import threading
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,6 +62,8 @@ from trace_agent.policy.chat import ChatRenderer, ChatTemplated
 
 __all__ = [
     "VLLMPolicy",
+    "EngineLifetime",
+    "close_engine",
     "vllm_available",
     "request_seeds",
     "check_sessions",
@@ -183,7 +193,87 @@ def target_logprobs(outputs: Sequence[Any], contexts: Sequence[TokenContext],
     return result
 
 
-class VLLMPolicy(ChatTemplated):
+class EngineLifetime:
+    """The context-manager protocol over a backend's ``close()``: ``with Backend(...) as policy:`` closes
+    the backend when the block ends, also on an exception (which propagates). ``close`` must be idempotent."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def close_engine(engine: Any, learner: Any = None) -> None:
+    """Close ``engine`` (a run's generation policy) unless it is ``learner`` itself (the transformers
+    backend generates with the trained model) or has no ``close``."""
+    if engine is None or engine is learner:
+        return
+    close = getattr(engine, "close", None)
+    if callable(close):
+        close()
+
+
+#: In-process :class:`VLLMPolicy` engines open in this process, and whether vLLM (not the caller) set up
+#: ``torch.distributed`` for them (guarded by ``_LIVE_LOCK``).
+_LIVE_IN_PROCESS = 0
+_OWN_DIST = False
+_LIVE_LOCK = threading.Lock()
+
+
+def _dist_initialized() -> bool:
+    try:
+        import torch.distributed as dist
+
+        return bool(dist.is_available() and dist.is_initialized())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _shutdown_llm(holder: list[Any], in_process: bool) -> None:
+    """Shut the ``vllm.LLM`` in ``holder`` down, drop the last reference to it and free what it held.
+
+    When it was the last in-process engine of the process and vLLM set ``torch.distributed`` up for
+    it, vLLM's distributed state is torn down too (``cleanup_dist_env_and_memory``), so the next
+    engine starts from a clean process; a process group the caller made is left alone.
+    """
+    global _LIVE_IN_PROCESS, _OWN_DIST
+    if not holder:
+        return
+    llm = holder.pop()
+    engine = getattr(llm, "llm_engine", None)
+    shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+    try:
+        if callable(shutdown):
+            shutdown()
+    finally:
+        del engine, shutdown, llm
+        last = False
+        if in_process:
+            with _LIVE_LOCK:
+                _LIVE_IN_PROCESS = max(0, _LIVE_IN_PROCESS - 1)
+                last = _LIVE_IN_PROCESS == 0 and _OWN_DIST
+                if last:
+                    _OWN_DIST = False
+        gc.collect()
+        try:
+            if last:
+                from vllm.distributed import cleanup_dist_env_and_memory
+
+                cleanup_dist_env_and_memory()
+            else:
+                import torch
+
+                if torch.cuda.is_available() and torch.cuda.is_initialized():
+                    torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001  (best effort at interpreter exit or on a half-built engine)
+            pass
+
+
+class VLLMPolicy(EngineLifetime, ChatTemplated):
     """A vLLM engine as a :class:`~trace_agent.policy.base.Policy`, callable from any thread.
 
     Args:
@@ -221,8 +311,23 @@ class VLLMPolicy(ChatTemplated):
             tokenizer = AutoTokenizer.from_pretrained(str(model))
         self.tokenizer = tokenizer
         self.chat = ChatRenderer(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
+        global _LIVE_IN_PROCESS, _OWN_DIST
+        in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+        dist_before = _dist_initialized()
         self.llm = LLM(model=str(model), tokenizer=str(model), **engine_defaults(llm_kwargs))
+        if in_process:
+            with _LIVE_LOCK:
+                if _LIVE_IN_PROCESS == 0:
+                    _OWN_DIST = not dist_before
+                _LIVE_IN_PROCESS += 1
         self._engine_lock = threading.Lock()  # vllm.LLM is single-threaded: one engine call at a time
+        self._finalizer = weakref.finalize(self, _shutdown_llm, [self.llm], in_process)
+
+    def _engine(self) -> Any:
+        """The open ``vllm.LLM`` (call under ``_engine_lock``); :class:`PolicyError` once closed."""
+        if self.llm is None:
+            raise PolicyError("VLLMPolicy is closed")
+        return self.llm
 
     # ------------------------------------------------------------- protocol
     def generate(
@@ -251,7 +356,7 @@ class VLLMPolicy(ChatTemplated):
         prompts = [TokensPrompt(prompt_token_ids=list(ctx.token_ids)) for ctx in contexts]
         params = [sampling_params(config, seed=s, stop_token_ids=self.stop_token_ids) for s in per_request]
         with self._engine_lock:
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            outputs = self._engine().generate(prompts, params, use_tqdm=False)
         return [completion_to_generation(out.outputs[0], self.chat) for out in outputs]
 
     def logprobs(
@@ -272,7 +377,7 @@ class VLLMPolicy(ChatTemplated):
             raise PolicyError("VLLMPolicy.logprobs supports temperature 1 only (prompt log-probs are unscaled)")
         prompts, params = logprob_requests(contexts, targets)
         with self._engine_lock:
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            outputs = self._engine().generate(prompts, params, use_tqdm=False)
         return target_logprobs(outputs, contexts, targets)
 
     # ------------------------------------------------------------- weights
@@ -287,21 +392,24 @@ class VLLMPolicy(ChatTemplated):
         weights = list(state_dict.items()) if isinstance(state_dict, Mapping) else list(state_dict)
         weights = [(name, tensor.detach().to("cpu").contiguous()) for name, tensor in weights]
         with self._engine_lock:
+            llm = self._engine()
             try:
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+                llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
             except AttributeError:
 
                 def load(model: Any) -> None:
                     device = next(model.parameters()).device
                     model.load_weights(weights=((n, t.to(device)) for n, t in weights))
 
-                self.llm.apply_model(load)
-            self.llm.reset_prefix_cache()
+                llm.apply_model(load)
+            llm.reset_prefix_cache()
 
     def close(self) -> None:
-        """Shut the engine down (frees its memory)."""
-        engine = getattr(self.llm, "llm_engine", None)
-        shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
-        if callable(shutdown):
-            with self._engine_lock:
-                shutdown()
+        """Shut the engine down and drop it, freeing its weights and KV cache; idempotent.
+
+        Waits for a running call. Afterwards ``generate``, ``logprobs`` and ``update_weights`` raise
+        :class:`PolicyError`; rendering and decoding (the tokenizer) still work.
+        """
+        with self._engine_lock:
+            self.llm = None
+            self._finalizer()

@@ -61,7 +61,7 @@ from typing import Any
 from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, TokenContext, check_contexts
 from trace_agent.policy.chat import ChatRenderer, ChatTemplated
 from trace_agent.policy.loop_thread import LoopBackedPolicy, LoopThread
-from trace_agent.policy.vllm_backend import check_sessions, request_seeds
+from trace_agent.policy.vllm_backend import EngineLifetime, check_sessions, request_seeds
 
 __all__ = ["ServerSettings", "VLLMServerPolicy", "rank_servers", "parse_prefix_cache_metrics"]
 
@@ -137,7 +137,7 @@ class _Retryable(Exception):
     """A server-side failure: try the request on another server."""
 
 
-class VLLMServerPolicy(LoopBackedPolicy, ChatTemplated):
+class VLLMServerPolicy(EngineLifetime, LoopBackedPolicy, ChatTemplated):
     """``vllm serve`` servers as a :class:`~trace_agent.policy.base.Policy` and
     :class:`~trace_agent.policy.base.AsyncPolicy` (see the module docstring).
 
@@ -216,7 +216,7 @@ class VLLMServerPolicy(LoopBackedPolicy, ChatTemplated):
         return self.weights_dir
 
     def close(self) -> None:
-        """Close the HTTP client and the client's loop (the servers keep running)."""
+        """Close the HTTP client and the client's loop (the servers keep running); idempotent."""
         try:
             self._loop.run(self._client.aclose(), timeout=10.0)
         except PolicyError:

