@@ -1,56 +1,43 @@
 """``trace-gym export``: finished rollout trees as TRL and verl training rows.
 
-Input: the trees ``trace-gym train`` saves (``<run>/trees/step_*.jsonl``) or any
-file written by :func:`trace_agent.tree.save_jsonl` / :func:`~trace_agent.tree.save_parquet`
-(a directory is read whole, files in name order). Output: ``.jsonl`` or
-``.parquet`` rows (Parquet via pyarrow: messages become lists of
-``{role, content}`` structs), one of four formats:
+Input: the trees ``trace-gym train`` saves (``<run>/trees/step_*.jsonl``) or any file written
+by :func:`trace_agent.tree_io.save_jsonl` / :func:`~trace_agent.tree_io.save_parquet` (a
+directory is read whole, files in name order). Output: ``.jsonl`` or ``.parquet`` rows
+(:func:`write_rows`; :func:`read_rows` reads either back to the same rows), one of five formats:
 
 ``trl-conversational``
-    TRL's conversational language-modeling rows, one per finished leaf:
-    ``{"messages": [system, user, assistant, tool, ..., assistant], "tools": [...],
-    "reward", "prompt_id", "task_id"}`` (``tools`` only when the env has tools).
+    TRL conversational language-modeling rows, one per kept leaf: ``{"messages": [system,
+    user, assistant, tool, ..., assistant], "tools": "<JSON>", "reward", "prompt_id", "task_id"}``.
 ``trl-prompt-completion``
-    TRL's conversational prompt-completion rows, one per finished leaf:
-    ``{"prompt": [the prompt's messages], "completion": [assistant, tool, ..., assistant], ...}``.
+    TRL conversational prompt-completion rows, one per kept leaf: ``{"prompt": [the prompt's
+    messages], "completion": [assistant, tool, ..., assistant], ...}``; observations are
+    ``role: "tool"`` messages, masked by TRL's ``assistant_only_loss=True``.
 ``trl-preference``
-    TRL's conversational preference rows, built where trees branch: for a node
-    with a success below one child and a failure below another,
-    ``{"prompt": [prompt + history up to the node], "chosen": [the success's turns from there],
-    "rejected": [the failure's], ...}`` (``pairs_per_branch`` pairs per branch point,
-    first in creation order). A flat group branches at the root, so GRPO trees give
-    prompt-level pairs and TRACE trees also give mid-trajectory ones.
+    TRL conversational preference rows where trees branch: ``{"prompt", "chosen",
+    "rejected", ...}`` (``pairs_per_branch`` per branch point). A flat group branches at
+    the root, so GRPO trees give prompt-level pairs and TRACE trees mid-trajectory ones.
+``trl-grpo``
+    TRL GRPOTrainer prompt-only rows, one per distinct prompt: ``{"prompt", "ground_truth",
+    "task_id", "data_source"}``; GRPOTrainer passes the columns other than ``prompt`` to
+    each reward function as keyword arguments.
 ``verl``
-    verl's per-trajectory rows, shaped like its agent loop's output
-    (``AgentLoopOutput``): ``prompt_ids`` (the rendered prompt, the root's ids),
-    ``response_ids`` (every turn's generated ids, then the observation ids appended
-    after it, exactly as sampled and fed), ``response_mask`` (1 on generated
-    tokens, 0 on observation tokens), ``response_logprobs`` (behaviour log-probs; 0
-    on observation tokens; None when a turn did not record them), ``advantages``
-    (per response token, 0 where the mask is 0: under ``grpo``/``tree-grpo`` the
-    trajectory's own leaf advantage, :func:`trace_agent.objectives.grpo_leaf_advantages` /
-    :func:`~trace_agent.objectives.tree_grpo_leaf_advantages`; under ``treerpo`` each
-    turn's node advantage, :func:`~trace_agent.objectives.node_advantages`; the
-    objectives module's own defaults apply unless an option is given),
-    ``reward_score``, ``num_turns`` (user, assistant and tool messages), ``uid``
-    (the prompt id: verl's group key), ``data_source`` (the env id),
-    ``reward_model = {"style": "rule", "ground_truth": ...}`` and ``extra_info``.
-    A turn shared by several leaves (a prefix that was continued from) follows the
-    objective's rule by default: under ``treerpo`` it is trained once (its own
-    sample, in the first trajectory through it; later ones carry it with mask 0
-    and advantage 0); under ``grpo``/``tree-grpo`` every trajectory is a full-path
-    sample with its leaf's advantage (``"per-leaf"``, as verl and the official
-    Tree-GRPO code train it). ``shared_turns="once"`` or ``"per-leaf"`` forces
-    either (``once`` under GRPO uses the mean leaf advantage of the turn).
+    verl agent-loop rows, one per leaf: ``AgentLoopOutput(**row)`` builds verl's class, with
+    ``advantages``, ``uid``, ``data_source``, ``reward_model`` and ``extra_info`` in its
+    ``extra_fields`` (:mod:`trace_agent.export_verl`).
 
-The env's verdict. A leaf's last message is the env's reaction to the final
-answer ("Correct.", "Answer received: ..."); it would leak the reward into
-training text, so every trajectory ends at its last assistant message (TRL
-formats), and the leaf's appended ids (end-of-turn glue after the final
-generation) are not part of a verl response.
+The row builders and their rules (the env's verdict never reaches training text, tools as a
+JSON string, tool calls inline or as TRL ``tool_calls``, which leaves SFT keeps) are
+documented in :mod:`trace_agent.export_trl` and :mod:`trace_agent.export_verl`. SFT rows keep
+the successful leaves by default and warn (:class:`ExportWarning`) with the count they drop.
 
-Tools and ground truth come from the tree (recorded by the collector since
-these fields exist); for older files, ``--env ID`` rebuilds them from the env
+Parquet. A column whose values Arrow cannot store as they are (dicts with different keys,
+which Arrow unifies into one struct with ``null`` fields; values of different types, such as
+one env's string answer and another's list of answers) is written as JSON text and named in
+the file's metadata (``trace_gym.json_columns``); :func:`read_rows` decodes it, so a Parquet
+file reads back equal to the JSONL of the same rows.
+
+Tools and ground truth come from the tree (recorded by the collector since these fields
+exist); for older files, ``--env ID`` rebuilds them from the env
 (``reset(options={"task_id": ...})``: its ``tools`` and the task's answer).
 """
 
@@ -58,32 +45,50 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trace_agent.errors import ExportError, TreeError
+from trace_agent.export_trl import (
+    SFT_KEEP,
+    TOOL_CALL_STYLES,
+    conversational_rows,
+    grpo_rows,
+    preference_rows,
+    prompt_completion_rows,
+    trajectory_messages,
+)
+from trace_agent.export_verl import verl_rows
 from trace_agent.options import LONE_CHILD, OBJECTIVES, SHARED_TURNS, either
-from trace_agent.tree import Node, RolloutTree, ground_truth_of
+from trace_agent.success import SUCCESS_THRESHOLD
+from trace_agent.tree import RolloutTree, ground_truth_of
 from trace_agent.tree_io import load_jsonl, load_parquet
 
 __all__ = [
     "EXPORT_FORMATS",
     "ExportConfig",
     "ExportError",
+    "ExportWarning",
     "trajectory_messages",
     "export_rows",
     "read_trees",
     "write_rows",
+    "read_rows",
     "fill_from_env",
     "add_export_parser",
 ]
 
 #: ``--format`` values.
-EXPORT_FORMATS = ("trl-conversational", "trl-prompt-completion", "trl-preference", "verl")
+EXPORT_FORMATS = ("trl-conversational", "trl-prompt-completion", "trl-preference", "trl-grpo", "verl")
+_SFT_FORMATS = ("trl-conversational", "trl-prompt-completion")
+_JSON_COLUMNS_KEY = b"trace_gym.json_columns"
 
-Message = dict[str, Any]
+
+class ExportWarning(UserWarning):
+    """Rows were left out (SFT's success filter) or stored another way (a Parquet column as JSON text)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,8 +100,10 @@ class ExportConfig:
         objective: verl advantages: "treerpo", "grpo" or "tree-grpo" (see :mod:`trace_agent.objectives`).
         normalize_std: TreeRPO only: divide by the sibling std.
         lone_child: TreeRPO only: "zero" or "inherit" (None: the objectives module's default).
-        shared_turns: verl only: "once", "per-leaf", or None (the objective's rule; see the module docstring).
-        min_reward: TRL conversational / prompt-completion: keep leaves with reward >= this (None: all).
+        shared_turns: verl only: "once", "per-leaf", or None (the objective's rule; see :mod:`trace_agent.export_verl`).
+        keep: TRL conversational / prompt-completion: "success" (leaves with
+            :func:`~trace_agent.success.is_success` rewards) or "all".
+        tool_calls: TRL formats: "inline" (the sampled text) or "structured" (TRL ``tool_calls`` messages).
         pairs_per_branch: TRL preference: pairs per branch point (>= 1).
     """
 
@@ -105,7 +112,8 @@ class ExportConfig:
     normalize_std: bool = False
     lone_child: str | None = None
     shared_turns: str | None = None
-    min_reward: float | None = None
+    keep: str = "success"
+    tool_calls: str = "inline"
     pairs_per_branch: int = 1
 
     def __post_init__(self) -> None:
@@ -117,6 +125,10 @@ class ExportConfig:
             raise ExportError(f"lone_child must be {either(LONE_CHILD)}, got {self.lone_child!r}")
         if self.shared_turns is not None and self.shared_turns not in SHARED_TURNS:
             raise ExportError(f"shared_turns must be {either(SHARED_TURNS)}, got {self.shared_turns!r}")
+        if self.keep not in SFT_KEEP:
+            raise ExportError(f"keep must be {either(SFT_KEEP)}, got {self.keep!r}")
+        if self.tool_calls not in TOOL_CALL_STYLES:
+            raise ExportError(f"tool_calls must be {either(TOOL_CALL_STYLES)}, got {self.tool_calls!r}")
         if self.pairs_per_branch < 1:
             raise ExportError(f"pairs_per_branch must be >= 1, got {self.pairs_per_branch}")
 
@@ -126,155 +138,34 @@ class ExportConfig:
         return self.shared_turns or ("once" if self.objective == "treerpo" else "per-leaf")
 
 
-# --------------------------------------------------------------------------------------------------
-# messages
-
-
-def _turn_messages(nodes: Sequence[Node]) -> list[Message]:
-    return [dict(m) for n in nodes for m in n.messages]
-
-
-def _until_last_assistant(messages: list[Message]) -> list[Message]:
-    """Drop what follows the last assistant message (the env's verdict, a turn-limit note)."""
-    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
-    return messages[: last + 1]
-
-
-def trajectory_messages(tree: RolloutTree, leaf: Node) -> list[Message]:
-    """The chat of one finished leaf: the prompt, then every turn, ending at the last assistant message."""
-    if not leaf.is_leaf:
-        raise ExportError(f"node {leaf.node_id} of tree {tree.prompt_id!r} is not a finished leaf")
-    return _until_last_assistant([dict(m) for m in tree.root.messages] + _turn_messages(leaf.path()[1:]))
-
-
-def _common(tree: RolloutTree, leaf: Node) -> dict[str, Any]:
-    return {"reward": float(leaf.reward), "prompt_id": tree.prompt_id, "task_id": tree.task_id}  # type: ignore[arg-type]
-
-
-def _with_tools(row: dict[str, Any], tree: RolloutTree) -> dict[str, Any]:
-    if tree.tools:
-        row["tools"] = [dict(t) for t in tree.tools]
-    return row
-
-
-def _kept(leaf: Node, config: ExportConfig) -> bool:
-    return config.min_reward is None or float(leaf.reward) >= config.min_reward  # type: ignore[arg-type]
-
-
-def _conversational(tree: RolloutTree, config: ExportConfig) -> list[dict[str, Any]]:
-    return [_with_tools({"messages": trajectory_messages(tree, leaf), **_common(tree, leaf)}, tree)
-            for leaf in tree.leaves() if _kept(leaf, config)]
-
-
-def _prompt_completion(tree: RolloutTree, config: ExportConfig) -> list[dict[str, Any]]:
-    rows = []
-    n_prompt = len(tree.root.messages)
-    for leaf in tree.leaves():
-        if _kept(leaf, config):
-            messages = trajectory_messages(tree, leaf)
-            rows.append(_with_tools({"prompt": messages[:n_prompt], "completion": messages[n_prompt:],
-                                     **_common(tree, leaf)}, tree))
-    return rows
-
-
-def _preference(tree: RolloutTree, config: ExportConfig) -> list[dict[str, Any]]:
-    rows = []
-    for node in tree.nodes:
-        if len(node.children) < 2:
-            continue
-        by_child = [(c, c.leaves()) for c in node.children]
-        successes = [(c, leaf) for c, leaves in by_child for leaf in leaves if leaf.is_success]
-        failures = [(c, leaf) for c, leaves in by_child for leaf in leaves if not leaf.is_success]
-        shared = [dict(m) for m in tree.root.messages] + _turn_messages(node.path()[1:])
-        made = 0
-        used: set[int] = set()
-        for child_s, s in successes:
-            if made >= config.pairs_per_branch:
-                break
-            match = next(((c, f) for c, f in failures if c is not child_s and f.node_id not in used), None)
-            if match is None:
-                continue
-            used.add(match[1].node_id)
-            path_s = s.path()[node.depth + 1:]
-            path_f = match[1].path()[node.depth + 1:]
-            rows.append(_with_tools({
-                "prompt": shared,
-                "chosen": _until_last_assistant(_turn_messages(path_s)),
-                "rejected": _until_last_assistant(_turn_messages(path_f)),
-                "prompt_id": tree.prompt_id, "task_id": tree.task_id, "branch_node": node.node_id,
-                "branch_depth": node.depth, "chosen_reward": float(s.reward),  # type: ignore[arg-type]
-                "rejected_reward": float(match[1].reward),  # type: ignore[arg-type]
-            }, tree))
-            made += 1
-    return rows
-
-
-def _advantages(tree: RolloutTree, config: ExportConfig) -> tuple[dict[int, float] | None, dict[int, float]]:
-    """(leaf id -> advantage for per-leaf GRPO samples, else None; node id -> advantage)."""
-    from trace_agent import objectives
-
-    if config.objective != "treerpo" and config.shared_rule == "per-leaf":
-        leaf_fn = objectives.grpo_leaf_advantages if config.objective == "grpo" else objectives.tree_grpo_leaf_advantages
-        return leaf_fn(tree), {}
-    options: dict[str, Any] = {}
-    if config.objective == "treerpo":
-        options["normalize_std"] = config.normalize_std
-        if config.lone_child is not None:
-            options["lone_child"] = config.lone_child
-    return None, objectives.node_advantages(tree, config.objective, **options)  # type: ignore[arg-type]
-
-
-def _verl(tree: RolloutTree, config: ExportConfig) -> list[dict[str, Any]]:
-    leaves = tree.leaves()
-    if leaves and not tree.root.observation_ids:
-        raise ExportError(f"tree {tree.prompt_id!r} holds no prompt token ids (root observation_ids): verl rows "
-                          "need the trees the collector records (trace-gym train / bench)")
-    per_leaf, advantages = _advantages(tree, config)
-    emitted: set[int] = set()
-    rows = []
-    for leaf in leaves:
-        ids: list[int] = []
-        mask: list[int] = []
-        logprobs: list[float] | None = []
-        adv: list[float] = []
-        path = leaf.path()[1:]
-        for node in path:
-            train = config.shared_rule == "per-leaf" or node.node_id not in emitted
-            emitted.add(node.node_id)
-            own = per_leaf[leaf.node_id] if per_leaf is not None else advantages.get(node.node_id, 0.0)
-            a = own if train else 0.0
-            ids += node.generated_ids
-            mask += [1 if train else 0] * len(node.generated_ids)
-            adv += [a] * len(node.generated_ids)
-            if logprobs is not None:
-                logprobs = None if node.generated_logprobs is None else logprobs + list(node.generated_logprobs)
-            if node is not leaf:  # the leaf's appended ids are end-of-turn glue, not part of the response
-                ids += node.observation_ids
-                mask += [0] * len(node.observation_ids)
-                adv += [0.0] * len(node.observation_ids)
-                if logprobs is not None:
-                    logprobs += [0.0] * len(node.observation_ids)
-        messages = trajectory_messages(tree, leaf)
-        rows.append({
-            "prompt_ids": list(tree.root.observation_ids), "response_ids": ids, "response_mask": mask,
-            "response_logprobs": logprobs, "advantages": adv, "reward_score": float(leaf.reward),  # type: ignore[arg-type]
-            "num_turns": sum(1 for m in messages if m.get("role") != "system"), "uid": tree.prompt_id,
-            "data_source": str(tree.metadata.get("env_id", "")),
-            "reward_model": {"style": "rule", "ground_truth": tree.ground_truth},
-            "extra_info": {"task_id": tree.task_id, "leaf_node_id": leaf.node_id, "objective": config.objective,
-                           "num_assistant_turns": len(path)},
-        })
-    return rows
-
-
-_BUILDERS = {"trl-conversational": _conversational, "trl-prompt-completion": _prompt_completion,
-             "trl-preference": _preference, "verl": _verl}
+def _tree_rows(tree: RolloutTree, config: ExportConfig) -> list[dict[str, Any]]:
+    if config.format == "trl-conversational":
+        return conversational_rows(tree, keep=config.keep, tool_calls=config.tool_calls)  # type: ignore[arg-type]
+    if config.format == "trl-prompt-completion":
+        return prompt_completion_rows(tree, keep=config.keep, tool_calls=config.tool_calls)  # type: ignore[arg-type]
+    if config.format == "trl-preference":
+        return preference_rows(tree, pairs_per_branch=config.pairs_per_branch,
+                               tool_calls=config.tool_calls)  # type: ignore[arg-type]
+    return verl_rows(tree, objective=config.objective, shared=config.shared_rule,  # type: ignore[arg-type]
+                     normalize_std=config.normalize_std, lone_child=config.lone_child)  # type: ignore[arg-type]
 
 
 def export_rows(trees: Iterable[RolloutTree], config: ExportConfig) -> list[dict[str, Any]]:
-    """The rows of ``config.format`` for ``trees``, tree by tree, leaves in creation order."""
-    build = _BUILDERS[config.format]
-    return [row for tree in trees for row in build(tree, config)]
+    """The rows of ``config.format`` for ``trees``, tree by tree, leaves in creation order.
+
+    SFT formats under ``keep="success"`` warn (:class:`ExportWarning`) when they leave leaves out.
+    """
+    trees = list(trees)
+    if config.format == "trl-grpo":
+        return grpo_rows(trees)
+    rows = [row for tree in trees for row in _tree_rows(tree, config)]
+    if config.format in _SFT_FORMATS and config.keep == "success":
+        finished = sum(len(tree.leaves()) for tree in trees)
+        if len(rows) < finished:
+            warnings.warn(f"kept {len(rows)} of {finished} finished leaves: the successes (reward >= "
+                          f"{SUCCESS_THRESHOLD}); keep='all' (--keep all) exports every leaf", ExportWarning,
+                          stacklevel=2)
+    return rows
 
 
 # --------------------------------------------------------------------------------------------------
@@ -335,26 +226,85 @@ def fill_from_env(trees: Sequence[RolloutTree], env_id: str, **env_kwargs: Any) 
     return len(missing)
 
 
+def _column(values: list[Any]) -> tuple[Any, bool]:
+    """An Arrow array holding ``values`` exactly, and whether it had to be JSON text."""
+    import pyarrow as pa
+
+    try:
+        array = pa.array(values)
+        if array.to_pylist() == values:
+            return array, False
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        pass
+    return pa.array([json.dumps(v, ensure_ascii=False, allow_nan=False) for v in values], pa.string()), True
+
+
 def write_rows(rows: Sequence[dict[str, Any]], out: str | Path) -> Path:
-    """Write rows as JSONL (``.jsonl``) or Parquet (``.parquet``, schema inferred by pyarrow)."""
+    """Write rows as JSONL (``.jsonl``) or Parquet (``.parquet``; see the module docstring on JSON columns).
+
+    Raises:
+        ExportError: another suffix, rows with different columns (Parquet), or values JSON cannot hold.
+    """
     out = Path(out)
     if out.suffix not in (".jsonl", ".parquet"):
         raise ExportError(f"--out must end in .jsonl or .parquet, got {out.name!r}")
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".jsonl":
-        with out.open("w", encoding="utf-8") as fh:
-            for row in rows:
-                fh.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
+        try:
+            lines = [json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n" for row in rows]
+        except (TypeError, ValueError) as exc:
+            raise ExportError(f"a row does not fit JSON ({exc})") from None
+        out.write_text("".join(lines), encoding="utf-8")
         return out
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    names = list(rows[0]) if rows else []
+    for i, row in enumerate(rows):
+        if list(row) != names:
+            raise ExportError(f"row {i} has the columns {list(row)}, row 0 {names}: the rows of one Parquet file "
+                              "share their columns (write .jsonl instead)")
+    arrays, as_json = [], []
+    for name in names:
+        try:
+            array, encoded = _column([row[name] for row in rows])
+        except (TypeError, ValueError) as exc:
+            raise ExportError(f"column {name!r} does not fit Parquet or JSON ({exc})") from None
+        arrays.append(array)
+        if encoded:
+            as_json.append(name)
+    if as_json:
+        warnings.warn(f"Parquet column(s) {as_json} stored as JSON text: their values do not share one Arrow type "
+                      "(dicts with different keys, or values of different types); read_rows decodes them",
+                      ExportWarning, stacklevel=2)
+    table = pa.Table.from_arrays(arrays, names=names).replace_schema_metadata(
+        {_JSON_COLUMNS_KEY: json.dumps(as_json).encode()})
     try:
-        table = pa.Table.from_pylist(list(rows))
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        pq.write_table(table, out)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise ExportError(f"these rows do not fit one Parquet schema ({exc}); write .jsonl instead") from None
-    pq.write_table(table, out)
     return out
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """Rows written by :func:`write_rows`, JSON-text Parquet columns decoded: equal to the rows written."""
+    path = Path(path)
+    if path.suffix not in (".jsonl", ".parquet"):
+        raise ExportError(f"row files are .jsonl or .parquet, got {path.name!r}")
+    if not path.is_file():
+        raise ExportError(f"no row file at {path}")
+    if path.suffix == ".jsonl":
+        with path.open(encoding="utf-8") as fh:
+            return [json.loads(line) for line in fh if line.strip()]
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    as_json = json.loads((table.schema.metadata or {}).get(_JSON_COLUMNS_KEY, b"[]"))
+    rows = table.to_pylist()
+    for row in rows:
+        for name in as_json:
+            row[name] = json.loads(row[name])
+    return rows
 
 
 # --------------------------------------------------------------------------------------------------
@@ -366,23 +316,27 @@ def _main(args: argparse.Namespace) -> int:
 
     try:
         config = ExportConfig(format=args.format, objective=args.objective, normalize_std=args.normalize_std,
-                              lone_child=args.lone_child, shared_turns=args.shared_turns, min_reward=args.min_reward,
-                              pairs_per_branch=args.pairs_per_branch)
+                              lone_child=args.lone_child, shared_turns=args.shared_turns, keep=args.keep,
+                              tool_calls=args.tool_calls, pairs_per_branch=args.pairs_per_branch)
         trees = read_trees(args.trees)
         if args.env:
             fill_from_env(trees, args.env)
-        rows = export_rows(trees, config)
-        out = write_rows(rows, args.out)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ExportWarning)
+            rows = export_rows(trees, config)
+            out = write_rows(rows, args.out)
     except ExportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    for warning in caught:
+        print(f"warning: {warning.message}", file=sys.stderr)
     print(f"wrote {len(rows)} {config.format} rows from {len(trees)} trees -> {out}")
     return 0
 
 
 def add_export_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``export`` to a ``trace-gym`` subparsers object."""
-    p = subparsers.add_parser("export", help="finished trees as TRL or verl training rows",
+    p = subparsers.add_parser("export", help="finished trees as TRL (SFT, DPO, GRPO) or verl training rows",
                               description=__doc__.splitlines()[0])
     p.add_argument("trees", nargs="+", help="tree files (.jsonl/.parquet) or directories, e.g. runs/x/trees")
     p.add_argument("--format", required=True, choices=EXPORT_FORMATS)
@@ -394,8 +348,10 @@ def add_export_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--shared-turns", default=None, choices=SHARED_TURNS,
                    help="verl: a turn shared by several leaves trained once or in every trajectory through it "
                         "(default: the objective's rule, treerpo once, grpo/tree-grpo per-leaf)")
-    p.add_argument("--min-reward", type=float, default=None,
-                   help="trl-conversational / trl-prompt-completion: keep leaves with at least this reward")
+    p.add_argument("--keep", default="success", choices=SFT_KEEP,
+                   help="trl-conversational / trl-prompt-completion: the successful leaves (default) or all")
+    p.add_argument("--tool-calls", default="inline", choices=TOOL_CALL_STYLES,
+                   help="TRL formats: tool calls as the sampled text (default) or as TRL tool_calls messages")
     p.add_argument("--pairs-per-branch", type=int, default=1, help="trl-preference: pairs per branch point")
     p.add_argument("--env", default=None, help="fill tools / ground truth of older tree files from this env id")
     p.set_defaults(func=_main)
