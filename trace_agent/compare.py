@@ -210,7 +210,7 @@ def compare_training(config: TrainConfig, strategies: Sequence[str], seeds: Sequ
 
     Raises ValueError when no strategy or no seed is given, or a strategy is named twice.
     """
-    from trace_agent.policy.vllm_backend import close_engine
+    from trace_agent.policy.base import close_engine
     from trace_agent.train_cli import evaluate_heldout, run_training
     from trace_agent.wiring import build_policies
 

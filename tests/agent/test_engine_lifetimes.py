@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from trace_agent.policy.base import PolicyError
-from trace_agent.policy.vllm_backend import close_engine, vllm_available
+from trace_agent.policy.base import PolicyError, close_engine
+from trace_agent.policy.vllm_common import vllm_available
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trace_agent.policy.vllm_backend import vllm_available
+from trace_agent.policy.vllm_common import vllm_available
 
 pytestmark = [
     pytest.mark.vllm,

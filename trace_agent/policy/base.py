@@ -15,8 +15,14 @@ Every token of a context carries a flag: ``True`` when the policy generated it
 (trainable, has a behaviour log-prob), ``False`` when it came from the prompt,
 the env or the template (masked out of the loss).
 
+What every backend shares lives here, so no backend imports a sibling: the checks a ``generate``
+call opens with (:func:`check_call`), per-request seeds (:func:`request_seeds`), routing hints
+(:func:`check_sessions`) and the context-manager lifetime (:class:`EngineLifetime`, :func:`close_engine`).
+
 This module imports no torch; backends live in :mod:`trace_agent.policy.hf`
-(transformers) and :mod:`trace_agent.policy.vllm_backend` (vLLM).
+(transformers), :mod:`trace_agent.policy.vllm_backend` and :mod:`trace_agent.policy.vllm_async`
+(vLLM in-process, sharing :mod:`trace_agent.policy.vllm_common`) and
+:mod:`trace_agent.policy.vllm_server` (``vllm serve`` servers).
 """
 
 from __future__ import annotations
@@ -38,6 +44,12 @@ __all__ = [
     "AsyncPolicy",
     "PolicyError",
     "check_contexts",
+    "GenerateCall",
+    "check_call",
+    "request_seeds",
+    "check_sessions",
+    "EngineLifetime",
+    "close_engine",
 ]
 
 Message = Mapping[str, Any]
@@ -269,3 +281,76 @@ def check_contexts(contexts: Sequence[TokenContext]) -> None:
     for ctx in contexts:
         if len(ctx) == 0:
             raise PolicyError("cannot generate from an empty context: render() the messages first")
+
+
+_SEED_MASK = (1 << 63) - 1
+
+
+def request_seeds(n: int, *, seed: int | None, seeds: Sequence[int] | None) -> list[int | None]:
+    """One sampler seed per request: ``seeds`` when given (one per request), else ``seed + i``, else None.
+
+    Seeds are reduced to 63 bits (what vLLM's per-request ``torch.Generator`` accepts).
+    """
+    if seeds is not None:
+        if len(seeds) != n:
+            raise PolicyError(f"seeds needs one seed per context: {n} contexts, {len(seeds)} seeds")
+        return [int(s) & _SEED_MASK for s in seeds]
+    if seed is None:
+        return [None] * n
+    return [(int(seed) + i) & _SEED_MASK for i in range(n)]
+
+
+def check_sessions(n: int, sessions: Sequence[str] | None) -> list[str]:
+    """``sessions`` as a list of strings, one per request ("" for each when None)."""
+    if sessions is None:
+        return [""] * n
+    if len(sessions) != n:
+        raise PolicyError(f"sessions needs one entry per context: {n} contexts, {len(sessions)} sessions")
+    return [str(s) for s in sessions]
+
+
+@dataclass(frozen=True)
+class GenerateCall:
+    """One ``generate`` call's arguments, checked: its :class:`SamplingConfig`, the per-request seeds of
+    :func:`request_seeds` (``seeds[i]``, else ``seed + i``, else None; 63 bits) and the sessions of
+    :func:`check_sessions`."""
+
+    config: SamplingConfig
+    seeds: list[int | None]
+    sessions: list[str]
+
+
+def check_call(contexts: Sequence[TokenContext], *, max_new_tokens: int, temperature: float, top_p: float,
+               seed: int | None, seeds: Sequence[int] | None, sessions: Sequence[str] | None) -> GenerateCall:
+    """What every backend's ``generate`` opens with: build the :class:`SamplingConfig` (its one validation
+    of the sampling values), check the contexts (:func:`check_contexts`), one seed and one session per
+    context. Raises ValueError for a bad sampling value and :class:`PolicyError` for the rest."""
+    config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+    per_request = request_seeds(len(contexts), seed=seed, seeds=seeds)
+    routed = check_sessions(len(contexts), sessions)
+    check_contexts(contexts)
+    return GenerateCall(config=config, seeds=per_request, sessions=routed)
+
+
+class EngineLifetime:
+    """The context-manager protocol over a backend's ``close()``: ``with Backend(...) as policy:`` closes
+    the backend when the block ends, also on an exception (which propagates). ``close`` must be idempotent."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def close_engine(engine: Any, learner: Any = None) -> None:
+    """Close ``engine`` (a run's generation policy) unless it is ``learner`` itself (the transformers
+    backend generates with the trained model) or has no ``close``."""
+    if engine is None or engine is learner:
+        return
+    close = getattr(engine, "close", None)
+    if callable(close):
+        close()

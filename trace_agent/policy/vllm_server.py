@@ -58,10 +58,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, TokenContext, check_contexts
+from trace_agent.policy.base import (
+    EngineLifetime,
+    Generation,
+    PolicyError,
+    SamplingConfig,
+    TokenContext,
+    check_call,
+)
 from trace_agent.policy.chat import ChatRenderer, ChatTemplated
 from trace_agent.policy.loop_thread import LoopBackedPolicy, LoopThread
-from trace_agent.policy.vllm_backend import EngineLifetime, check_sessions, request_seeds
 
 __all__ = ["ServerSettings", "VLLMServerPolicy", "rank_servers", "parse_prefix_cache_metrics"]
 
@@ -237,18 +243,16 @@ class VLLMServerPolicy(EngineLifetime, LoopBackedPolicy, ChatTemplated):
     async def _generate(self, contexts: Sequence[TokenContext], max_new_tokens: int, temperature: float,
                         top_p: float, seed: int | None, seeds: Sequence[int] | None,
                         sessions: Sequence[str] | None) -> list[Generation]:
-        config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
-        n = len(contexts)
-        per_seed = request_seeds(n, seed=seed, seeds=seeds)
-        keys = [s or f"seed:{per_seed[i]}:{i}" for i, s in enumerate(check_sessions(n, sessions))]
-        check_contexts(contexts)
+        call = check_call(contexts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                          seeds=seeds, sessions=sessions)
+        keys = [s or f"seed:{call.seeds[i]}:{i}" for i, s in enumerate(call.sessions)]
 
         async def one(i: int) -> Generation:
-            body = {**self._base(config, per_seed[i]), "prompt": list(contexts[i].token_ids)}
+            body = {**self._base(call.config, call.seeds[i]), "prompt": list(contexts[i].token_ids)}
             data = await self._post_routed("/v1/completions", body, keys[i])
             return self._to_generation(data)
 
-        return list(await asyncio.gather(*(one(i) for i in range(n))))
+        return list(await asyncio.gather(*(one(i) for i in range(len(contexts)))))
 
     async def _logprobs(self, contexts: Sequence[TokenContext], targets: Sequence[Sequence[int]]
                         ) -> list[tuple[float, ...]]:
