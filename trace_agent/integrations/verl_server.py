@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from trace_agent.policy.base import Generation, PolicyError, TokenContext, check_contexts
-from trace_agent.policy.chat import ChatRenderer, ChatTemplated
+from trace_agent.policy.chat import ChatTemplated
 
 __all__ = ["request_seed", "VerlServerPolicy", "PolicyServerClient"]
 
@@ -66,7 +66,7 @@ class VerlServerPolicy(ChatTemplated):
                  top_k: int = -1, end_of_turn: str = "<|im_end|>", template_kwargs: Mapping[str, Any] | None = None,
                  timeout_s: float = 3600.0) -> None:
         self.client = client
-        self.chat = ChatRenderer(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
+        self._set_chat(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
         self.loop = loop
         self.top_k = int(top_k)
         self.timeout_s = float(timeout_s)

@@ -20,6 +20,7 @@ structure of Qwen3's (tools listed in ``<tools></tools>`` in the system turn,
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from trace_agent.policy.base import Generation, Message, PolicyError, TokenContext
@@ -194,6 +195,18 @@ class ChatTemplated:
     template's business, so every backend shares them (only ``generate``/``logprobs`` differ)."""
 
     chat: ChatRenderer
+
+    def _set_chat(self, tokenizer: Any, *, end_of_turn: str = "<|im_end|>",
+                  template_kwargs: Mapping[str, Any] | None = None) -> None:
+        """Set ``self.tokenizer`` and ``self.chat`` (every backend's one tokenizer and renderer set-up):
+        ``tokenizer`` is a ``transformers`` tokenizer, or a ``str``/``Path`` it is loaded from
+        (``AutoTokenizer.from_pretrained``)."""
+        if isinstance(tokenizer, (str, Path)):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
+        self.tokenizer = tokenizer
+        self.chat = ChatRenderer(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
 
     @property
     def stop_token_ids(self) -> tuple[int, ...]:

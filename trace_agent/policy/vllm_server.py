@@ -66,7 +66,7 @@ from trace_agent.policy.base import (
     TokenContext,
     check_call,
 )
-from trace_agent.policy.chat import ChatRenderer, ChatTemplated
+from trace_agent.policy.chat import ChatTemplated
 from trace_agent.policy.loop_thread import LoopBackedPolicy, LoopThread
 
 __all__ = ["ServerSettings", "VLLMServerPolicy", "rank_servers", "parse_prefix_cache_metrics"]
@@ -172,12 +172,7 @@ class VLLMServerPolicy(EngineLifetime, LoopBackedPolicy, ChatTemplated):
         except ImportError as exc:
             raise PolicyError(f"VLLMServerPolicy needs httpx: pip install httpx ({exc})") from exc
         self.settings = settings or ServerSettings(urls=tuple(urls))
-        if isinstance(tokenizer, (str, Path)):
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
-        self.tokenizer = tokenizer
-        self.chat = ChatRenderer(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
+        self._set_chat(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
         self.weights_dir = None if weights_dir is None else Path(weights_dir)
         self._down_until: dict[str, float] = {}
         self.requests_per_server: dict[str, int] = {u: 0 for u in self.settings.urls}
