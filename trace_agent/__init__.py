@@ -7,7 +7,7 @@ The core, importable without torch:
   context strings), :mod:`~trace_agent.tree_stats` (statistics, the effective ratio) and
   :mod:`~trace_agent.tree_io` (JSONL / Parquet storage).
 - :mod:`trace_agent.success` - the one definition of success (reward >= 0.5).
-- :mod:`trace_agent.budget` - the ``Budget``, its paper unit and the running account.
+- :mod:`trace_agent.budget` - the ``Budget``, its paper unit and what a batch spent.
 - :mod:`trace_agent.allocation` - exact root and prefix allocation, P_mixed / P_flip.
 - :mod:`trace_agent.predictor` - the ``SuccessPredictor`` protocol, the CPU default
   ``EmbeddingPredictor``, the ``LMCritic`` (torch imported lazily) and online training

@@ -64,8 +64,8 @@ Advantages (R in {0, 1} the leaf reward, eps = 1e-6)
                    leaf whose intra-tree term is R.
 
 Loss, loss aggregation and packing
-    :mod:`trace_agent.loss` (re-exported here): :func:`pack_segments`, :func:`loss_normalizer`,
-    :func:`policy_loss`, with the formulas in its docstring.
+    :mod:`trace_agent.loss` (which imports this module, never the reverse): :func:`pack_segments`,
+    :func:`loss_normalizer`, :func:`policy_loss`, with the formulas in its docstring.
 """
 
 from __future__ import annotations
