@@ -1,8 +1,8 @@
 """The policy loss on packed segments: packing, verl's loss aggregation modes, the clipped objective.
 
 The advantages and the segments they produce live in :mod:`trace_agent.objectives`; this module
-turns segments into packed sequences with per-token loss weights and computes the loss on tensors (torch is imported inside the functions, so
-importing this module stays cheap).
+turns segments into packed sequences with per-token loss weights and computes the loss on tensors
+(torch is imported inside the functions, so importing this module stays cheap).
 
 References: verl ``verl/trainer/ppo/core_algos.py`` (``agg_loss``, ``compute_policy_loss_vanilla``).
 
