@@ -67,6 +67,7 @@ from trace_agent.engine.base import (
 )
 from trace_agent.engine.envs import EnvFactory, EnvHost, LocalEnvHost, _LocalSession
 from trace_agent.engine.growth import Growth, check_roots, in_thread, on_loop, run_prompts
+from trace_agent.engine.phases import PhaseBreakdown, PhaseTimer, timed
 from trace_agent.engine.ray_envs import RayConfig
 from trace_agent.engine.scheduler import EngineConfig, EngineStats, GenerationEngine
 from trace_agent.options import ENV_BACKENDS, Batching, EnvBackend, either
@@ -214,6 +215,7 @@ class Collection:
             kind computed last when it asked for both), NaN where it asked for none.
         engine: what the shared engine did (calls, sequences per call, seconds in the backend).
         predictor_seconds: time inside ``predictor.predict`` / node scoring.
+        phases: where the wall clock went, by phase, when the collector's ``phase_timer`` is set.
     """
 
     strategy: str
@@ -227,6 +229,7 @@ class Collection:
     root_values: tuple[float, ...] = ()
     engine: EngineStats = field(default_factory=EngineStats)
     predictor_seconds: float = 0.0
+    phases: PhaseBreakdown | None = None
 
     @property
     def skipped(self) -> tuple[str, ...]:
@@ -241,16 +244,19 @@ class Collection:
 class _TimedPredictor:
     """Delegates to a predictor, adding the seconds spent in ``predict`` to ``seconds``."""
 
-    def __init__(self, predictor: Any) -> None:
+    def __init__(self, predictor: Any, timer: PhaseTimer | None = None) -> None:
         self._predictor = predictor
+        self._timer = timer
         self.seconds = 0.0
 
     def predict(self, contexts: Sequence[str]) -> Any:
-        t = time.perf_counter()
+        t, mono = time.perf_counter(), time.monotonic()
         try:
             return self._predictor.predict(contexts)
         finally:
             self.seconds += time.perf_counter() - t
+            if self._timer is not None:
+                self._timer.add("predictor", mono, time.monotonic())
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._predictor, name)
@@ -275,6 +281,9 @@ class TreeCollector:
         config: sampling, batching and backend settings.
         root_oracle: optional shared cache prompt id -> Monte-Carlo success rate, so that a
             benchmark with a fixed policy estimates each prompt once across seeds.
+
+    Set :attr:`phase_timer` to a :class:`~trace_agent.engine.phases.PhaseTimer` to have each
+    :meth:`collect` time its phases (``Collection.phases``); None (the default) times nothing.
     """
 
     def __init__(
@@ -297,6 +306,7 @@ class TreeCollector:
         self._predict_lock = threading.Lock()
         self._lock = threading.Lock()
         self._contexts: OrderedDict[tuple[str, int], str] = OrderedDict()
+        self.phase_timer: PhaseTimer | None = None
 
     # ---------------------------------------------------------------- lifecycle
     def __enter__(self) -> TreeCollector:
@@ -375,7 +385,7 @@ class TreeCollector:
     def _growth(self, engine: GenerationEngine, seed: int, predictor: Any) -> Growth:
         return Growth(policy=self.policy, engine=engine, predictor=predictor, predict_lock=self._predict_lock,
                       config_seed=self.config.seed, collect_seed=seed, oracle_samples=self.config.oracle_samples,
-                      release_snapshots=self.config.release_snapshots)
+                      release_snapshots=self.config.release_snapshots, timer=engine.timer)
 
     # ---------------------------------------------------------------- prompt values
     def prompt_contexts(self, prompts: Sequence[PromptSpec]) -> list[str]:
@@ -525,14 +535,20 @@ class TreeCollector:
         t0 = time.perf_counter()
         loop = asyncio.get_running_loop()
         ids = tuple(p.prompt_id for p in prompts)
-        predictor = None if self.predictor is None else _TimedPredictor(self.predictor)
-        engine = GenerationEngine(self.policy, self.engine_config(), executor=self._engine_executor())
+        timer = self.phase_timer
+        if timer is not None:
+            timer.reset()
+        host = self.env_host()
+        if hasattr(host, "timer"):
+            host.timer = timer
+        predictor = None if self.predictor is None else _TimedPredictor(self.predictor, timer)
+        engine = GenerationEngine(self.policy, self.engine_config(), executor=self._engine_executor(), timer=timer)
         growth = self._growth(engine, seed, predictor)
         root_budget = budget.roots if strategy.branching else budget.flat_roots
         request = RootRequest(prompt_ids=ids, budget=budget, root_budget=root_budget,
                               rng=np.random.default_rng(request_seed(self.config.seed, seed, 5)),
                               values=self._prompt_values(loop, prompts, predictor, growth, engine))
-        roots = [int(m) for m in await in_thread(strategy.allocate_roots, request)]
+        roots = [int(m) for m in await in_thread(timed(timer, "allocation", strategy.allocate_roots), request)]
         check_roots(roots, request)
         values = request.values.last
         jobs = [(i, p, m, None if values is None else float(values[i]))
@@ -543,11 +559,11 @@ class TreeCollector:
             return await growth.grow(agent, session, prompt, index=i, roots=m, strategy=strategy, budget=budget,
                                      value=v)
 
-        trees = await run_prompts(engine, self.env_host(), len(jobs), work, limit=self.config.concurrent_prompts,
+        trees = await run_prompts(engine, host, len(jobs), work, limit=self.config.concurrent_prompts,
                                   retries=self.config.env_retries)
         for (_, prompt, _, _), tree in zip(jobs, trees, strict=True):
             self._keep_root_context(prompt, tree)
-        return Collection(
+        return Collection(phases=None if timer is None else timer.breakdown(),
             strategy=strategy.name, budget=budget, prompt_ids=ids, roots=tuple(roots), trees=tuple(trees),
             wall_seconds=time.perf_counter() - t0,
             oracle_generated_tokens=growth.oracle_generated_tokens, oracle_env_steps=growth.oracle_env_steps,

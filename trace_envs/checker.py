@@ -33,6 +33,7 @@ __all__ = [
     "check_longevity",
     "check_foreign_snapshot_refused",
     "check_foreign_chain_refused",
+    "check_opening_messages",
     "ChainView",
 ]
 
@@ -199,6 +200,20 @@ class ChainView:
         _wrappers.restore(self.env, snapshot)
 
 
+def check_opening_messages(env: Any, seed: int, task_id: str) -> None:
+    """Law 7: an env that tells its opening messages without a reset tells the ones a reset gives, mid-episode too."""
+    base = env.unwrapped
+    told = base.opening_messages(task_id, seed=seed)
+    if told is None:
+        return
+    _reset_to(env, seed, task_id)
+    assert told == base.messages, f"opening_messages({task_id!r}) differs from the messages reset gives"
+    env.step(base.conformance_actions()[0])
+    during = list(base.messages)
+    assert base.opening_messages(task_id, seed=seed) == told and base.messages == during, \
+        "opening_messages must not touch the running episode"
+
+
 def check_gymnasium_api(env: gym.Env) -> None:
     """Law 6: Gymnasium's own ``check_env`` passes."""
     check_env(env.unwrapped, skip_render_check=False)
@@ -237,5 +252,6 @@ def check_branchable_env(
     check_longevity(branchable, actions, seed, task_id, other_seed=seed + 17)
     check_foreign_snapshot_refused(branchable, seed, task_id, other_task_id)
     check_foreign_chain_refused(env, seed, task_id)
+    check_opening_messages(env, seed, task_id)
     check_gymnasium_api(env)
     assert isinstance(base.snapshot(), Snapshot)

@@ -422,6 +422,18 @@ class BranchableEnv(gym.Env[str, str]):
             self._messages.append({"role": "user", "content": observation})
             return observation, self._info({})
 
+    def opening_messages(self, task_id: str, *, seed: int | None = None) -> list[Message] | None:
+        """The messages ``reset(seed=seed, options={"task_id": task_id})`` opens with, without resetting.
+
+        None when only a reset can tell (the default: an env opts in by overriding
+        ``_opening_observation``). Touches no episode state: a running episode goes on.
+        """
+        observation = self._opening_observation(self.tasks[str(task_id)], seed)
+        if observation is None:
+            return None
+        messages: list[Message] = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return [*messages, {"role": "user", "content": scrub_surrogates(observation)}]
+
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Play one turn: ``action`` is the model's raw text for it."""
         with self._lock:
@@ -505,6 +517,14 @@ class BranchableEnv(gym.Env[str, str]):
     def _start_episode(self, task: Task) -> str:
         """Set up tool state for ``task``; return the opening user message."""
         return task.prompt
+
+    def _opening_observation(self, task: Task, seed: int | None) -> str | None:
+        """What ``_start_episode(task)`` returns after ``reset(seed=seed)``, if known without running it; else None.
+
+        Override only when the opening message depends on nothing but the task (and the seed),
+        and ``system_prompt`` on nothing an episode changes (:meth:`opening_messages`).
+        """
+        return None
 
     def _run_turn(self, action: str) -> TurnResult:
         """Act on one turn of model text. Must not raise on malformed text."""

@@ -21,6 +21,15 @@ this process (all its threads; sandboxes run in their own processes and are not 
 the ratios to ``flat``. On a machine shared with other jobs the wall ratios swing with the
 load; the CPU ratios and the sequences per call much less.
 
+Then, per strategy, where the ``engine`` collection's wall clock went (medians over repeats;
+measured by the engine's phase timers, :mod:`trace_agent.engine.phases`): seconds by phase
+with the generator idle (``exposed``: generation, env, predictor, allocation, bookkeeping,
+idle; they sum to the wall clock) and seconds inside each phase (``busy``; overlapping).
+``--no-per-prompt`` skips the per-prompt collection. Each repeat resets its prompts with a
+new seed (as each training step does), so prompt contexts are not cached across repeats.
+``--by-reset`` adds ``by-reset``: the ``engine`` collection again on envs that hide
+``opening_messages``, so every candidate's context costs an env reset (before issue 37).
+
 (b) ``ray``: env-bound work: a scripted policy that costs nothing to run, whose programs keep
 the sandbox busy (``--busy-ms`` of arithmetic per step), on PythonMath-v0 through the Ray
 backend with 1 and 2 env actors (and the local backend for reference), alternating A B A B.
@@ -47,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 
+from trace_agent.engine.phases import PHASES, PhaseTimer  # noqa: E402
 from trace_agent.env_factory import make_env_factory, task_ids  # noqa: E402
 from trace_agent.policy.base import Generation, TokenContext  # noqa: E402
 from trace_agent.rollout import PromptSpec, RolloutConfig, TreeCollector  # noqa: E402
@@ -81,11 +91,22 @@ class _Recording:
         return self.inner.generate(contexts, seeds=seeds, **kw)
 
 
-def _collector(policy: Any, *, concurrent: int, max_new_tokens: int, max_turns: int, boot: Sequence[PromptSpec]):
-    """A collector on the demo setting with ``concurrent`` env slots, its sandboxes booted (outside any timing)."""
+def _collector(policy: Any, *, concurrent: int, max_new_tokens: int, max_turns: int, boot: Sequence[PromptSpec],
+               by_reset: bool = False):
+    """A collector on the demo setting with ``concurrent`` env slots, its sandboxes booted (outside any timing).
+
+    ``by_reset``: its envs hide ``opening_messages`` (a prompt's context then costs a reset).
+    """
     from trace_agent.predictor import EmbeddingPredictor
 
-    make_env = make_env_factory(MATH, "train", max_turns=max_turns)
+    factory = make_env_factory(MATH, "train", max_turns=max_turns)
+
+    def make_env() -> Any:
+        env = factory()
+        if by_reset:
+            env.unwrapped.opening_messages = lambda *a, **k: None
+        return env
+
     config = RolloutConfig(max_new_tokens=max_new_tokens, temperature=1.0, seed=0, workers=2,
                            concurrent_prompts=concurrent)
     c = TreeCollector(make_env=make_env, policy=policy, predictor=EmbeddingPredictor(), config=config)
@@ -107,7 +128,8 @@ def _collect_once(c: TreeCollector, strategy_name: str, *, prompts: list[PromptS
     return {"wall_s": wall, "cpu_s": cpu, "calls": e.calls, "sequences": e.sequences, "mean_batch": e.mean_batch,
             "tokens": e.generated_tokens, "tokens_per_s": e.generated_tokens / wall,
             "tokens_per_cpu_s": e.generated_tokens / cpu, "generate_s": e.generate_seconds,
-            "effective_ratio": batch.stats().effective_ratio}
+            "effective_ratio": batch.stats().effective_ratio,
+            **({} if batch.phases is None else {"exposed": batch.phases.exposed, "busy": batch.phases.busy})}
 
 
 def _flat(policy: Any, requests: Sequence[tuple[TokenContext, int]], *, max_new_tokens: int,
@@ -131,27 +153,41 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
 
     policy = load_demo_policy(ensure_demo_policy(""), max_batch_size=48)
     ids = task_ids(MATH, "train")[:args.prompts]
-    prompts = [PromptSpec(task_id=t, reset_seed=0) for t in ids]
     budget = Budget(roots=args.roots, continuations_per_root=1, group_size=4)
     rows: list[dict[str, Any]] = []
     warm = [policy.render([{"role": "user", "content": f"warm-up {k}"}]) for k in range(48)]
     policy.generate(warm, seeds=list(range(48)), max_new_tokens=8)  # first forward passes are slow
     rec = _Recording(policy)
-    boot = prompts[:budget.max_active]
+    boot = [PromptSpec(task_id=t, reset_seed=0) for t in ids[:budget.max_active]]
     engine_c = _collector(rec, concurrent=64, max_new_tokens=args.max_new_tokens, max_turns=3, boot=boot)
+    engine_c.phase_timer = PhaseTimer()
+    reset_c = None
+    if args.by_reset:
+        reset_c = _collector(policy, concurrent=64, max_new_tokens=args.max_new_tokens, max_turns=3, boot=boot,
+                             by_reset=True)
+        reset_c.phase_timer = PhaseTimer()
     per_c = _collector(policy, concurrent=1, max_new_tokens=args.max_new_tokens, max_turns=3, boot=boot[:1])
+    warm_prompts = [PromptSpec(task_id=t, reset_seed=0) for t in ids]
+    for c in (engine_c, reset_c):  # untimed: every env slot a collection uses is created (sandboxes booted)
+        if c is not None:
+            c.collect(warm_prompts, make_strategy(args.strategies.split(",")[0]), budget, seed=99)
     for rep in range(args.repeats):
         for name in args.strategies.split(","):
+            prompts = [PromptSpec(task_id=t, reset_seed=1 + rep) for t in ids]
             kw = {"prompts": prompts, "budget": budget, "seed": 100 + rep}
             rec.requests = []
             eng = _collect_once(engine_c, name, **kw)
             flat = _flat(policy, rec.requests, max_new_tokens=args.max_new_tokens, batch=48)
-            per = _collect_once(per_c, name, **kw)
+            per = flat if args.no_per_prompt else _collect_once(per_c, name, **kw)
+            by_reset = None if reset_c is None else _collect_once(reset_c, name, **kw)
             row = {"strategy": name, "repeat": rep, "engine": eng, "per_prompt": per, "flat": flat,
                    "engine_vs_flat": eng["tokens_per_s"] / flat["tokens_per_s"],
                    "per_prompt_vs_flat": per["tokens_per_s"] / flat["tokens_per_s"],
                    "engine_vs_flat_cpu": eng["tokens_per_cpu_s"] / flat["tokens_per_cpu_s"],
                    "per_prompt_vs_flat_cpu": per["tokens_per_cpu_s"] / flat["tokens_per_cpu_s"], "load": _load()}
+            if by_reset is not None:
+                row["by_reset"] = by_reset
+                row["by_reset_vs_flat"] = by_reset["tokens_per_s"] / flat["tokens_per_s"]
             rows.append(row)
             print(f"[{name} r{rep}] engine {eng['mean_batch']:.1f} seq/call {eng['tokens_per_s']:.0f} tok/s "
                   f"{eng['tokens_per_cpu_s']:.0f} tok/cpu-s | per-prompt {per['mean_batch']:.1f} seq/call "
@@ -160,7 +196,13 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
                   f"tok/cpu-s | engine/flat {row['engine_vs_flat']:.2f} (cpu {row['engine_vs_flat_cpu']:.2f}) "
                   f"per-prompt/flat {row['per_prompt_vs_flat']:.2f} (cpu {row['per_prompt_vs_flat_cpu']:.2f}) "
                   f"(load {row['load']})", flush=True)
+            print(f"    phases: {_phase_line(eng)}", flush=True)
+            if by_reset is not None:
+                print(f"    by-reset: engine/flat {row['by_reset_vs_flat']:.2f}; phases: {_phase_line(by_reset)}",
+                      flush=True)
     engine_c.close()
+    if reset_c is not None:
+        reset_c.close()
     per_c.close()
     print("\n| strategy | engine seq/call | per-prompt seq/call | flat seq/call | engine tok/s | flat tok/s | "
           "engine / flat, wall (median, min-max) | engine / flat, CPU | per-prompt / flat, wall | "
@@ -186,7 +228,39 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
               f"{med(('flat', 'mean_batch')):.1f} | {med(('engine', 'tokens_per_s')):.0f} | "
               f"{med(('flat', 'tokens_per_s')):.0f} | {spread('engine_vs_flat')} | {spread('engine_vs_flat_cpu')} | "
               f"{spread('per_prompt_vs_flat')} | {spread('per_prompt_vs_flat_cpu')} |")
+    _phase_table(rows, args.strategies.split(","))
+    if args.by_reset:
+        _phase_table(rows, args.strategies.split(","), key="by_reset")
+        print("\n| strategy | engine / flat, wall (median, min-max) | by-reset / flat, wall | engine / by-reset, wall |")
+        print("|---|---|---|---|")
+        for name in args.strategies.split(","):
+            rs = [r for r in rows if r["strategy"] == name]
+            a, b = [r["engine_vs_flat"] for r in rs], [r["by_reset_vs_flat"] for r in rs]
+            c = [x / y for x, y in zip(a, b)]
+            print(f"| {name} | " + " | ".join(f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})"
+                                             for v in (a, b, c)) + " |")
     return {"rows": rows}
+
+
+def _phase_line(eng: Mapping[str, Any]) -> str:
+    ex, busy = eng["exposed"], eng["busy"]
+    return ("exposed " + " ".join(f"{k} {ex[k]:.2f}s" for k in (*PHASES, "idle")) + f" (wall {eng['wall_s']:.2f}s)"
+            + " | busy " + " ".join(f"{k} {busy[k]:.2f}s" for k in PHASES))
+
+
+def _phase_table(rows: Sequence[Mapping[str, Any]], strategies: Sequence[str], *, key: str = "engine") -> None:
+    """Medians over repeats of each phase's exposed seconds (and share of the wall), then busy seconds."""
+    cols = (*PHASES, "idle")
+    print(f"\nWhere one {key} collection's wall clock goes (exposed seconds, share of wall; medians over repeats)\n")
+    print("| strategy | wall s | " + " | ".join(cols) + " | busy: " + " | ".join(PHASES) + " |")
+    print("|---|---|" + "---|" * (len(cols) + len(PHASES)))
+    for name in strategies:
+        engs = [r[key] for r in rows if r["strategy"] == name]
+        wall = statistics.median(e["wall_s"] for e in engs)
+        ex = {k: statistics.median(e["exposed"][k] for e in engs) for k in cols}
+        busy = {k: statistics.median(e["busy"][k] for e in engs) for k in PHASES}
+        print(f"| {name} | {wall:.2f} | " + " | ".join(f"{ex[k]:.2f} ({ex[k] / wall:.0%})" for k in cols)
+              + " | " + " | ".join(f"{busy[k]:.2f}" for k in PHASES) + " |")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -301,6 +375,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=48)
     p.add_argument("--roots", type=int, default=48)
     p.add_argument("--max-new-tokens", type=int, default=160)
+    p.add_argument("--no-per-prompt", action="store_true", help="skip the per-prompt (concurrent_prompts=1) runs")
+    p.add_argument("--by-reset", action="store_true", help="also collect with contexts built by env resets")
     p.add_argument("--ray-prompts", type=int, default=16)
     p.add_argument("--busy-ms", type=float, default=40.0)
     p.add_argument("--out", default="")

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from trace_agent.engine.base import EnvWorkerError, PromptSpec
+from trace_agent.engine.phases import PhaseTimer, timed
 
 __all__ = [
     "EnvFactory",
@@ -132,7 +133,15 @@ def start_episode(env: Any, prompt: PromptSpec) -> tuple[Any, list[dict[str, Any
 
 
 def describe_episode(env: Any, prompt: PromptSpec) -> list[dict[str, Any]]:
-    """Reset ``env`` to the prompt's task and return its messages (no snapshot: nothing branches from it)."""
+    """The prompt's opening messages (no snapshot: nothing branches from it).
+
+    From the env's ``opening_messages`` when it can tell without a reset (PythonMath-v0: the
+    task's text), else by resetting ``env`` to the task.
+    """
+    opening = getattr(env.unwrapped, "opening_messages", None)
+    messages = opening(prompt.task_id, seed=prompt.reset_seed) if callable(opening) else None
+    if messages is not None:
+        return list(messages)
     env.reset(seed=prompt.reset_seed, options={"task_id": prompt.task_id})
     return list(env.unwrapped.messages)
 
@@ -171,7 +180,7 @@ class _LocalSession:
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self.host.pool(), fn, *args)
+            return await loop.run_in_executor(self.host.pool(), timed(self.host.timer, "env", fn), *args)
         except (ValueError, TypeError, KeyError) as exc:  # a bad task id or a foreign snapshot: a caller's error
             raise exc
         except Exception as exc:
@@ -214,6 +223,8 @@ class LocalEnvHost:
         self._all: list[Any] = []
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
+        #: records each env call as an ``env`` interval (None: no timing; the collector sets it).
+        self.timer: PhaseTimer | None = None
 
     def pool(self) -> ThreadPoolExecutor:
         with self._lock:

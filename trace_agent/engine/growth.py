@@ -43,6 +43,7 @@ from trace_agent.engine.base import (
     request_seed,
 )
 from trace_agent.engine.envs import EnvHost, EnvSession, StepItem
+from trace_agent.engine.phases import PhaseTimer, timed
 from trace_agent.engine.scheduler import Agent, GenerationEngine, TurnRequest
 from trace_agent.policy.base import Policy, TokenContext
 from trace_agent.strategies import Budget, ExpansionRequest, RootRequest, Strategy
@@ -127,10 +128,13 @@ class Growth:
         config_seed / collect_seed: the first two parts of every request seed.
         oracle_samples: Monte-Carlo rollouts per anchor.
         release_snapshots: release each tree's snapshots when it is done.
+        timer: records allocation and bookkeeping intervals (None: no timing).
     """
 
     def __init__(self, *, policy: Policy, engine: GenerationEngine, predictor: Any, predict_lock: threading.Lock,
-                 config_seed: int, collect_seed: int, oracle_samples: int, release_snapshots: bool) -> None:
+                 config_seed: int, collect_seed: int, oracle_samples: int, release_snapshots: bool,
+                 timer: PhaseTimer | None = None) -> None:
+        self.timer = timer
         self.policy = policy
         self.engine = engine
         self.predictor = predictor
@@ -163,6 +167,7 @@ class Growth:
             outcomes = await session.step([StepItem(snapshot=live.snapshot, action=gen.text,
                                                     n_messages=live.n_messages, release=live.owns_snapshot)
                                            for live, gen in zip(active, gens, strict=True)])
+            t_book = None if self.timer is None else self.timer.now()
             still: list[_Live] = []
             for live, gen, out in zip(active, gens, outcomes, strict=True):
                 done = out.terminated or out.truncated
@@ -194,6 +199,8 @@ class Growth:
                     live.turn += 1
                     still.append(live)
             active = still
+            if t_book is not None:
+                self.timer.add("bookkeeping", t_book, self.timer.now())
 
     async def _monte_carlo(self, agent: Agent, session: EnvSession, anchors: Sequence[tuple[Any, TokenContext, int]],
                            *, index: int, pid: int, phase: Phase, call: int, session_id: str) -> NDArray[np.float64]:
@@ -228,7 +235,7 @@ class Growth:
             raise CollectionError(f"prompt {prompt.prompt_id!r} needs at least one root rollout, got {roots}")
         pid = prompt_key(prompt.prompt_id)
         start = await session.start(prompt)
-        root_ctx = self.policy.render(start.messages, start.tools)
+        root_ctx = timed(self.timer, "bookkeeping", self.policy.render)(start.messages, start.tools)
         tree = RolloutTree(
             prompt_id=prompt.prompt_id, task_id=prompt.task_id, messages=start.messages, snapshot=start.snapshot,
             value=value, tools=start.tools, ground_truth=ground_truth_of(start.task_data),
@@ -283,7 +290,7 @@ class Growth:
             rng=np.random.default_rng(request_seed(self.config_seed, self.collect_seed, pid, 4)),
             predict_nodes=predict_nodes, oracle_nodes=oracle_nodes,
         )
-        allocation = await in_thread(strategy.allocate_continuations, request)
+        allocation = await in_thread(timed(self.timer, "allocation", strategy.allocate_continuations), request)
         lives = []
         for node, k in check_continuations(allocation, request):
             ctx = node_context(tree, node)

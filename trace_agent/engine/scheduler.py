@@ -42,6 +42,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
+from trace_agent.engine.phases import PhaseTimer
 from trace_agent.options import BATCHING, Batching, either
 from trace_agent.policy.base import AsyncPolicy, Generation, Policy, TokenContext
 
@@ -158,10 +159,13 @@ class GenerationEngine:
         policy: the backend; ``generate`` is only ever called on ``executor``'s thread.
         config: sampling and batching settings.
         executor: a single-thread executor, the engine thread (the caller owns it).
+        timer: records each backend call as a ``generation`` interval (None: no timing).
     """
 
-    def __init__(self, policy: Policy, config: EngineConfig, *, executor: Executor) -> None:
+    def __init__(self, policy: Policy, config: EngineConfig, *, executor: Executor,
+                 timer: PhaseTimer | None = None) -> None:
         self.policy = policy
+        self.timer = timer
         self.config = config
         self.executor = executor
         self.stats = EngineStats()
@@ -220,11 +224,13 @@ class GenerationEngine:
 
     async def _agenerate(self, requests: list[TurnRequest]) -> list[Generation]:
         cfg = self.config
-        t = time.perf_counter()
+        t, mono = time.perf_counter(), time.monotonic()
         gens = await self.policy.agenerate(  # type: ignore[attr-defined]
             [r.context for r in requests], max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
             top_p=cfg.top_p, seeds=[r.seed for r in requests], sessions=[r.session for r in requests])
         self._record(len(requests), gens, time.perf_counter() - t)
+        if self.timer is not None:
+            self.timer.add("generation", mono, time.monotonic())
         return list(gens)
 
     def _record(self, n: int, gens: Sequence[Generation], seconds: float) -> None:
@@ -317,9 +323,11 @@ class GenerationEngine:
             kwargs["seed"] = request_seed(*seeds)
         if self._takes_sessions:
             kwargs["sessions"] = [i.request.session for i in items]
-        t = time.perf_counter()
+        t, mono = time.perf_counter(), time.monotonic()
         gens = self.policy.generate([i.request.context for i in items], **kwargs)
         seconds = time.perf_counter() - t
+        if self.timer is not None:
+            self.timer.add("generation", mono, time.monotonic())
         if len(gens) != len(items):
             raise RuntimeError(f"the policy returned {len(gens)} generations for {len(items)} contexts")
         return list(gens), seconds

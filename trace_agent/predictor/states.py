@@ -22,7 +22,13 @@ gives, per context::
 
 Causal attention makes the prompt part identical for a prompt and every prefix below it.
 The model never trains here: features are a pure function of the context and are cached by
-its hash (:class:`~trace_agent.predictor.featurizers.CachingFeaturizer`). During training
+its hash (:class:`~trace_agent.predictor.featurizers.CachingFeaturizer`). The forward passes
+are cached too, by token prefix (:class:`PrefixStates`, ``prefix_cache_mb``): a sequence runs
+only past the longest prefix a sequence run before shares with it (its keys and values, and
+every layer's outputs for the pooling), so a prompt's states are computed once for the prompt
+and all its prefixes, a deeper prefix starts from its parent, and prompts that open with the
+same system prompt run it once. The features equal a full forward pass up to floating-point
+rounding (the tests hold them to the hand-pooled pass at rtol 1e-4). During training
 the copy stays as the policy was when the predictor was built (the live policy moves on);
 the head keeps learning from the trees. Importing this module does not import torch.
 """
@@ -30,7 +36,9 @@ the head keeps learning from the trees. Importing this module does not import to
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +48,7 @@ from numpy.typing import NDArray
 from trace_agent.predictor.featurizers import CachingFeaturizer
 from trace_agent.predictor.tokens import context_token_ids, fit_to_length, pad_token_id
 
-__all__ = ["HiddenStateFeaturizer"]
+__all__ = ["HiddenStateFeaturizer", "PrefixStates"]
 
 
 class HiddenStateFeaturizer(CachingFeaturizer):
@@ -55,10 +63,12 @@ class HiddenStateFeaturizer(CachingFeaturizer):
         device: torch device of the forward passes.
         cache_size: contexts whose features are kept (LRU).
         name: recorded as the predictor's ``featurizer_name``.
+        prefix_cache_mb: memory for prompts' per-layer states and keys/values (see the module doc).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_length: int = 2048, batch_size: int = 8,
-                 device: str = "cpu", cache_size: int = 100_000, name: str = "hidden-states") -> None:
+                 device: str = "cpu", cache_size: int = 100_000, name: str = "hidden-states",
+                 prefix_cache_mb: float = 64.0) -> None:
         super().__init__(cache_size=cache_size)
         if max_length < 2 or batch_size < 1:
             raise ValueError("max_length must be >= 2 and batch_size >= 1")
@@ -73,6 +83,7 @@ class HiddenStateFeaturizer(CachingFeaturizer):
         self.hidden = int(cfg.hidden_size)
         self.pad_id = pad_token_id(tokenizer)
         self.name = name
+        self.prefixes = PrefixStates(int(prefix_cache_mb * 2**20))
 
     @classmethod
     def from_policy(cls, policy: Any, **kwargs: Any) -> HiddenStateFeaturizer:
@@ -109,41 +120,210 @@ class HiddenStateFeaturizer(CachingFeaturizer):
                 for p, h in context_token_ids(self.tokenizer, contexts)]
 
     def _embed(self, texts: list[str]) -> NDArray[np.float64]:
+        """Features of ``texts`` pooled from each sequence's states, computed on top of the longest cached prefix."""
         import torch
 
         seqs = self._token_ids(texts)
+        states = self._states([tuple(p + h) for p, h in seqs])
         out = np.zeros((len(texts), self.dim))
-        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]) + len(seqs[i][1]))
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start:start + self.batch_size]
-            width = max(len(seqs[i][0]) + len(seqs[i][1]) for i in chunk)
-            ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            prompt_mask = torch.zeros((len(chunk), width))
-            history_mask = torch.zeros((len(chunk), width))
-            last = []
-            for row, i in enumerate(chunk):
-                p, h = seqs[i]
-                ids[row, : len(p) + len(h)] = torch.tensor(p + h, dtype=torch.long)
-                mask[row, : len(p) + len(h)] = 1
-                prompt_mask[row, : len(p)] = 1.0
-                history_mask[row, len(p): len(p) + len(h)] = 1.0
-                last.append(len(p) + len(h) - 1)
-            with torch.no_grad():
-                states = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                    output_hidden_states=True).hidden_states[1:]  # each layer's output
-            layers = torch.stack([s.float().cpu() for s in states])  # [L, batch, width, d]
-            rows = torch.arange(len(chunk))
-            pooled_p = _masked_mean(layers, prompt_mask)  # [batch, L*d]
-            pooled_h = _masked_mean(layers, history_mask)
-            final = layers[-1][rows, torch.tensor(last)]
-            has_h = (history_mask.sum(dim=1, keepdim=True) > 0).float()
-            out[chunk] = torch.cat([pooled_p, pooled_h, final, has_h], dim=1).numpy()
+        empty = torch.zeros(self.layers * self.hidden)
+        for i, (p, h) in enumerate(seqs):
+            hidden = states[tuple(p + h)].hidden  # [L, len, d]
+            pooled_p = hidden[:, :len(p)].mean(dim=1).reshape(-1)
+            pooled_h = hidden[:, len(p):].mean(dim=1).reshape(-1) if h else empty
+            out[i] = torch.cat([pooled_p, pooled_h, hidden[-1, -1], torch.tensor([1.0 if h else 0.0])]).numpy()
         return out
 
+    def _states(self, seqs: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...], _States]:
+        """Every layer's outputs and keys/values of each distinct sequence, computed once.
 
-def _masked_mean(layers: Any, mask: Any) -> Any:
-    """Per layer, the mean over the masked positions ([L, B, T, d], [B, T] -> [B, L*d]; zeros where none)."""
-    weights = mask / mask.sum(dim=1, keepdim=True).clamp(min=1.0)
-    pooled = (layers * weights[None, :, :, None]).sum(dim=2)  # [L, B, d]
-    return pooled.permute(1, 0, 2).reshape(mask.shape[0], -1)
+        A sequence is run only past the longest prefix a cached sequence shares with it (causal
+        attention: a prefix's states do not depend on what follows): a prefix of a prompt scored
+        before reuses the prompt, a deeper prefix its parent. Sequences run together in order of
+        length (a parent before its children) and first share their own common prefix (a system
+        prompt) when it is long enough and not cached yet.
+        """
+        found: dict[tuple[int, ...], _States] = {}
+        todo: list[tuple[int, ...]] = []
+        for seq in dict.fromkeys(seqs):
+            hit = self.prefixes.get(seq)
+            if hit is not None:
+                found[seq] = hit
+            else:
+                todo.append(seq)
+        if len(todo) > 1:
+            common = _common_prefix(todo)
+            if len(common) >= _MIN_SHARED and self.prefixes.longest(common)[1] < len(common):
+                self._compute([common])
+        todo.sort(key=len)
+        for start in range(0, len(todo), self.batch_size):
+            found.update(self._compute(todo[start:start + self.batch_size]))
+        return found
+
+    def _compute(self, seqs: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...], _States]:
+        rows, done = [], {}
+        for seq in seqs:
+            base, k = self.prefixes.longest(seq)
+            if base is not None and k == len(seq):  # a prefix of a cached sequence: its states are a slice
+                done[seq] = base.prefix(k, copy=True)
+                self.prefixes.put(seq, done[seq])
+            else:
+                rows.append((base, k, list(seq[k:]), seq))
+        outs = self._forward([(b, k, new) for b, k, new, _ in rows])
+        for (base, k, _, seq), (hidden, kv) in zip(rows, outs, strict=True):
+            if base is not None and k:
+                head = base.prefix(k)
+                hidden = torch_cat([head.hidden, hidden], dim=1)
+                kv = [(torch_cat([hk, nk], dim=1), torch_cat([hv, nv], dim=1))
+                      for (hk, hv), (nk, nv) in zip(head.kv, kv, strict=True)]
+            done[seq] = _States(hidden=hidden, kv=kv)
+            self.prefixes.put(seq, done[seq])
+        return done
+
+    def _forward(self, rows: Sequence[tuple[_States | None, int, list[int]]]) -> list[tuple[Any, list[tuple[Any, Any]]]]:
+        """Run each row's ``new`` ids after the first ``k`` positions of its cached states (batched, masked).
+
+        Returns per row every layer's output on the new positions ([L, n, d]) and their keys and
+        values per layer ([kv heads, n, head dim] each).
+        """
+        import torch
+        from transformers import DynamicCache
+
+        out: list[Any] = [None] * len(rows)
+        order = sorted(range(len(rows)), key=lambda i: (len(rows[i][2]), rows[i][1]))
+        backbone = getattr(self.model, "base_model", self.model)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start:start + self.batch_size]
+            past = max(rows[i][1] if rows[i][0] is not None else 0 for i in chunk)
+            width = max(len(rows[i][2]) for i in chunk)
+            ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(chunk), past + width), dtype=torch.long)
+            positions = torch.zeros((len(chunk), width), dtype=torch.long)
+            cache = DynamicCache()
+            if past:
+                layers = []
+                for layer in range(self.layers):
+                    ref = next(rows[i][0].kv[layer][0] for i in chunk if rows[i][0] is not None)  # type: ignore[union-attr]
+                    keys = ref.new_zeros((len(chunk), ref.shape[0], past, ref.shape[2]))
+                    layers.append((keys, keys.clone()))
+            for row, i in enumerate(chunk):
+                base, k, new = rows[i]
+                k = k if base is not None else 0
+                ids[row, :len(new)] = torch.tensor(new, dtype=torch.long)
+                mask[row, :k] = 1
+                mask[row, past:past + len(new)] = 1
+                positions[row] = torch.arange(k, k + width)
+                if past and base is not None:
+                    for layer, (keys, values) in enumerate(layers):
+                        keys[row, :, :k] = base.kv[layer][0][:, :k]
+                        values[row, :, :k] = base.kv[layer][1][:, :k]
+            if past:
+                for layer, (keys, values) in enumerate(layers):
+                    cache.update(keys, values, layer)
+            with torch.no_grad():
+                result = backbone(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                  position_ids=positions.to(self.device), use_cache=True, output_hidden_states=True,
+                                  **{self._cache_arg(backbone): cache})
+            states = torch.stack([s.float().cpu() for s in result.hidden_states[1:]])  # [L, batch, width, d]
+            kv = [_layer_kv(cache, layer) for layer in range(self.layers)]
+            for row, i in enumerate(chunk):
+                n = len(rows[i][2])
+                out[i] = (states[:, row, :n].clone(),
+                          [(k[row, :, past:past + n].clone(), v[row, :, past:past + n].clone()) for k, v in kv])
+        return out
+
+    @staticmethod
+    def _cache_arg(backbone: Any) -> str:
+        """The keyword a backbone takes its key/value cache under (``cache`` in recent transformers)."""
+        import inspect
+
+        return "cache" if "cache" in inspect.signature(backbone.forward).parameters else "past_key_values"
+
+
+_MIN_SHARED = 8
+
+
+def torch_cat(parts: Sequence[Any], *, dim: int) -> Any:
+    import torch
+
+    return torch.cat(list(parts), dim=dim)
+
+
+def _layer_kv(cache: Any, layer: int) -> tuple[Any, Any]:
+    """(keys, values) of one layer of a transformers cache, old (``key_cache``) or new (``layers``) layout."""
+    if hasattr(cache, "layers"):
+        return cache.layers[layer].keys, cache.layers[layer].values
+    return cache.key_cache[layer], cache.value_cache[layer]
+
+
+def _common_prefix(seqs: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    first = seqs[0]
+    n = min(len(s) for s in seqs)
+    for j in range(n):
+        t = first[j]
+        if any(s[j] != t for s in seqs):
+            return first[:j]
+    return first[:n]
+
+
+@dataclass(frozen=True, eq=False)
+class _States:
+    """One token sequence's outputs of every layer ([L, n, d]) and keys/values per layer ([kv heads, n, head dim])."""
+
+    hidden: Any
+    kv: list[tuple[Any, Any]]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.hidden.nelement() * self.hidden.element_size()
+                   + sum(k.nelement() * k.element_size() * 2 for k, _ in self.kv))
+
+    def prefix(self, k: int, *, copy: bool = False) -> _States:
+        """The first ``k`` positions (views, or copies that do not keep this sequence's memory alive)."""
+        if copy:
+            return _States(hidden=self.hidden[:, :k].clone(),
+                           kv=[(a[:, :k].clone(), b[:, :k].clone()) for a, b in self.kv])
+        return _States(hidden=self.hidden[:, :k], kv=[(a[:, :k], b[:, :k]) for a, b in self.kv])
+
+
+class PrefixStates:
+    """A bounded LRU of token sequences' states (by total bytes), looked up by exact ids or longest shared prefix."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._data: OrderedDict[tuple[int, ...], _States] = OrderedDict()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def get(self, ids: tuple[int, ...]) -> _States | None:
+        hit = self._data.get(ids)
+        if hit is not None:
+            self._data.move_to_end(ids)
+        return hit
+
+    def longest(self, ids: tuple[int, ...]) -> tuple[_States | None, int]:
+        """The cached sequence sharing the longest prefix with ``ids`` and that length ((None, 0) if none)."""
+        best, best_k = None, 0
+        for key, states in self._data.items():
+            n = min(len(key), len(ids))
+            if n <= best_k or key[0] != ids[0]:
+                continue
+            k = n if key[:n] == ids[:n] else next(j for j in range(n) if key[j] != ids[j])
+            if k > best_k:
+                best, best_k = (key, states), k
+        if best is None:
+            return None, 0
+        self._data.move_to_end(best[0])
+        return best[1], best_k
+
+    def put(self, ids: tuple[int, ...], states: _States) -> None:
+        size = states.nbytes
+        if size > self.max_bytes or ids in self._data:
+            return
+        self._data[ids] = states
+        self._bytes += size
+        while self._bytes > self.max_bytes:
+            _, old = self._data.popitem(last=False)
+            self._bytes -= old.nbytes

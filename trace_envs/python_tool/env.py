@@ -199,6 +199,9 @@ class PythonMathEnv(BranchableEnv):
             self._sandbox = Sandbox(self.sandbox_config)
         return self._sandbox
 
+    def _opening_observation(self, task: Task, seed: int | None) -> str | None:
+        return task.prompt if "answer" in task.data else None  # the seed only seeds the sandbox
+
     def _start_episode(self, task: Task) -> str:
         if "answer" not in task.data:
             raise InvalidTaskError(f"task {task.task_id!r} has no 'answer'")
