@@ -156,8 +156,15 @@ class HiddenStateFeaturizer(CachingFeaturizer):
             if len(common) >= _MIN_SHARED and self.prefixes.longest(common)[1] < len(common):
                 self._compute([common])
         todo.sort(key=len)
-        for start in range(0, len(todo), self.batch_size):
-            found.update(self._compute(todo[start:start + self.batch_size]))
+        while todo:  # waves: a sequence waits for a shorter one it shares more than its cached prefix with
+            wave: list[tuple[int, ...]] = []
+            later: list[tuple[int, ...]] = []
+            for seq in todo:
+                m = self.prefixes.longest(seq)[1] + _MIN_SHARED
+                (later if any(len(w) >= m and w[:m] == seq[:m] for w in wave) else wave).append(seq)
+            for start in range(0, len(wave), self.batch_size):
+                found.update(self._compute(wave[start:start + self.batch_size]))
+            todo = later
         return found
 
     def _compute(self, seqs: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...], _States]:
