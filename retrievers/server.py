@@ -47,6 +47,30 @@ If a ``batch_search`` call raises, each request's part of the batch is searched
 on its own, so a query the backend cannot handle fails only the request that
 sent it. A response of more than 4096 hits is formatted and encoded on a helper
 thread, so that it does not hold up the event loop.
+
+Why this stays hand-written rather than FastAPI + uvicorn (measured, issue 36):
+``taskset -c 0 .venv/bin/python scripts/bench/retrieval_server_peer.py`` runs
+the same scenarios against this server and a FastAPI app on uvicorn 0.55 (pydantic
+request model, ``limit_concurrency`` = our cap, ``timeout_keep_alive`` = our idle
+timeout, the same ``backlog``), in one run on one core (table in
+docs/benchmarks.md). uvicorn served well-behaved clients about as well (0.53x this
+server's requests/s with a thread-pool endpoint, 0.82x with our batcher behind it,
+within this loaded machine's run-to-run spread), but held none of the guarantees
+above: one client's 300 idle connections made uvicorn answer another client 503
+five times of five (here 200, 3.5 ms) and were still open 4 s later (here closed
+after the 3 s idle timeout); under RLIMIT_NOFILE 256 with 400 idle connections a
+new client waited out its 3 s timeout while uvicorn's process burned 65% of a core
+(asyncio's accept loop retries EMFILE up to ``backlog`` times per wakeup; here
+200 in 0.01 s at 0% CPU); 20 slow-loris connections were all still open after 6 s
+(here cut at 2.0 s with a 408); and with the idiomatic thread-pool endpoint a
+1-query request behind another client's four 1024-query requests took 548 ms, 3.3x
+one large request, finishing after three of them (here 160 ms, 0.87x). uvicorn has no
+per-client limit, no header/body read timeout, no idle timeout for a connection
+that never sends a request and no descriptor reserve, so these are not settings
+away. The one difference a client sees in normal use is the status of a schema
+error, 400 here where Search-R1's FastAPI server says 422; Search-R1's client
+reads ``.json()["result"]`` without checking the status and verl's search tool
+retries only 5xx, so neither tells 400 from 422.
 """
 
 from __future__ import annotations
