@@ -229,7 +229,16 @@ class ResetCountingEnv(PythonMathEnv):
         return super().reset(seed=seed, options=options)
 
 
-def test_prompt_values_reach_a_user_strategy_only_when_asked_and_prompt_contexts_are_kept() -> None:
+class OpaqueOpeningEnv(ResetCountingEnv):
+    """An env that does not tell its opening messages without a reset (the BranchableEnv default)."""
+
+    def _opening_observation(self, task, seed):
+        return None
+
+
+@pytest.mark.parametrize(("env_cls", "describe_resets"), [(ResetCountingEnv, 0), (OpaqueOpeningEnv, 2)])
+def test_prompt_values_reach_a_user_strategy_only_when_asked_and_prompt_contexts_are_kept(
+        env_cls, describe_resets) -> None:
     policy, prompts = scripted_setup(4)
     budget = Budget(roots=4, continuations_per_root=2, group_size=2)
     predictor = CountingPredictor()
@@ -241,16 +250,18 @@ def test_prompt_values_reach_a_user_strategy_only_when_asked_and_prompt_contexts
             expected.append(make_context(format_messages(fresh.messages), ""))
     finally:
         fresh.close()
-    with TreeCollector(make_env=lambda: ResetCountingEnv(max_turns=3), policy=policy, predictor=predictor,
+    with TreeCollector(make_env=lambda: env_cls(max_turns=3), policy=policy, predictor=predictor,
                        config=RolloutConfig(workers=2)) as collector:
         flat = collector.collect(prompts, GRPO(), budget)
         assert predictor.seen == [] and np.isnan(flat.root_values).all()  # GRPO never pays for scoring
-        ResetCountingEnv.resets = 0
+        env_cls.resets = 0
         assert collector.prompt_contexts(prompts[:2]) == expected[:2]  # kept from the grown trees' roots
-        assert ResetCountingEnv.resets == 0
+        assert env_cls.resets == 0
         batch = collector.collect(prompts, LowestFirst(), budget, seed=1)
         assert predictor.seen == [expected]  # one call, on the contexts a fresh reset gives
-        assert ResetCountingEnv.resets == 2 + 2  # the two unseen prompts described, then each tree's own reset
+        # the two unseen prompts described (by opening_messages where the env tells them, else by a reset),
+        # then each tree's own reset
+        assert env_cls.resets == describe_resets + 2
         np.testing.assert_allclose(batch.root_values, predictor.predict(expected))
         assert sum(batch.roots) == budget.flat_roots
         active = [i for i, m in enumerate(batch.roots) if m]
