@@ -61,7 +61,7 @@ def _stats(values: list[int]) -> dict[str, float]:
 def demonstrated_ids(policy_dir: Path) -> list[str]:
     """The train entries a built BFCL policy was warm-started on: its ``build_report.json`` names the
     demonstrator's options (``num_tasks``; a report without them is a 40-entry build)."""
-    from trace_agent.policy.demonstrators.bfcl import BFCLDemonstrator
+    from trace_agent.demo.demonstrators.bfcl import BFCLDemonstrator
 
     config = json.loads((policy_dir / "build_report.json").read_text())["config"]
     options = dict((config.get("demonstrator_options") or {}).get(ENV_ID, {}))
@@ -69,7 +69,7 @@ def demonstrated_ids(policy_dir: Path) -> list[str]:
 
 
 def _policy_dir(args: argparse.Namespace) -> Path:
-    from trace_agent.policy.demo import shipped_demo_policy
+    from trace_agent.demo.shipped import shipped_demo_policy
 
     return Path(args.policy_path) if args.policy_path else shipped_demo_policy(ENV_ID)
 
@@ -79,8 +79,8 @@ def contexts(args: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer
 
     import trace_envs  # noqa: F401
+    from trace_agent.demo.shipped import SHIPPED_DEMO_POLICIES
     from trace_agent.policy.chat import ChatRenderer
-    from trace_agent.policy.demo import SHIPPED_DEMO_POLICIES
 
     out: dict = {}
     for label, env_id in (("pythonmath_tokenizer", "trace_envs/PythonMath-v0"), ("bfcl_tokenizer", ENV_ID)):
@@ -100,7 +100,8 @@ def evaluate(args: argparse.Namespace) -> dict:
     import gymnasium as gym
 
     import trace_envs  # noqa: F401
-    from trace_agent.policy.demo import evaluate_policy, load_demo_policy, success_histogram
+    from trace_agent.demo.shipped import load_demo_policy
+    from trace_agent.policy.episodes import evaluate_policy, success_histogram
 
     policy_dir = _policy_dir(args)
     policy = load_demo_policy(policy_dir)
@@ -132,7 +133,8 @@ def turns(args: argparse.Namespace) -> dict:
     import gymnasium as gym
 
     import trace_envs  # noqa: F401
-    from trace_agent.policy.demo import load_demo_policy, observation_messages
+    from trace_agent.demo.shipped import load_demo_policy
+    from trace_agent.policy.episodes import observation_messages
 
     policy_dir = _policy_dir(args)
     policy = load_demo_policy(policy_dir)
@@ -173,7 +175,7 @@ def turns(args: argparse.Namespace) -> dict:
 def _load_policy(args: argparse.Namespace):
     """The measured policy's directory and the policy; with ``--checkpoint``, a demo-build stage's weights
     (:mod:`trace_agent.checkpoint`, ``DIR/.build*``) on that policy's tokenizer and shape."""
-    from trace_agent.policy.demo import load_demo_policy
+    from trace_agent.demo.shipped import load_demo_policy
 
     policy_dir = _policy_dir(args)
     policy = load_demo_policy(policy_dir)
@@ -208,7 +210,7 @@ def first_steps(args: argparse.Namespace) -> dict:
     import gymnasium as gym
 
     import trace_envs  # noqa: F401
-    from trace_agent.policy.demonstrators.bfcl import call_string_arguments
+    from trace_agent.demo.demonstrators.bfcl import call_string_arguments
     from trace_envs.actions import parse_call_list
     from trace_envs.function_calling.env import render_calls
 
@@ -245,8 +247,8 @@ def _copy_cases(env, ids: list[str], kinds: list[str], seed: int) -> dict[str, l
     """Per case kind, (context messages, tools, call text) triples; the call is what is teacher-forced."""
     import numpy as np
 
-    from trace_agent.policy.demonstrators import collect_demonstrations
-    from trace_agent.policy.demonstrators.bfcl import (
+    from trace_agent.demo.demonstrators import collect_demonstrations
+    from trace_agent.demo.demonstrators.bfcl import (
         BFCLDemonstrator,
         made_up_words,
         rename_names,
@@ -285,7 +287,7 @@ def copying(args: argparse.Namespace) -> dict:
     import torch
 
     import trace_envs  # noqa: F401
-    from trace_agent.policy.demonstrators.bfcl import call_string_arguments
+    from trace_agent.demo.demonstrators.bfcl import call_string_arguments
 
     policy_dir, policy = _load_policy(args)
     env = gym.make(ENV_ID, tasks=args.split, tool_detail="names").unwrapped
@@ -330,8 +332,8 @@ def spelling(args: argparse.Namespace) -> dict:
     from tokenizers import Regex, pre_tokenizers
 
     import trace_envs  # noqa: F401
-    from trace_agent.policy.demo import SPLIT_PATTERNS
-    from trace_agent.policy.demonstrators.bfcl import call_string_arguments
+    from trace_agent.demo.demonstrators.bfcl import call_string_arguments
+    from trace_agent.demo.model import SPLIT_PATTERNS
     from trace_envs.function_calling.env import render_calls
 
     env = gym.make(ENV_ID, tasks=args.split, tool_detail="names").unwrapped

@@ -5,7 +5,7 @@
     .venv/bin/python scripts/build_demo_policy.py --env trace_envs/BFCL-v0 --out DIR \
         --set augment_copies=2 --set model.split=copy --set 'demonstrator_options={"trace_envs/BFCL-v0": {"num_tasks": null}}'
 
-``--set field=value`` changes one field of the preset (:func:`trace_agent.policy.demo.with_settings`; the
+``--set field=value`` changes one field of the preset (:func:`trace_agent.demo.build.with_settings`; the
 value is JSON, or a plain string); ``build_report.json`` records the settings the build ran with.
 
 With ``--eval-tasks N`` it then plays ``--eval-samples`` episodes on each of the first N test tasks of
@@ -22,16 +22,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trace_agent.policy.demo import (  # noqa: E402
+from trace_agent.demo.build import (  # noqa: E402
     DEFAULT_ENV_IDS,
     DemoTrainConfig,
     build_demo_policy,
     demo_train_config,
-    evaluate_policy,
-    load_demo_policy,
-    success_histogram,
     with_settings,
 )
+from trace_agent.demo.shipped import load_demo_policy  # noqa: E402
+from trace_agent.policy.episodes import evaluate_policy, success_histogram  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

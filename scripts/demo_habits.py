@@ -7,8 +7,8 @@
 
 For every episode on a task the demonstrations covered (levels 1–2 of the families with a
 one-line program), the first python call is classified as the family's right program
-(:func:`~trace_agent.policy.demo.short_program`), its wrong method
-(:func:`~trace_agent.policy.demo.misconception_program`), or other (a mis-copied number, a
+(:func:`~trace_agent.demo.demonstrators.short_program`), its wrong method
+(:func:`~trace_agent.demo.demonstrators.misconception_program`), or other (a mis-copied number, a
 malformed call, no call). Prints a Markdown table per file: episodes, each class, success.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trace_agent.policy.demo import misconception_program, short_program  # noqa: E402
+from trace_agent.demo.demonstrators import misconception_program, short_program  # noqa: E402
 from trace_envs.actions import parse_action  # noqa: E402
 
 CLASSES = ("right_program", "wrong_method", "other")

@@ -4,7 +4,7 @@
     .venv/bin/python scripts/demo_train.py --steps 4 --eval-tasks 20 --out runs/demo-short
     .venv/bin/python scripts/demo_train.py --compare trace,grpo --seeds 0,1,2 --out runs/compare   # equal budget
 
-Steps: (1) load the shipped demo policy (``trace_agent/policy/assets/demo_policy``; or
+Steps: (1) load the shipped demo policy (``trace_agent/demo/assets/demo_policy``; or
 ``--policy-dir DIR``, built there first when missing); (2) measure its held-out success on the
 test split; (3) train it with TRACE (predictor-driven root and prefix allocation) and
 the TreeRPO objective on the train split; (4) measure held-out success again; (5) print
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     config = demo_config(args)
-    from trace_agent.policy.demo import ensure_demo_policy
+    from trace_agent.demo.shipped import ensure_demo_policy
 
     policy_dir = ensure_demo_policy(config.policy.path, env_id=config.env_id, seed=args.seed, steps=args.build_steps,
                                     log=lambda m: print(f"  {m}", flush=True))

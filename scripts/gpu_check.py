@@ -101,7 +101,7 @@ class Row:
 # ------------------------------------------------------------------------------------------- models from config
 def tiny_hf_policy(device: str, *, hidden: int = 256, layers: int = 4, seed: int = 0) -> Any:
     """A randomly initialised Qwen3 (``from_config``) with a tokenizer trained here, as an HFPolicy on ``device``."""
-    from trace_agent.policy.demo import DemoModelConfig, tiny_policy
+    from trace_agent.demo.model import DemoModelConfig, tiny_policy
 
     cfg = DemoModelConfig(vocab_size=400, hidden_size=hidden, num_layers=layers, num_heads=hidden // 32,
                           num_kv_heads=max(1, hidden // 64), head_dim=32, intermediate_size=hidden * 3)

@@ -529,7 +529,7 @@ def _check_policy(spec: str, cache_dir: str | None, env_id: str) -> None:
     from trace_agent.preflight import PreflightError, model_check, policy_env_ids
 
     if spec == "demo":
-        from trace_agent.policy.demo import shipped_demo_policy
+        from trace_agent.demo.shipped import shipped_demo_policy
 
         where = Path(cache_dir) if cache_dir else shipped_demo_policy(env_id)
     else:

@@ -94,7 +94,7 @@ def policy_dir(config: TrainConfig) -> Path | None:
     if p.kind == "tiny":
         return None
     if p.kind == "demo":
-        from trace_agent.policy.demo import shipped_demo_policy
+        from trace_agent.demo.shipped import shipped_demo_policy
 
         return Path(p.path) if p.path else shipped_demo_policy(config.env_id)
     return Path(p.path).expanduser() if p.path else None
@@ -157,7 +157,7 @@ def preflight(config: TrainConfig, *, train: bool = True) -> list[Check]:
     if p.kind == "demo":
         path = policy_dir(config)
         assert path is not None
-        from trace_agent.policy.demo import missing_shipped_policy
+        from trace_agent.demo.shipped import missing_shipped_policy
 
         built = (path / "config.json").is_file()
         missing = None if p.path else missing_shipped_policy(config.env_id)

@@ -3,7 +3,7 @@
 Everything that splits outcomes in two uses this module: a tree's mixed / contrast counts
 (:attr:`~trace_agent.tree.Node.is_success`), the allocators' repeat probability
 (:func:`~trace_agent.allocation.repeat_probability`), the Oracle's Monte-Carlo rates, and the
-evaluation of a policy (:func:`~trace_agent.policy.demo.success_histogram`,
+evaluation of a policy (:func:`~trace_agent.policy.episodes.success_histogram`,
 :func:`~trace_agent.train_cli.evaluate_heldout`).
 
 Why 0.5 and not ``reward > 0`` (which evaluation used before): the suite's graders give 0 or 1

@@ -4,7 +4,7 @@ No model can be downloaded on the project's machines, so tests, demos and benchm
 their own. Two callers share these builders, each with its own recipe (kept bit-identical to
 what each wrote before they were merged here):
 
-- the demo *policy* (:mod:`trace_agent.policy.demo`): Qwen2/3's pre-tokenizer split
+- the demo *policy* (:mod:`trace_agent.demo.model`): Qwen2/3's pre-tokenizer split
   (:data:`QWEN_SPLIT_PATTERN`), the Qwen3 chat special tokens, a chat template, and a
   ``Qwen3ForCausalLM`` with tied embeddings, seeded through torch's global RNG (its
   training loop then draws from that stream);

@@ -21,12 +21,12 @@ def build_policies(config: PolicyConfig, *, seed: int = 0, env_id: str = "trace_
     from trace_agent.policy.hf import HFPolicy
 
     if config.kind == "tiny":
-        from trace_agent.policy.demo import tiny_policy
+        from trace_agent.demo.model import tiny_policy
 
         learner = tiny_policy(seed=seed, device=config.device)
         return learner, learner
     if config.kind == "demo":
-        from trace_agent.policy.demo import ensure_demo_policy, load_demo_policy
+        from trace_agent.demo.shipped import ensure_demo_policy, load_demo_policy
 
         path = ensure_demo_policy(config.path, env_id=env_id, seed=seed, steps=config.demo_build_steps, log=log)
         learner = load_demo_policy(path, device=config.device, max_batch_size=config.max_batch_size)

@@ -149,7 +149,7 @@ def _flat(policy: Any, requests: Sequence[tuple[TokenContext, int]], *, max_new_
 
 
 def throughput(args: argparse.Namespace) -> dict[str, Any]:
-    from trace_agent.policy.demo import ensure_demo_policy, load_demo_policy
+    from trace_agent.demo.shipped import ensure_demo_policy, load_demo_policy
 
     policy = load_demo_policy(ensure_demo_policy(""), max_batch_size=48)
     ids = task_ids(MATH, "train")[:args.prompts]

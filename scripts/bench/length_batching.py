@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from trace_agent.policy.demo import SHIPPED_DEMO_POLICIES, load_demo_policy
+    from trace_agent.demo.shipped import SHIPPED_DEMO_POLICIES, load_demo_policy
 
     if args.threads:
         torch.set_num_threads(args.threads)

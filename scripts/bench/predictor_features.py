@@ -19,7 +19,7 @@ Trees with 8 rollouts per prompt and no branching make the targets least noisy::
     trace-gym bench --policy demo --strategies grpo --seeds 3 --prompts 96 --budget 768,0 --group-size 8 \\
         --warmup-prompts 8 --out runs/features/math
     python scripts/bench/predictor_features.py runs/features/math/trees.jsonl \\
-        --policy trace_agent/policy/assets/demo_policy --train-sizes 24,48,96,0
+        --policy trace_agent/demo/assets/demo_policy --train-sizes 24,48,96,0
     python scripts/bench/predictor_features.py runs/bench20/trees.jsonl --policy ... --by-seed 10
 """
 

@@ -150,7 +150,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
 
-    from trace_agent.policy import tiny_policy
+    from trace_agent.demo.model import tiny_policy
     from trace_agent.policy.vllm_server import ServerSettings, VLLMServerPolicy
 
     work = Path(tempfile.mkdtemp(prefix="bench-prefix-cache-"))

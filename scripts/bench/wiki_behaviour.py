@@ -26,7 +26,7 @@ _QUERY = re.compile(r'"query"\s*:\s*"([^"]*)"')
 
 def behaviour(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """kind -> {"episodes", "success", "first_search_right", "later_queries_copied", "answered_early"}."""
-    from trace_agent.policy.demonstrators.wiki import WikiQADemonstrator, query_entity
+    from trace_agent.demo.demonstrators.wiki import WikiQADemonstrator, query_entity
     from trace_envs.tasks.wiki import default_wiki_tasks
 
     tasks = default_wiki_tasks()

@@ -2,7 +2,7 @@
 
 A WikiQA policy must copy names it has never seen: the question's entity into its first search. This probe
 runs the demo build's first-turn phase alone (``DemoTrainConfig.first_turn_steps``: the masked next-token loss
-of ``trace_agent.policy.demo._train`` on each demonstration's first assistant turn) on the WikiQA preset's
+of ``trace_agent.demo.build._train`` on each demonstration's first assistant turn) on the WikiQA preset's
 model, then counts the held-out test questions whose greedy first turn is exactly the demonstrator's clean
 first search. ``--augment K`` trains on K copies of each demonstration with its names swapped
 (:meth:`WikiQADemonstrator.augment`), so that no name can be memorised; ``--augment 0`` is the control.
@@ -41,27 +41,28 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import trace_envs  # noqa: F401  (registers the suite)
-    from trace_agent.policy import demo
+    from trace_agent.demo import build as demo_build
+    from trace_agent.demo import model as demo_model
+    from trace_agent.demo.demonstrators.base import collect_demonstrations
+    from trace_agent.demo.demonstrators.wiki import WikiQADemonstrator
     from trace_agent.policy.chat import ChatRenderer
-    from trace_agent.policy.demonstrators.base import collect_demonstrations
-    from trace_agent.policy.demonstrators.wiki import WikiQADemonstrator
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    preset = demo.demo_train_config(ENV_ID)
+    preset = demo_build.demo_train_config(ENV_ID)
     demos = collect_demonstrations(ENV_ID, demos_per_task=1, flawed_fraction=preset.flawed_fraction, seed=0,
                                    max_turns=preset.max_turns)
     if args.augment:
         rng = np.random.default_rng(1)
         demos = [WikiQADemonstrator().augment(d, rng) for d in demos for _ in range(args.augment)]
-    tokenizer = demo.train_demo_tokenizer(demos, vocab_size=preset.model.vocab_size)
+    tokenizer = demo_model.train_demo_tokenizer(demos, vocab_size=preset.model.vocab_size)
     chat = ChatRenderer(tokenizer)
-    seqs = [demo.first_turn(*demo.demonstration_tokens(chat, d)) for d in demos]
-    model_cfg = demo.DemoModelConfig(vocab_size=preset.model.vocab_size, hidden_size=args.hidden,
+    seqs = [demo_build.first_turn(*demo_build.demonstration_tokens(chat, d)) for d in demos]
+    model_cfg = demo_model.DemoModelConfig(vocab_size=preset.model.vocab_size, hidden_size=args.hidden,
                                      num_layers=args.layers, num_heads=max(2, args.hidden // 32),
                                      num_kv_heads=max(1, args.hidden // 64), head_dim=32,
                                      intermediate_size=3 * args.hidden)
-    model = demo.make_demo_model(tokenizer, model_cfg, seed=0)
+    model = demo_model.make_demo_model(tokenizer, model_cfg, seed=0)
     print(f"{len(seqs)} first turns (augment {args.augment}), "
           f"{sum(x.numel() for x in model.parameters()):,} parameters, {time.perf_counter() - t0:.0f}s", flush=True)
 
@@ -86,9 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         model.train()
         return hits / len(probes)
 
-    cfg = demo.DemoTrainConfig(seed=0, steps=args.steps, batch_size=args.batch, model=model_cfg,
+    cfg = demo_build.DemoTrainConfig(seed=0, steps=args.steps, batch_size=args.batch, model=model_cfg,
                                env_ids=(ENV_ID,))
-    losses = demo._train(model, seqs, cfg, pad_id=chat.pad_token_id, log=lambda m: print(m, flush=True))
+    losses = demo_build._train(model, seqs, cfg, pad_id=chat.pad_token_id, log=lambda m: print(m, flush=True))
     right = first_searches_right()
     print(f"after {args.steps} steps of {args.batch} first turns (augment {args.augment}): loss "
           f"{sum(losses[-25:]) / len(losses[-25:]):.3f}, first search right {right:.3f} ({len(probes)} test "

@@ -126,7 +126,7 @@ def test_the_root_rank_ceiling_scores_monte_carlo_rates_and_the_predictor_on_the
 
 def test_bench_builds_the_policy_states_predictor_from_the_benched_policy(tmp_path) -> None:
     """--predictor policy-states: the bench copies the policy it benches; a policy without weights is refused."""
-    from trace_agent.policy.demo import tiny_policy
+    from trace_agent.demo.model import tiny_policy
 
     budget = Budget(roots=4, continuations_per_root=1, group_size=2)
     config = BenchConfig(strategies=("trace",), seeds=1, prompts=2, budget=budget, warmup_prompts=2, max_turns=2,

@@ -172,7 +172,7 @@ def test_errors_are_one_line_and_come_before_the_policy_loads(tmp_path: Path, ca
 
 
 def test_preflight_warns_about_a_policy_trained_on_another_env(tmp_path: Path, capsys, monkeypatch) -> None:
-    from trace_agent.policy.demo import SHIPPED_DEMO_POLICY
+    from trace_agent.demo.shipped import SHIPPED_DEMO_POLICY
 
     assert main(["train", "--env", "trace_envs/WikiQA-v0", "--policy", "demo", "--policy-path", str(SHIPPED_DEMO_POLICY),
                  "--out", str(tmp_path / "r"), "--preflight"]) == 0

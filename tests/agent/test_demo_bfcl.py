@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trace_agent.policy.base import PolicyError, TokenContext
-from trace_agent.policy.demonstrators.bfcl import (
+from trace_agent.demo.demonstrators.bfcl import (
     FLAW_KINDS,
     BFCLDemonstrator,
     FlawPlan,
     flawed_turns,
     wrong_value,
 )
+from trace_agent.policy.base import PolicyError, TokenContext
 from trace_agent.policy.hf import POLICY_SETTINGS_FILE, length_grouped_chunks, read_policy_settings
 
 needs_bfcl = pytest.mark.skipif(importlib.util.find_spec("bfcl_eval") is None, reason="bfcl-eval not installed")
@@ -107,7 +107,7 @@ def test_clean_demonstrations_pass_and_each_flaw_fails_through_the_real_env() ->
 
 @needs_bfcl
 def test_demonstrations_come_from_the_train_split_only_and_play_through_collect() -> None:
-    from trace_agent.policy.demonstrators import collect_demonstrations
+    from trace_agent.demo.demonstrators import collect_demonstrations
     from trace_envs.tasks.bfcl import bfcl_split
 
     pool = BFCLDemonstrator().demonstration_tasks()
@@ -143,8 +143,8 @@ def test_num_tasks_none_demonstrates_every_covered_train_entry() -> None:
 def test_demonstrator_options_reach_the_demonstrator_and_bad_ones_are_refused() -> None:
     """A build's ``demonstrator_options`` are the demonstrator's keyword arguments; a name it does not take is
     a PolicyError naming the env, never a half-built policy."""
-    from trace_agent.policy.demo import DemoTrainConfig
-    from trace_agent.policy.demonstrators import collect_demonstrations, demonstrator_for
+    from trace_agent.demo.build import DemoTrainConfig
+    from trace_agent.demo.demonstrators import collect_demonstrations, demonstrator_for
 
     assert demonstrator_for(ENV_ID, num_tasks=None).num_tasks is None
     assert demonstrator_for(ENV_ID).num_tasks == 40
@@ -156,7 +156,7 @@ def test_demonstrator_options_reach_the_demonstrator_and_bad_ones_are_refused() 
 
 
 def test_name_boundaries_match_whole_names_only() -> None:
-    from trace_agent.policy.demonstrators.bfcl import _boundary_pattern
+    from trace_agent.demo.demonstrators.bfcl import _boundary_pattern
 
     hits = lambda text: _boundary_pattern(["report", "a.txt"]).findall(text)  # noqa: E731
     assert hits("the report. 'report' report/a.txt") == ["report", "report", "report", "a.txt"]
@@ -164,7 +164,7 @@ def test_name_boundaries_match_whole_names_only() -> None:
 
 
 def test_call_string_arguments_parse_and_never_run(tmp_path: Path) -> None:
-    from trace_agent.policy.demonstrators.bfcl import call_string_arguments
+    from trace_agent.demo.demonstrators.bfcl import call_string_arguments
 
     assert call_string_arguments("[cd(folder='temp'), grep(file_name='a.txt', pattern='x y')]") == \
         ["temp", "a.txt", "x y"]
@@ -177,7 +177,7 @@ def test_call_string_arguments_parse_and_never_run(tmp_path: Path) -> None:
 
 @needs_bfcl
 def seen_arguments(demo) -> set[str]:
-    from trace_agent.policy.demonstrators.bfcl import call_string_arguments
+    from trace_agent.demo.demonstrators.bfcl import call_string_arguments
 
     return {a for m in demo.messages if m["role"] == "assistant" for a in call_string_arguments(m["content"])}
 
@@ -187,8 +187,8 @@ def test_augmented_demonstrations_rename_the_users_names_consistently(words: str
     """Every string argument the user spells out gets one fresh name, the same in the question, the calls and the
     tool results; arguments the user does not spell out, the system prompt and the reward are kept; a seed gives
     the same copy, another seed another one. The new names' words are the train split's stems, or made up."""
-    from trace_agent.policy.demonstrators import collect_demonstrations
-    from trace_agent.policy.demonstrators.bfcl import _boundary_pattern, _name_stems, call_string_arguments
+    from trace_agent.demo.demonstrators import collect_demonstrations
+    from trace_agent.demo.demonstrators.bfcl import _boundary_pattern, _name_stems, call_string_arguments
 
     demonstrator = BFCLDemonstrator(num_tasks=None, rename_words=words)
     stems = set(_name_stems("multi_turn_base"))
@@ -243,8 +243,8 @@ def test_copy_drills_name_made_up_files_the_call_copies_from_the_question(tmp_pa
     """Both kinds of drill: one user turn and one call list, no system prompt or tools; every string argument of a
     list drill, and every name a renamed first turn's user spells, is a made-up word found in the question and (but for
     chance coincidences) in no demonstration; the calls parse and are never run; a seed gives the same drills."""
-    from trace_agent.policy.demonstrators import collect_demonstrations
-    from trace_agent.policy.demonstrators.bfcl import call_string_arguments, made_up_word
+    from trace_agent.demo.demonstrators import collect_demonstrations
+    from trace_agent.demo.demonstrators.bfcl import call_string_arguments, made_up_word
     from trace_envs.actions import parse_call_list
 
     demonstrator = BFCLDemonstrator(num_tasks=None)
@@ -295,8 +295,8 @@ def test_copy_drills_of_real_words_and_in_context(words: str) -> None:
     spelled in the question; ``"mixed"``: per drill, stems or made-up words, both over a pool. ``in_context``: the
     same kinds of drill after the system prompt and the tools of a demonstration whose tools hold the drilled
     function; without it the drills are unchanged by ``drill_words`` only when it is ``"made_up"``."""
-    from trace_agent.policy.demonstrators import collect_demonstrations
-    from trace_agent.policy.demonstrators.bfcl import _name_stems, _tool_names, call_string_arguments
+    from trace_agent.demo.demonstrators import collect_demonstrations
+    from trace_agent.demo.demonstrators.bfcl import _name_stems, _tool_names, call_string_arguments
     from trace_envs.actions import parse_call_list
 
     stems = set(_name_stems("multi_turn_base"))
@@ -334,7 +334,8 @@ def test_copy_drills_of_real_words_and_in_context(words: str) -> None:
 def test_a_build_mixes_copy_drills_in_context_into_the_later_stages(tmp_path: Path) -> None:
     """``copy_drill_mix``: the given share of the later stages' sequences are in-context drills (logged), the build
     ends and records the setting; an env without ``copy_drills`` refuses it; the share must be in [0, 1)."""
-    from trace_agent.policy.demo import DemoModelConfig, DemoTrainConfig, build_demo_policy, demo_train_config
+    from trace_agent.demo.build import DemoTrainConfig, build_demo_policy, demo_train_config
+    from trace_agent.demo.model import DemoModelConfig
 
     model = DemoModelConfig(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
                             intermediate_size=64, max_position_embeddings=4096, split="copy")
@@ -358,7 +359,8 @@ def test_a_build_continues_from_a_built_policy_of_the_same_settings(tmp_path: Pa
     import torch
     from safetensors.torch import load_file
 
-    from trace_agent.policy.demo import DemoModelConfig, build_demo_policy, demo_train_config
+    from trace_agent.demo.build import build_demo_policy, demo_train_config
+    from trace_agent.demo.model import DemoModelConfig
 
     model = DemoModelConfig(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
                             intermediate_size=64, max_position_embeddings=4096, split="copy")
@@ -384,7 +386,8 @@ def test_a_build_continues_from_a_built_policy_of_the_same_settings(tmp_path: Pa
 def test_a_build_with_copy_drills_trains_them_first(tmp_path: Path) -> None:
     """``copy_drill_steps`` adds a first stage (its losses come first in the report, then the first turns, then
     whole episodes); an env without ``copy_drills`` refuses the setting before training."""
-    from trace_agent.policy.demo import DemoModelConfig, build_demo_policy, demo_train_config
+    from trace_agent.demo.build import build_demo_policy, demo_train_config
+    from trace_agent.demo.model import DemoModelConfig
 
     model = DemoModelConfig(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
                             intermediate_size=64, max_position_embeddings=4096, split="copy")
@@ -440,7 +443,7 @@ def test_length_grouped_chunks_cover_every_index_within_the_bounds() -> None:
 
 
 def test_generation_is_grouped_by_length_and_independent_of_the_grouping() -> None:
-    from trace_agent.policy.demo import tiny_policy
+    from trace_agent.demo.model import tiny_policy
 
     policy = tiny_policy(seed=0)
     contexts = [policy.render([{"role": "user", "content": "x " * n}]) for n in (3, 60, 5, 50, 4)]
@@ -454,7 +457,7 @@ def test_generation_is_grouped_by_length_and_independent_of_the_grouping() -> No
 
 
 def test_a_context_at_the_cap_is_cut_with_a_clear_warning() -> None:
-    from trace_agent.policy.demo import tiny_policy
+    from trace_agent.demo.model import tiny_policy
 
     policy = tiny_policy(seed=0)
     assert policy.max_context_tokens == 4096  # the model's max_position_embeddings
@@ -484,7 +487,7 @@ def test_policy_settings_file_is_read_and_checked(tmp_path: Path) -> None:
 
 
 def test_save_pretrained_round_trips_the_settings(tmp_path: Path) -> None:
-    from trace_agent.policy.demo import tiny_policy
+    from trace_agent.demo.model import tiny_policy
     from trace_agent.policy.hf import HFPolicy
 
     policy = tiny_policy(seed=0)
@@ -497,7 +500,7 @@ def test_save_pretrained_round_trips_the_settings(tmp_path: Path) -> None:
 
 
 def test_names_rendering_matches_a_names_env() -> None:
-    from trace_agent.policy.demo import tiny_policy
+    from trace_agent.demo.model import tiny_policy
 
     policy = tiny_policy(seed=0)
     full = [{"type": "function", "function": {"name": "cd", "description": "Change dir " * 50,
@@ -520,7 +523,7 @@ SUCCESS_TASKS, SUCCESS_SAMPLES = 8, 4
 
 
 def test_the_shipped_policy_is_small_and_renders_tools_by_name() -> None:
-    from trace_agent.policy.demo import load_demo_policy, shipped_demo_policy
+    from trace_agent.demo.shipped import load_demo_policy, shipped_demo_policy
 
     assert shipped_demo_policy(ENV_ID) == SHIPPED and (SHIPPED / "config.json").is_file()
     assert sum(p.stat().st_size for p in SHIPPED.rglob("*") if p.is_file()) < 5_000_000
@@ -537,7 +540,7 @@ def test_the_shipped_policy_acts_in_the_env() -> None:
     """What the shipped policy does (docs/paper/bfcl/README.md): greedy, its first step on each of the first
     6 demonstrated entries is a call list the env runs (no parse error), and most equal the ground truth's.
     No context is cut."""
-    from trace_agent.policy.demo import load_demo_policy
+    from trace_agent.demo.shipped import load_demo_policy
 
     policy = load_demo_policy(SHIPPED)
     demonstrator = BFCLDemonstrator()
@@ -566,7 +569,8 @@ def test_the_shipped_policy_solves_some_demonstrated_episodes_and_fails_others()
     same entry both succeeds and fails: the mixed groups the bench needs (measured on all 40 entries × 4:
     mean 0.67, 22 mixed; the first 8: 0.72, 4 mixed). Held-out entries it does not solve (0 of 80 episodes on
     20 entries: it memorises its 40 entries, docs/paper/bfcl/README.md), so the floor is checked where it acts."""
-    from trace_agent.policy.demo import evaluate_policy, load_demo_policy, success_histogram
+    from trace_agent.demo.shipped import load_demo_policy
+    from trace_agent.policy.episodes import evaluate_policy, success_histogram
 
     policy = load_demo_policy(SHIPPED)
     ids = BFCLDemonstrator().demonstration_tasks().ids()[:SUCCESS_TASKS]
@@ -639,7 +643,7 @@ def test_the_copying_probe_splits_name_tokens_from_the_rest(tmp_path: Path) -> N
     assert report["first"]["tokens"] > 0 and report["later"]["tokens"] > 0
     assert all(report[k]["share"] >= 0.9 for k in ("first", "later", "other"))
     env = _env(tasks="train", tool_detail="names")
-    from trace_agent.policy.demo import load_demo_policy
+    from trace_agent.demo.shipped import load_demo_policy
     from trace_envs.function_calling.env import render_calls
 
     tokenizer = load_demo_policy(SHIPPED).tokenizer
@@ -659,7 +663,7 @@ def test_the_copying_probe_measures_made_up_names_drills_and_checkpoints(tmp_pat
     import torch
 
     from trace_agent.checkpoint import write_checkpoint
-    from trace_agent.policy.demo import load_demo_policy
+    from trace_agent.demo.shipped import load_demo_policy
 
     cases = "real,made_up,bare,list,any_order"
     out = tmp_path / "copying.json"

@@ -11,15 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from trace_agent.policy import demo
-from trace_agent.policy.demo import (
-    SHIPPED_DEMO_POLICIES,
-    DemoModelConfig,
-    DemoTrainConfig,
-    demo_train_config,
-    make_demo_model,
-    tiny_policy,
-)
+from trace_agent.demo import build as demo_build
+from trace_agent.demo import model as demo_model
+from trace_agent.demo import shipped as demo_shipped
+from trace_agent.demo.build import DemoTrainConfig, demo_train_config
+from trace_agent.demo.model import DemoModelConfig, make_demo_model, tiny_policy
+from trace_agent.demo.shipped import SHIPPED_DEMO_POLICIES
 
 _MODEL = DemoModelConfig(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
                          intermediate_size=64)
@@ -55,7 +52,7 @@ def _train(tmp: Path | None, steps: int, monkeypatch=None, stop_after: int | Non
 
         monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
     logs: list[str] = []
-    losses = demo._train(model, _data(tokenizer), cfg, pad_id=0, log=logs.append, checkpoint_dir=tmp,
+    losses = demo_build._train(model, _data(tokenizer), cfg, pad_id=0, log=logs.append, checkpoint_dir=tmp,
                          checkpoint_every=2)
     return model, losses, logs
 
@@ -83,10 +80,10 @@ def test_a_checkpoint_of_other_settings_is_not_resumed(tmp_path: Path, monkeypat
 def test_first_turn_cuts_after_the_first_assistant_turn() -> None:
     ids = list(range(12))
     mask = [False] * 3 + [True] * 3 + [False] * 2 + [True] * 4  # prompt, turn 1, observation, turn 2
-    assert demo.first_turn(ids, mask) == (ids[:6], mask[:6])
-    assert demo.first_turn(ids[:6], mask[:6]) == (ids[:6], mask[:6])  # a one-turn episode is its first turn
+    assert demo_build.first_turn(ids, mask) == (ids[:6], mask[:6])
+    assert demo_build.first_turn(ids[:6], mask[:6]) == (ids[:6], mask[:6])  # a one-turn episode is its first turn
     for seq, m in _data(tiny_policy().tokenizer):
-        cut, cut_mask = demo.first_turn(seq, m)
+        cut, cut_mask = demo_build.first_turn(seq, m)
         assert cut == seq[:len(cut)] and cut_mask[-1] and sum(cut_mask) == len(cut_mask) - cut_mask.index(True)
 
 
@@ -143,11 +140,11 @@ def test_the_copy_split_spells_a_name_alike_in_prose_and_in_calls(name: str) -> 
     after ``='`` or in a list, so a policy can copy it; under Qwen's split a space glues to its first word."""
     contexts = [f"Please move {name} to the archive.", f"[mv(source='{name}', destination='archive')]",
                 f"[cat(file_name=['a', '{name}'])]", f'Then open "{name}".', f"Open '{name}' now"]
-    copy = demo.train_demo_tokenizer(_CORPUS, vocab_size=400, split="copy")
+    copy = demo_model.train_demo_tokenizer(_CORPUS, vocab_size=400, split="copy")
     spelled = [_name_ids(copy, text, name) for text in contexts]
     assert spelled[0] is not None and all(s == spelled[0] for s in spelled)
     # Qwen's pre-tokenizer glues the space before it to the name's first word (it becomes " analysis")
-    qwen = demo.train_demo_tokenizer(_CORPUS, vocab_size=400, split="qwen")
+    qwen = demo_model.train_demo_tokenizer(_CORPUS, vocab_size=400, split="qwen")
     start = contexts[0].index(name)
     pieces = qwen.backend_tokenizer.pre_tokenizer.pre_tokenize_str(contexts[0])
     assert any(a == start - 1 and b > start for _, (a, b) in pieces)
@@ -156,7 +153,7 @@ def test_the_copy_split_spells_a_name_alike_in_prose_and_in_calls(name: str) -> 
 
 
 def test_the_copy_split_is_lossless_on_hostile_text() -> None:
-    copy = demo.train_demo_tokenizer(_CORPUS, vocab_size=400, split="copy")
+    copy = demo_model.train_demo_tokenizer(_CORPUS, vocab_size=400, split="copy")
     for text in ["", "  two  spaces\tand a tab\n\nnewlines\r\n", "naïve café — 名前 \u200b zero-width",
                  "it's the user's 'quoted' name", "\x00\x01 control bytes", "emoji 🙂 and ''' quotes"]:
         assert copy.decode(copy(text, add_special_tokens=False)["input_ids"]) == text
@@ -166,21 +163,21 @@ def test_an_unknown_split_is_refused() -> None:
     with pytest.raises(ValueError, match="split"):
         DemoModelConfig(split="bpe")
     with pytest.raises(ValueError, match="split"):
-        demo.train_demo_tokenizer(_CORPUS, vocab_size=400, split="bpe")
+        demo_model.train_demo_tokenizer(_CORPUS, vocab_size=400, split="bpe")
 
 
 # --------------------------------------------------------------------------- --set settings
 def test_settings_change_the_preset_field_by_field() -> None:
     preset = demo_train_config("trace_envs/BFCL-v0")
-    changed = demo.with_settings(preset, [
+    changed = demo_build.with_settings(preset, [
         "augment_copies=2", "model.split = copy", "first_turn_steps = 10", "env_ids=[\"trace_envs/BFCL-v0\"]",
         'demonstrator_options={"trace_envs/BFCL-v0": {"num_tasks": null}}'])
     assert changed.augment_copies == 2 and changed.first_turn_steps == 10 and changed.model.split == "copy"
     assert changed.env_ids == ("trace_envs/BFCL-v0",)
     assert changed.demonstrator_options == {"trace_envs/BFCL-v0": {"num_tasks": None}}
-    assert demo.with_settings(preset, []) == preset
+    assert demo_build.with_settings(preset, []) == preset
     # everything not set is the preset's, the model's other fields included
-    assert demo.with_settings(changed, ["augment_copies=0", "model.split=qwen", "first_turn_steps=300",
+    assert demo_build.with_settings(changed, ["augment_copies=0", "model.split=qwen", "first_turn_steps=300",
                                         "demonstrator_options={}"]) == preset
 
 
@@ -191,7 +188,7 @@ def test_settings_change_the_preset_field_by_field() -> None:
 ])
 def test_a_bad_setting_is_a_value_error_naming_it(setting: str, error: str) -> None:
     with pytest.raises(ValueError, match=error):
-        demo.with_settings(demo_train_config(), [setting])
+        demo_build.with_settings(demo_train_config(), [setting])
 
 
 @pytest.mark.parametrize("setting", [
@@ -200,7 +197,7 @@ def test_a_bad_setting_is_a_value_error_naming_it(setting: str, error: str) -> N
 ])
 def test_a_setting_of_the_wrong_type_is_a_type_error_naming_it(setting: str) -> None:
     with pytest.raises(TypeError, match=repr(setting.partition("=")[0])):
-        demo.with_settings(demo_train_config(), [setting])
+        demo_build.with_settings(demo_train_config(), [setting])
 
 
 def test_every_field_takes_its_own_value_back_as_a_setting() -> None:
@@ -209,18 +206,18 @@ def test_every_field_takes_its_own_value_back_as_a_setting() -> None:
     preset = demo_train_config("trace_envs/BFCL-v0", tasks_per_env=3)
     settings = [f"{name}={json.dumps(getattr(preset, name))}" for name in preset.__dataclass_fields__ if name != "model"]
     settings += [f"model.{name}={json.dumps(getattr(preset.model, name))}" for name in preset.model.__dataclass_fields__]
-    assert demo.with_settings(demo_train_config("trace_envs/BFCL-v0"), settings) == preset
-    assert demo.with_settings(preset, ["tasks_per_env=null"]).tasks_per_env is None
-    assert demo.with_settings(preset, ["learning_rate=1"]).learning_rate == 1.0
+    assert demo_build.with_settings(demo_train_config("trace_envs/BFCL-v0"), settings) == preset
+    assert demo_build.with_settings(preset, ["tasks_per_env=null"]).tasks_per_env is None
+    assert demo_build.with_settings(preset, ["learning_rate=1"]).learning_rate == 1.0
 
 
 def test_a_setting_is_read_as_data_never_run(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     code = f"__import__('pathlib').Path({str(marker)!r}).touch()"
     with pytest.raises(TypeError):  # the string reaches DemoTrainConfig's own checks, and fails there
-        demo.with_settings(demo_train_config(), [f"steps={code}"])
+        demo_build.with_settings(demo_train_config(), [f"steps={code}"])
     with pytest.raises(ValueError, match="split"):
-        demo.with_settings(demo_train_config(), [f"model.split={code}"])
+        demo_build.with_settings(demo_train_config(), [f"model.split={code}"])
     assert not marker.exists()
 
 
@@ -245,7 +242,7 @@ def test_the_build_script_applies_and_records_its_settings(tmp_path: Path) -> No
     assert script.main([*argv, *(a for s in small for a in ("--set", s))]) == 0
     config = json.loads((tmp_path / "p" / "build_report.json").read_text())["config"]
     assert config["steps"] == 2 and config["tasks_per_env"] == 2 and config["model"]["split"] == "copy"
-    policy = demo.load_demo_policy(tmp_path / "p")
+    policy = demo_shipped.load_demo_policy(tmp_path / "p")
     pieces = policy.tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str("move notes.txt")
     assert [p for p, _ in pieces][:3] == ["move", "Ġ", "notes"]
     with pytest.raises(SystemExit) as stop:

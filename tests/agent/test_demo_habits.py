@@ -11,7 +11,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import demo_habits  # noqa: E402
 
-from trace_agent.policy.demo import misconception_program, short_program  # noqa: E402
+from trace_agent.demo.demonstrators import misconception_program, short_program  # noqa: E402
 from trace_envs.tasks.math_gen import default_math_tasks  # noqa: E402
 
 

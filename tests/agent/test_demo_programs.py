@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trace_agent.policy.demo import misconception_program, short_program
+from trace_agent.demo.demonstrators import misconception_program, short_program
 from trace_envs.python_tool.grading import grade_answer
 from trace_envs.python_tool.sandbox import Sandbox, SandboxConfig
 from trace_envs.tasks.math_gen import default_math_tasks

@@ -11,13 +11,10 @@ import numpy as np
 import pytest
 
 import trace_envs  # noqa: F401  (registers the suite)
-from trace_agent.policy.demo import (
-    SHIPPED_DEMO_POLICIES,
-    demo_train_config,
-    load_demo_policy,
-    success_histogram,
-)
-from trace_agent.policy.demonstrators.wiki import FLAWS, WikiQADemonstrator, parse_passages, query_entity
+from trace_agent.demo.build import demo_train_config
+from trace_agent.demo.demonstrators.wiki import FLAWS, WikiQADemonstrator, parse_passages, query_entity
+from trace_agent.demo.shipped import SHIPPED_DEMO_POLICIES, load_demo_policy
+from trace_agent.policy.episodes import success_histogram
 from trace_envs.tasks.wiki import (
     default_wiki_tasks,
     generate_encyclopedia,
@@ -289,8 +286,8 @@ def test_augmented_demonstrations_swap_names_one_to_one_and_keep_everything_else
     """augment: every entity-name word swapped consistently (a bijection over the episode), nothing else touched."""
     import re
 
-    from trace_agent.policy.demonstrators.base import collect_demonstrations
-    from trace_agent.policy.demonstrators.wiki import entity_name_words
+    from trace_agent.demo.demonstrators.base import collect_demonstrations
+    from trace_agent.demo.demonstrators.wiki import entity_name_words
 
     titles = [p["title"] for p in generate_encyclopedia().passages]
     names = set(entity_name_words(titles))
@@ -321,9 +318,9 @@ def test_augmented_demonstrations_swap_names_one_to_one_and_keep_everything_else
 def test_every_copied_name_is_the_same_tokens_in_the_action_as_in_its_source() -> None:
     """What a clean demonstration copies (each query's entity, each answer read off a passage) is, token
     for token, a span of what came before it: a policy can learn to copy it without re-spelling a name."""
-    from trace_agent.policy.chat import ChatRenderer
-    from trace_agent.policy.demo import END_OF_TURN, train_demo_tokenizer
-    from trace_agent.policy.demonstrators.base import collect_demonstrations
+    from trace_agent.demo.demonstrators.base import collect_demonstrations
+    from trace_agent.demo.model import train_demo_tokenizer
+    from trace_agent.policy.chat import END_OF_TURN, ChatRenderer
     from trace_envs.actions import parse_action
 
     demos = collect_demonstrations(ENV_ID, limit=40, flawed_fraction=0.0, seed=2, max_turns=5)

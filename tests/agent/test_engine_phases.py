@@ -72,7 +72,7 @@ def test_prompt_contexts_need_no_env_reset_and_equal_the_reset_ones(monkeypatch)
 
 def test_hidden_state_features_compute_each_prompt_once_and_match_a_cold_featurizer() -> None:
     pytest.importorskip("torch")
-    from trace_agent.policy.demo import tiny_policy
+    from trace_agent.demo.model import tiny_policy
     from trace_agent.predictor import HiddenStateFeaturizer
 
     policy = tiny_policy(seed=3)

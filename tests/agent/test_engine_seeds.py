@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from trace_agent.demo.model import tiny_policy
 from trace_agent.policy.base import PolicyError, TokenContext
-from trace_agent.policy.demo import tiny_policy
 from trace_agent.policy.hf import HFPolicy
 
 

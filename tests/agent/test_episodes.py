@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.envs.counter_env import CounterEnv
+from trace_agent.demo.model import tiny_policy
 from trace_agent.policy.base import PolicyError
-from trace_agent.policy.demo import tiny_policy
 from trace_agent.policy.episodes import EpisodeStart, observation_messages, play, play_episodes
 
 

@@ -257,7 +257,7 @@ def test_collected_trees_re_render_to_their_exact_ids(tmp_path: Path) -> None:
     import gymnasium as gym
 
     import trace_envs  # noqa: F401
-    from trace_agent.policy.demo import tiny_policy
+    from trace_agent.demo.model import tiny_policy
     from trace_agent.rollout import RolloutConfig, TreeCollector, prompt_pool
     from trace_agent.strategies import Budget, TreePO
 

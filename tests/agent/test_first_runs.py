@@ -117,7 +117,7 @@ def test_a_demo_run_through_the_cli_saves_the_demo_settings(tmp_path: Path, caps
 
 # ------------------------------------------------------------------------------------------- held-out sample
 def test_held_out_evaluation_covers_every_question_kind() -> None:
-    from trace_agent.policy.demo import tiny_policy
+    from trace_agent.demo.model import tiny_policy
     from trace_envs.tasks.wiki import wiki_split
 
     config = TrainConfig(env_id=WIKI, eval=EvalConfig(tasks=7, samples=1),

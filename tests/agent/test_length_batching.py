@@ -13,7 +13,7 @@ LENGTHS = (3, 60, 5, 50, 4, 41, 7, 58, 2, 33)
 
 @pytest.fixture(scope="module")
 def policy():
-    from trace_agent.policy.demo import tiny_policy
+    from trace_agent.demo.model import tiny_policy
 
     return tiny_policy(seed=0)
 

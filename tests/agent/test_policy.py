@@ -11,14 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from trace_agent.policy import (  # noqa: E402
-    Generation,
-    HFPolicy,
-    PolicyError,
-    TokenContext,
-    observation_messages,
-    tiny_policy,
-)
+from trace_agent.demo.model import tiny_policy  # noqa: E402
+from trace_agent.policy import Generation, HFPolicy, PolicyError, TokenContext, observation_messages  # noqa: E402
 
 TOOLS = [{
     "type": "function",
@@ -247,7 +241,7 @@ def test_full_python_math_episode_with_the_tiny_policy(policy: HFPolicy) -> None
 def test_demonstrators_script_real_episodes(env_id: str) -> None:
     gym = pytest.importorskip("gymnasium")
     import trace_envs  # noqa: F401
-    from trace_agent.policy.demo import collect_demonstrations
+    from trace_agent.demo.demonstrators import collect_demonstrations
 
     env = gym.make(env_id).unwrapped
     task_ids = env.tasks.ids()[:2]
@@ -260,15 +254,11 @@ def test_demonstrators_script_real_episodes(env_id: str) -> None:
 
 def test_build_and_load_demo_policy(tmp_path) -> None:
     """The real build path on a sliver of data: demonstrations, tokenizer, SFT, save_pretrained, load."""
+    from trace_agent.demo.build import DemoTrainConfig, build_demo_policy, demonstration_tokens
+    from trace_agent.demo.demonstrators import collect_demonstrations
+    from trace_agent.demo.model import DemoModelConfig
+    from trace_agent.demo.shipped import load_demo_policy
     from trace_agent.policy.chat import ChatRenderer
-    from trace_agent.policy.demo import (
-        DemoModelConfig,
-        DemoTrainConfig,
-        build_demo_policy,
-        collect_demonstrations,
-        demonstration_tokens,
-        load_demo_policy,
-    )
 
     config = DemoTrainConfig(steps=2, batch_size=2, tasks_per_env=3, demos_per_task=1, warmup_steps=1,
                              model=DemoModelConfig(vocab_size=600, hidden_size=64, num_layers=1, num_heads=2,

@@ -22,7 +22,7 @@ TOOLS = [{"type": "function", "function": {"name": "python", "parameters": {"typ
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from trace_agent.policy import tiny_policy
+    from trace_agent.demo.model import tiny_policy
 
     root = tmp_path_factory.mktemp("vllm_models")
     paths = {}

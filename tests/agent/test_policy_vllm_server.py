@@ -34,7 +34,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from trace_agent.policy import tiny_policy
+    from trace_agent.demo.model import tiny_policy
 
     root = tmp_path_factory.mktemp("vllm_server_models")
     out = {}

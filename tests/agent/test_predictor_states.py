@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="module")
 def policy():  # type: ignore[no-untyped-def]
-    from trace_agent.policy.demo import tiny_policy
+    from trace_agent.demo.model import tiny_policy
 
     return tiny_policy(seed=3)
 

@@ -158,7 +158,7 @@ def make_math_env() -> PythonMathEnv:
 def tiny_hf_policy():
     """The real transformers backend on the demo architecture, untrained, with a tokenizer trained on the
     three envs' opening prompts (so BFCL's long tool schemas stay a few thousand tokens)."""
-    from trace_agent.policy.demo import DemoModelConfig, make_demo_model, train_demo_tokenizer
+    from trace_agent.demo.model import DemoModelConfig, make_demo_model, train_demo_tokenizer
     from trace_agent.policy.hf import HFPolicy
 
     texts = []

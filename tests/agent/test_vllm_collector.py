@@ -27,7 +27,7 @@ RECIPE = Path(__file__).resolve().parents[2] / "docs" / "configs" / "qwen3_gpu.y
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from trace_agent.policy import tiny_policy
+    from trace_agent.demo.model import tiny_policy
 
     path = tmp_path_factory.mktemp("vllm_collector") / "tiny"
     hf = tiny_policy(seed=0)
@@ -155,7 +155,7 @@ def test_agenerate_from_concurrent_tasks_of_another_loop(engine, model_dir) -> N
 
     together = asyncio.run(main())
     assert [[g.token_ids for g in r] for r in together] == [[g.token_ids for g in r] for r in serial]
-    from trace_agent.policy import tiny_policy
+    from trace_agent.demo.model import tiny_policy
 
     hf = tiny_policy(seed=0)
     ref = hf.logprobs([ctx] * 3, [g.token_ids for g in together[0]])

@@ -150,7 +150,7 @@ def hostile():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from trace_agent.policy.demo import _TINY_CORPUS, train_demo_tokenizer
+    from trace_agent.demo.model import _TINY_CORPUS, train_demo_tokenizer
 
     return train_demo_tokenizer(list(_TINY_CORPUS) * 4, vocab_size=400)  # tiny_policy's tokenizer, no model
 

@@ -315,7 +315,7 @@ def test_surrogates_are_rendered_by_the_policy_tokenizer():
 
     from trace_agent.policy.chat import ChatRenderer
 
-    path = Path(__file__).parents[2] / "trace_agent/policy/assets/demo_policy"
+    path = Path(__file__).parents[2] / "trace_agent/demo/assets/demo_policy"
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(str(path)))
     ctx = renderer.render([{"role": "user", "content": "x = '\ud800' and \udcff"}])
     assert ctx.token_ids and "\ufffd" in renderer.decode(ctx.token_ids)

@@ -194,7 +194,7 @@ def test_unsupported_envs_are_refused_with_the_reason():
 def _tiny_model_and_tokenizer():
     from trl.chat_template_utils import qwen3_chat_template
 
-    from trace_agent.policy.demo import train_demo_tokenizer
+    from trace_agent.demo.model import train_demo_tokenizer
     from trace_agent.tiny_models import tiny_qwen3
 
     corpus = ["How many positive divisors does 12 have? Put your final answer in <answer>\\boxed{6}</answer>.",

@@ -17,8 +17,8 @@ from omegaconf import OmegaConf  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 
+from trace_agent.demo.shipped import SHIPPED_DEMO_POLICY  # noqa: E402
 from trace_agent.integrations.verl_data import AGENT_NAME, dataset_rows, write_parquet  # noqa: E402
-from trace_agent.policy.demo import SHIPPED_DEMO_POLICY  # noqa: E402
 
 ENV = "trace_envs/PythonMath-v0"
 

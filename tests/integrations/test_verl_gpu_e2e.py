@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_two_trace_steps_with_verl_main_ppo(tmp_path):
+    from trace_agent.demo.shipped import SHIPPED_DEMO_POLICY
     from trace_agent.integrations.verl_data import dataset_rows, write_parquet
-    from trace_agent.policy.demo import SHIPPED_DEMO_POLICY
 
     env = "trace_envs/PythonMath-v0"
     train = write_parquet(dataset_rows(env, split="train", limit=64), tmp_path / "train.parquet")

@@ -24,7 +24,7 @@ class _Server:
 
 
 def _tokenizer():
-    from trace_agent.policy.demo import load_demo_policy
+    from trace_agent.demo.shipped import load_demo_policy
 
     return load_demo_policy().tokenizer
 

@@ -26,10 +26,10 @@ import torch  # noqa: E402
 import transfer_queue as tq  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
+from trace_agent.demo.shipped import SHIPPED_DEMO_POLICY, load_demo_policy  # noqa: E402
 from trace_agent.env_factory import make_env_factory  # noqa: E402
 from trace_agent.integrations import verl as tv  # noqa: E402
 from trace_agent.integrations.rows import leaf_rows, token_advantages  # noqa: E402
-from trace_agent.policy.demo import SHIPPED_DEMO_POLICY, load_demo_policy  # noqa: E402
 from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer, refresh_predictor  # noqa: E402
 from trace_agent.rollout import PromptSpec, RolloutConfig, TreeCollector  # noqa: E402
 from trace_agent.strategies import TRACE, Budget, PromptValues, RootRequest  # noqa: E402

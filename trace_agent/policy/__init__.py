@@ -1,9 +1,11 @@
-"""Policies: the Policy protocol, the transformers and vLLM backends, the offline demo policy.
+"""Policies: the Policy protocol, the transformers and vLLM backends, the episode player.
 
-Importing this package imports no torch, transformers or vLLM; the backends load them when used::
+Importing this package imports no torch, transformers or vLLM; the backends load them when used.
+The offline demo policies are in :mod:`trace_agent.demo`::
 
-    from trace_agent.policy import HFPolicy, load_demo_policy
-    policy = load_demo_policy()  # the shipped demo policy
+    from trace_agent.demo import load_demo_policy
+    from trace_agent.policy import observation_messages
+    policy = load_demo_policy()  # the shipped demo policy, an HFPolicy
     ctx = policy.render(env.messages, env.tools)
     (gen,) = policy.generate([ctx], max_new_tokens=128, temperature=1.0, seed=0)
     obs, reward, terminated, truncated, info = env.step(gen.text)
@@ -26,18 +28,6 @@ from trace_agent.policy.base import (
 
 if TYPE_CHECKING:
     from trace_agent.policy.chat import QWEN3_CHAT_TEMPLATE, ChatRenderer
-    from trace_agent.policy.demo import (
-        DemoBuildReport,
-        DemoModelConfig,
-        Demonstration,
-        Demonstrator,
-        DemoTrainConfig,
-        build_demo_policy,
-        collect_demonstrations,
-        load_demo_policy,
-        register_demonstrator,
-        tiny_policy,
-    )
     from trace_agent.policy.episodes import (
         EpisodeStart,
         evaluate_policy,
@@ -64,16 +54,6 @@ __all__ = [
     "VLLMPolicy",
     "AsyncVLLMPolicy",
     "VLLMServerPolicy",
-    "DemoModelConfig",
-    "DemoTrainConfig",
-    "DemoBuildReport",
-    "Demonstrator",
-    "Demonstration",
-    "register_demonstrator",
-    "collect_demonstrations",
-    "build_demo_policy",
-    "load_demo_policy",
-    "tiny_policy",
     "evaluate_policy",
     "observation_messages",
     "EpisodeStart",
@@ -88,10 +68,6 @@ _LAZY = {
     "VLLMPolicy": "trace_agent.policy.vllm_backend",
     "AsyncVLLMPolicy": "trace_agent.policy.vllm_async",
     "VLLMServerPolicy": "trace_agent.policy.vllm_server",
-    **{name: "trace_agent.policy.demo" for name in (
-        "DemoModelConfig", "DemoTrainConfig", "DemoBuildReport", "Demonstrator", "Demonstration",
-        "register_demonstrator", "collect_demonstrations", "build_demo_policy", "load_demo_policy",
-        "tiny_policy")},
     **{name: "trace_agent.policy.episodes" for name in (
         "EpisodeStart", "observation_messages", "play_episodes", "evaluate_policy", "success_histogram")},
 }

@@ -9,7 +9,7 @@ in the new observation. :func:`play_episodes` is :func:`play` with a policy
 appended, never re-encoded), used by :func:`evaluate_policy` (per-task rewards through the
 env, summarised by :func:`success_histogram`) and :func:`~trace_agent.train_cli.evaluate_heldout`;
 the scripted demonstrators play through :func:`play` too
-(:func:`~trace_agent.policy.demonstrators.collect_demonstrations`). The
+(:func:`~trace_agent.demo.demonstrators.collect_demonstrations`). The
 collector's turn loop (:mod:`trace_agent.engine.growth`) is the asynchronous, branching form
 of the same loop and stays there: its turns are scheduled one request at a time on a shared
 engine, from saved states rather than resets.

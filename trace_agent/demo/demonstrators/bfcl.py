@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from trace_agent.policy.demonstrators.base import Demonstration
+    from trace_agent.demo.demonstrators.base import Demonstration
     from trace_envs.actions import PythonCall
     from trace_envs.core import BranchableEnv, Task, TaskSet
 
@@ -260,7 +260,7 @@ class BFCLDemonstrator:
     #: :class:`~trace_agent.policy.hf.HFPolicy` settings the built policy needs (its ``trace_policy.json``):
     #: it renders any env's tools by name, as in its demonstrations
     policy_settings: Mapping[str, Any] = {"tool_detail": "names"}
-    #: :class:`~trace_agent.policy.demo.DemoTrainConfig` fields of BFCL-v0's demo policy
+    #: :class:`~trace_agent.demo.build.DemoTrainConfig` fields of BFCL-v0's demo policy
     #: (build K of docs/paper/bfcl/README.md: 300 first-turn steps of 16, then 1,200 whole-episode steps of 8;
     #: about 26 min on 2 CPU threads)
     train_overrides: Mapping[str, Any] = {

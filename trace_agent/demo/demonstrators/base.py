@@ -3,7 +3,7 @@
 A :class:`Demonstrator` scripts one env's episodes from its task data; :func:`collect_demonstrations`
 plays them through the env with the one episode player (:func:`~trace_agent.policy.episodes.play`;
 the tool observations are the env's own) and returns
-:class:`Demonstration` records that :func:`~trace_agent.policy.demo.build_demo_policy` trains on.
+:class:`Demonstration` records that :func:`~trace_agent.demo.build.build_demo_policy` trains on.
 """
 
 from __future__ import annotations

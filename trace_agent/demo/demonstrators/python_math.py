@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trace_agent.policy.demonstrators.base import tool_call
+from trace_agent.demo.demonstrators.base import tool_call
 
 if TYPE_CHECKING:
     from trace_envs.core import BranchableEnv, Task, TaskSet

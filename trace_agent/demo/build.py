@@ -1,28 +1,18 @@
-"""The offline demo policy: a tiny Qwen3-architecture LM, warm-started on scripted demonstrations.
+"""Building the demo policy: demonstrations through the real env, the tokenizer, a brief warm start.
 
-No model can be downloaded on the project's machines, so the project makes its
-own: a byte-level BPE tokenizer trained with ``tokenizers`` on the suite's
-text, wrapped as a ``PreTrainedTokenizerFast`` with a Qwen3-style chat
-template (:data:`~trace_agent.policy.chat.QWEN3_CHAT_TEMPLATE`), and a small
-``Qwen3ForCausalLM`` built from a :class:`DemoModelConfig` with
-``AutoModelForCausalLM.from_config``. :func:`build_demo_policy` fine-tunes it on
-demonstrations that a :class:`Demonstrator` scripts through the real env
-(the tool observations are the env's), masks the loss to assistant tokens and
-saves model + tokenizer with ``save_pretrained``. :func:`load_demo_policy` loads
-it back as an :class:`~trace_agent.policy.hf.HFPolicy`.
+:func:`build_demo_policy` fine-tunes a fresh :mod:`~trace_agent.demo.model` LM on demonstrations
+that a :class:`~trace_agent.demo.demonstrators.Demonstrator` scripts through the real env (the
+tool observations are the env's), masks the loss to assistant tokens and saves model + tokenizer
+with ``save_pretrained``. The policy is meant to be *imperfect in a useful way*: it is trained
+briefly, on a mix where ``flawed_fraction`` of the demonstrations make a plausible mistake
+(PythonMath-v0: a wrong method for the problem's family, such as permutations for combinations
+or an off-by-one range; :func:`~trace_agent.demo.demonstrators.misconception_program`), and so box
+a wrong answer. Per-task success rates then spread between 0 and 1, and part of the failures come
+from habits that reinforcement learning can remove and that transfer to held-out problems
+(:func:`~trace_agent.policy.episodes.evaluate_policy` measures that spread through the env).
 
-The demo policy is meant to be *imperfect in a useful way*: it is trained
-briefly, on a mix where ``flawed_fraction`` of the demonstrations make a plausible
-mistake (PythonMath-v0: a wrong method for the problem's family, such as permutations
-for combinations or an off-by-one range; :func:`misconception_program`), and so box a
-wrong answer. Per-task success rates then spread between 0 and 1 (the families also
-differ in how hard their programs are to copy), and part of the failures come from
-habits that reinforcement learning can remove and that transfer to held-out problems.
-:func:`~trace_agent.policy.episodes.evaluate_policy` measures that spread through the env
-(it and :func:`~trace_agent.policy.episodes.success_histogram` are re-exported here).
-
-A new env gets demonstrations by registering a :class:`Demonstrator` for its id
-(:func:`register_demonstrator`; the built-in ones live in :mod:`trace_agent.policy.demonstrators`).
+:func:`demo_train_config` gives an env's preset; :func:`with_settings` applies ``field=value``
+settings to it (``scripts/build_demo_policy.py --set``).
 """
 
 from __future__ import annotations
@@ -33,120 +23,29 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from trace_agent.demo.demonstrators import Demonstration, collect_demonstrations, demonstrator_for
+from trace_agent.demo.model import DemoModelConfig, make_demo_model, train_demo_tokenizer
 from trace_agent.policy.base import PolicyError
-from trace_agent.policy.chat import END_OF_TURN, QWEN3_CHAT_TEMPLATE, QWEN3_SPECIAL_TOKENS, ChatRenderer
-from trace_agent.policy.demonstrators import (
-    BFCLDemonstrator,
-    Demonstration,
-    Demonstrator,
-    PythonMathDemonstrator,
-    WikiQADemonstrator,
-    collect_demonstrations,
-    demonstrator_for,
-    misconception_program,
-    register_demonstrator,
-    short_program,
-)
-from trace_agent.policy.episodes import evaluate_policy, observation_messages, success_histogram
+from trace_agent.policy.chat import ChatRenderer
 from trace_agent.success import is_success
-from trace_agent.tiny_models import COPY_SPLIT_PATTERN, QWEN_SPLIT_PATTERN
-
-if TYPE_CHECKING:
-    from trace_agent.policy.hf import HFPolicy
 
 __all__ = [
-    "DemoModelConfig",
+    "DEFAULT_ENV_IDS",
     "DemoTrainConfig",
     "DemoBuildReport",
-    "Demonstrator",
-    "Demonstration",
-    "PythonMathDemonstrator",
-    "WikiQADemonstrator",
-    "BFCLDemonstrator",
-    "register_demonstrator",
-    "demonstrator_for",
-    "collect_demonstrations",
-    "train_demo_tokenizer",
-    "make_demo_model",
-    "tiny_policy",
-    "short_program",
-    "misconception_program",
-    "SHIPPED_DEMO_POLICY",
-    "SHIPPED_DEMO_POLICIES",
-    "shipped_demo_policy",
-    "missing_shipped_policy",
+    "demonstration_tokens",
+    "first_turn",
+    "build_demo_policy",
     "demo_train_config",
     "with_settings",
-    "SPLITS",
-    "SPLIT_PATTERNS",
-    "split_pattern",
-    "ensure_demo_policy",
-    "build_demo_policy",
-    "load_demo_policy",
-    "evaluate_policy",
-    "observation_messages",
-    "success_histogram",
 ]
 
+#: The envs a demo policy is built for when none is named.
 DEFAULT_ENV_IDS: tuple[str, ...] = ("trace_envs/PythonMath-v0",)
-
-
-# --------------------------------------------------------------------------- configs
-#: the demo tokenizer's pre-tokenizer splits (:attr:`DemoModelConfig.split`) and their regexes
-SPLIT_PATTERNS: Mapping[str, str] = {"qwen": QWEN_SPLIT_PATTERN, "copy": COPY_SPLIT_PATTERN}
-SPLITS: tuple[str, ...] = tuple(SPLIT_PATTERNS)
-
-
-def split_pattern(split: str) -> str:
-    """The pre-tokenizer regex of ``split`` (:data:`SPLITS`); any other name is a ``ValueError``."""
-    if split not in SPLIT_PATTERNS:
-        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
-    return SPLIT_PATTERNS[split]
-
-
-@dataclass(frozen=True, kw_only=True)
-class DemoModelConfig:
-    """Shape of the demo LM (a ``Qwen3Config``) and its tokenizer.
-
-    Attributes:
-        vocab_size: BPE vocabulary size the tokenizer is trained to (special tokens included).
-        hidden_size: model width.
-        num_layers: decoder layers.
-        num_heads: attention heads.
-        num_kv_heads: key/value heads (grouped-query attention).
-        head_dim: width of one head (Qwen3 decouples it from hidden_size; vLLM's CPU attention
-            supports 32, 64, 80, 96, 112, 128, ...).
-        intermediate_size: MLP width.
-        max_position_embeddings: longest context the rotary embedding is set up for.
-        split: the tokenizer's pre-tokenizer split (:data:`SPLITS`): ``"qwen"``, Qwen's own, or
-            ``"copy"``, Qwen's without a space glued to the next word, so that a name the user writes
-            after a space is the same tokens in a call (:data:`~trace_agent.tiny_models.COPY_SPLIT_PATTERN`).
-    """
-
-    vocab_size: int = 2048
-    hidden_size: int = 128
-    num_layers: int = 3
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_dim: int = 32
-    intermediate_size: int = 384
-    max_position_embeddings: int = 4096
-    split: str = "qwen"
-
-    def __post_init__(self) -> None:
-        split_pattern(self.split)
-        if self.vocab_size < 300:
-            raise ValueError(f"vocab_size must be >= 300 (256 bytes + specials + merges), got {self.vocab_size}")
-        if min(self.hidden_size, self.num_layers, self.num_heads, self.num_kv_heads, self.intermediate_size) < 1:
-            raise ValueError("model dimensions must be positive")
-        if self.head_dim < 2 or self.head_dim % 2:
-            raise ValueError(f"head_dim must be even and >= 2, got {self.head_dim}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError("num_heads must be a multiple of num_kv_heads")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,7 +86,7 @@ class DemoTrainConfig:
             vocabulary size, and its model the same shape; else a PolicyError): a build continued with more
             stages, e.g. a whole-episode stage on a build that stopped after its first turns. "": none.
         demonstrator_options: env id -> keyword arguments of that env's demonstrator
-            (:func:`~trace_agent.policy.demonstrators.demonstrator_for`; BFCL-v0: ``num_tasks``, how many
+            (:func:`~trace_agent.demo.demonstrators.demonstrator_for`; BFCL-v0: ``num_tasks``, how many
             train entries are demonstrated).
         model: the model and tokenizer shape.
     """
@@ -286,72 +185,7 @@ def first_turn(ids: list[int], mask: list[bool]) -> tuple[list[int], list[bool]]
     return ids[:end], mask[:end]
 
 
-# --------------------------------------------------------------------------- tokenizer and model
-def _wrap_tokenizer(backend: Any) -> Any:
-    from trace_agent.tiny_models import fast_tokenizer
 
-    return fast_tokenizer(backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                          chat_template=QWEN3_CHAT_TEMPLATE, clean_up_tokenization_spaces=False,
-                          model_max_length=32768)
-
-
-def _bpe_backend(vocab_size: int, texts: Sequence[str] | None, split: str = "qwen") -> Any:
-    from trace_agent.tiny_models import train_byte_bpe
-
-    return train_byte_bpe(texts or [], vocab_size=vocab_size, special_tokens=QWEN3_SPECIAL_TOKENS[:3],
-                          split_pattern=split_pattern(split), added_tokens=QWEN3_SPECIAL_TOKENS[3:])
-
-
-def train_demo_tokenizer(
-    demos: Sequence[Demonstration] | Sequence[str], *, vocab_size: int = 2048, split: str = "qwen"
-) -> Any:
-    """A byte-level BPE ``PreTrainedTokenizerFast`` with the Qwen3 special tokens and chat template.
-
-    Trained on the chat-template renderings of ``demos`` (or on the given texts), so the template's
-    boilerplate and the suite's vocabulary get merges; ``split`` picks the pre-tokenizer split
-    (:attr:`DemoModelConfig.split`). Deterministic for the same input.
-    """
-    if demos and isinstance(demos[0], str):
-        texts = [str(t) for t in demos]
-    else:
-        bootstrap = ChatRenderer(_wrap_tokenizer(_bpe_backend(300, [])), end_of_turn=END_OF_TURN)
-        texts = [bootstrap.render_text(d.messages, d.tools, add_generation_prompt=False)
-                 for d in demos]  # type: ignore[union-attr]
-    return _wrap_tokenizer(_bpe_backend(vocab_size, texts, split))
-
-
-def make_demo_model(tokenizer: Any, config: DemoModelConfig, *, seed: int = 0) -> Any:
-    """A freshly initialised ``Qwen3ForCausalLM`` (``AutoModelForCausalLM.from_config``) for ``tokenizer``.
-
-    Seeds torch's global RNG with ``seed`` (:func:`trace_agent.tiny_models.tiny_qwen3`,
-    ``fork_rng=False``): the demo's training loop continues from that stream.
-    """
-    from trace_agent.tiny_models import tiny_qwen3
-
-    return tiny_qwen3(tokenizer, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-                      num_layers=config.num_layers, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
-                      head_dim=config.head_dim, max_position_embeddings=config.max_position_embeddings,
-                      causal_lm=True, seed=seed, fork_rng=False, tie_word_embeddings=True, bos_token_id=None)
-
-
-_TINY_CORPUS = (
-    "You solve math problems. Run Python with the python tool and answer with <answer>\\boxed{42}</answer>.",
-    '<tool_call>{"name": "python", "arguments": {"code": "print(6 * 7)"}}</tool_call>',
-    "How many positive divisors does 12 have? The answer is 6. What is the remainder of 2^10 mod 7?",
-)
-
-
-def tiny_policy(*, seed: int = 0, model: DemoModelConfig | None = None, device: str = "cpu") -> HFPolicy:
-    """An untrained tiny demo-architecture policy (a tokenizer trained on a few lines), for tests."""
-    from trace_agent.policy.hf import HFPolicy
-
-    cfg = model or DemoModelConfig(vocab_size=400, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
-                                   head_dim=32, intermediate_size=128)
-    tokenizer = train_demo_tokenizer(list(_TINY_CORPUS) * 4, vocab_size=cfg.vocab_size)
-    return HFPolicy(make_demo_model(tokenizer, cfg, seed=seed), tokenizer, device=device)
-
-
-# --------------------------------------------------------------------------- build / load
 def _directory_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -620,31 +454,6 @@ def _train(model: Any, encoded: Sequence[tuple[list[int], list[bool]]], cfg: Dem
     return losses
 
 
-#: The demo policy the project ships (built by ``scripts/build_demo_policy.py --steps 400 --seed 0``;
-#: its ``build_report.json`` holds the losses and timings).
-_ASSETS = Path(__file__).resolve().parent / "assets"
-#: The shipped demo policy of PythonMath-v0 (the default of every ``path``-less call).
-SHIPPED_DEMO_POLICY = _ASSETS / "demo_policy"
-#: env id -> the directory its shipped demo policy lives in (it may not be built yet for every env).
-SHIPPED_DEMO_POLICIES: dict[str, Path] = {
-    "trace_envs/PythonMath-v0": SHIPPED_DEMO_POLICY,
-    "trace_envs/WikiQA-v0": _ASSETS / "demo_policy_wiki",
-    "trace_envs/BFCL-v0": _ASSETS / "demo_policy_bfcl",
-}
-
-
-def shipped_demo_policy(env_id: str = DEFAULT_ENV_IDS[0]) -> Path:
-    """Where ``env_id``'s shipped demo policy lives (PythonMath-v0's for an env without one)."""
-    return SHIPPED_DEMO_POLICIES.get(env_id, SHIPPED_DEMO_POLICY)
-
-
-def missing_shipped_policy(env_id: str) -> str | None:
-    """Why ``--policy demo`` without a path cannot run on ``env_id`` (its shipped slot is empty), or None."""
-    if (shipped_demo_policy(env_id) / "config.json").exists():
-        return None
-    return (f"no demo policy is shipped for {env_id} yet; build one with `python scripts/build_demo_policy.py "
-            f"--env {env_id} --out DIR` (tens of minutes on a CPU) and pass its directory as the policy path")
-
 
 def demo_train_config(env_id: str = DEFAULT_ENV_IDS[0], **overrides: Any) -> DemoTrainConfig:
     """The warm-start settings of ``env_id``'s demo policy: the defaults, then the env's demonstrator's
@@ -708,35 +517,3 @@ def _typed(key: str, annotation: Any, value: Any) -> Any:
         return value
     raise TypeError(f"setting {key!r} takes {kind}, got {value!r} ({type(value).__name__})")
 
-
-def ensure_demo_policy(path: str | Path | None = None, *, env_id: str = DEFAULT_ENV_IDS[0], seed: int = 0,
-                       steps: int | None = None, log: Callable[[str], None] | None = None) -> Path:
-    """The directory of ``env_id``'s demo policy: the shipped one (:func:`shipped_demo_policy`) when
-    ``path`` is None or empty, else ``path``, built there first (:func:`build_demo_policy` with
-    :func:`demo_train_config`) when it holds no model.
-
-    An env whose shipped slot is empty is a :class:`PolicyError` naming the build command: building
-    one silently into the package would take tens of minutes on a CPU.
-    """
-    if not path:
-        missing = missing_shipped_policy(env_id)
-        if missing is not None:
-            raise PolicyError(missing)
-        return shipped_demo_policy(env_id)
-    target = Path(path)
-    if not (target / "config.json").exists():
-        if log is not None:
-            log(f"building the {env_id} demo policy in {target} (minutes, once)")
-        config = demo_train_config(env_id, seed=seed)
-        build_demo_policy(target, seed=seed, steps=steps, config=config, log=log, progress=True)
-    return target
-
-
-def load_demo_policy(path: str | Path = SHIPPED_DEMO_POLICY, *, device: str = "cpu",
-                     max_batch_size: int = 32) -> HFPolicy:
-    """The demo policy saved by :func:`build_demo_policy`, loaded with ``HFPolicy.from_pretrained``."""
-    from trace_agent.policy.hf import HFPolicy
-
-    if not (Path(path) / "config.json").exists():
-        raise PolicyError(f"no demo policy at {path}: build it with scripts/build_demo_policy.py")
-    return HFPolicy.from_pretrained(path, device=device, max_batch_size=max_batch_size)

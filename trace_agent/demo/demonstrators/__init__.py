@@ -6,7 +6,7 @@ registering a :class:`Demonstrator` for its id (:func:`register_demonstrator`).
 
 from __future__ import annotations
 
-from trace_agent.policy.demonstrators.base import (
+from trace_agent.demo.demonstrators.base import (
     Demonstration,
     Demonstrator,
     collect_demonstrations,
@@ -14,13 +14,13 @@ from trace_agent.policy.demonstrators.base import (
     register_demonstrator,
     tool_call,
 )
-from trace_agent.policy.demonstrators.bfcl import BFCLDemonstrator
-from trace_agent.policy.demonstrators.python_math import (
+from trace_agent.demo.demonstrators.bfcl import BFCLDemonstrator
+from trace_agent.demo.demonstrators.python_math import (
     PythonMathDemonstrator,
     misconception_program,
     short_program,
 )
-from trace_agent.policy.demonstrators.wiki import WikiQADemonstrator
+from trace_agent.demo.demonstrators.wiki import WikiQADemonstrator
 
 __all__ = [
     "Demonstration",
