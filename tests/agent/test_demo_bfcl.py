@@ -515,7 +515,7 @@ def test_names_rendering_matches_a_names_env() -> None:
 
 
 # ----------------------------------------------------------------------------------------- the shipped policy
-SHIPPED = ROOT / "trace_agent" / "policy" / "assets" / "demo_policy_bfcl"
+SHIPPED = ROOT / "trace_agent" / "demo" / "assets" / "demo_policy_bfcl"
 #: the acting check: greedy first steps on the first ACT_SAMPLE demonstrated entries, at least this many exact
 ACT_SAMPLE, ACT_FLOOR_EXACT = 6, 4
 #: the success check: SUCCESS_SAMPLES episodes (T = 1) on each of the first SUCCESS_TASKS demonstrated entries
