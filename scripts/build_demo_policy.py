@@ -6,7 +6,8 @@
         --set augment_copies=2 --set model.split=copy --set 'demonstrator_options={"trace_envs/BFCL-v0": {"num_tasks": null}}'
 
 ``--set field=value`` changes one field of the preset (:func:`trace_agent.demo.build.with_settings`; the
-value is JSON, or a plain string); ``build_report.json`` records the settings the build ran with.
+same syntax as ``trace-gym train --set``: the value is YAML data, converted to the field's type);
+``build_report.json`` records the settings the build ran with.
 
 With ``--eval-tasks N`` it then plays ``--eval-samples`` episodes on each of the first N test tasks of
 each env and prints the per-task success-rate histogram (the spread that makes groups mixed).
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                   else DemoTrainConfig(seed=args.seed, env_ids=envs, **overrides))
         try:
             config = with_settings(config, args.settings)
-        except (TypeError, ValueError) as exc:
+        except ValueError as exc:
             parser.error(str(exc))
         report = build_demo_policy(args.out, seed=args.seed, steps=config.steps, config=config, log=lambda m: print(m, flush=True))
         print(f"built {args.out}: {report.num_parameters:,} parameters, {report.size_bytes / 1e6:.1f} MB, "

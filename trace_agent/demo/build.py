@@ -468,52 +468,16 @@ def with_settings(config: DemoTrainConfig, settings: Sequence[str]) -> DemoTrain
     """``config`` with ``field=value`` settings applied (``model.field=value`` for a
     :class:`DemoModelConfig` field), as ``scripts/build_demo_policy.py --set`` takes them.
 
-    A value is read as JSON (``2``, ``null``, ``{"trace_envs/BFCL-v0": {"num_tasks": null}}``; a list
-    for a tuple field), and as the plain string when it is not JSON (``model.split=copy``); it is never
-    evaluated. An unknown field or a malformed setting is a ``ValueError`` naming the fields; a value of
-    the wrong type (``steps=1.5``, ``env_ids=[1]``) a ``TypeError`` naming the setting; the dataclasses' own
-    checks then validate the values.
+    The same syntax and conversion as ``trace-gym train --set`` (:func:`~trace_agent.config_io.apply_overrides`
+    and :func:`~trace_agent.config_io.config_from_dict`): a value is read as YAML data (``2``, ``null``,
+    ``copy``, ``{"trace_envs/BFCL-v0": {"num_tasks": null}}``, a list for a tuple field), never evaluated,
+    and converted to its field's type. An unknown field, a malformed setting or a value that does not fit
+    its field is a :class:`~trace_agent.errors.ConfigError` (a ``ValueError``) naming the setting; the
+    dataclasses' own checks then validate the values (``ValueError``).
     """
-    top: dict[str, Any] = {}
-    model: dict[str, Any] = {}
-    for setting in settings:
-        key, sep, text = setting.partition("=")
-        key, text = key.strip(), text.strip()
-        if not sep or not key:
-            raise ValueError(f"a setting is field=value, got {setting!r}")
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            value = text
-        target, fields, name = (model, DemoModelConfig.__dataclass_fields__, key[6:]) if key.startswith("model.") \
-            else (top, DemoTrainConfig.__dataclass_fields__, key)
-        if name not in fields or name == "model":
-            settable = [f for f in DemoTrainConfig.__dataclass_fields__ if f != "model"]
-            raise ValueError(f"unknown setting {key!r}; settable: {', '.join(settable)}, "
-                             f"model.{{{', '.join(DemoModelConfig.__dataclass_fields__)}}}")
-        target[name] = _typed(key, fields[name].type, value)
-    return replace(config, **top, model=replace(config.model, **model))
+    from trace_agent.config_io import apply_overrides, config_from_dict, config_to_dict
 
-
-def _typed(key: str, annotation: Any, value: Any) -> Any:
-    """``value`` as a setting of a field annotated ``annotation`` (the configs' annotations are strings: ``int``,
-    ``float``, ``str``, ``int | None``, ``tuple[str, ...]``, ``Mapping[...]``); any other type is a ``TypeError``
-    naming the setting. An int is a valid float; a bool is neither an int nor a float."""
-    kind = str(annotation)
-    if kind.endswith("| None"):
-        if value is None:
-            return None
-        kind = kind[:-len("| None")].strip()
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind == "int" and number and isinstance(value, int):
-        return value
-    if kind == "float" and number:
-        return float(value)
-    if kind == "str" and isinstance(value, str):
-        return value
-    if kind.startswith("tuple[str") and isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    if kind.startswith("Mapping[") and isinstance(value, dict):
-        return value
-    raise TypeError(f"setting {key!r} takes {kind}, got {value!r} ({type(value).__name__})")
+    if not settings:
+        return config
+    return config_from_dict(DemoTrainConfig, apply_overrides(config_to_dict(config), settings))
 
