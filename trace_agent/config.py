@@ -55,6 +55,7 @@ from trace_agent.options import (
     Singleton,
     either,
 )
+from trace_agent.policy.base import DEFAULT_MAX_NEW_TOKENS
 from trace_agent.strategies import STRATEGY_NAMES
 
 __all__ = [
@@ -149,7 +150,7 @@ class SamplingSettings:
         max_turns: the env's turn limit.
     """
 
-    max_new_tokens: int = 256
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = 1.0
     top_p: float = 1.0
     max_turns: int = 4

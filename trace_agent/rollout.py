@@ -71,7 +71,7 @@ from trace_agent.engine.phases import PhaseBreakdown, PhaseTimer, timed
 from trace_agent.engine.ray_envs import RayConfig
 from trace_agent.engine.scheduler import EngineConfig, EngineStats, GenerationEngine
 from trace_agent.options import ENV_BACKENDS, Batching, EnvBackend, either
-from trace_agent.policy.base import Policy
+from trace_agent.policy.base import DEFAULT_MAX_NEW_TOKENS, Policy
 from trace_agent.predictor import SuccessPredictor
 from trace_agent.strategies import Budget, PromptValues, RootRequest, Strategy
 from trace_agent.tree import RolloutTree
@@ -169,7 +169,7 @@ class RolloutConfig:
             to inspect or branch further by hand; PythonMath-v0 snapshots hold processes).
     """
 
-    max_new_tokens: int = 256
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int = 0

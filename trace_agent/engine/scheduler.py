@@ -44,7 +44,7 @@ from typing import Any
 
 from trace_agent.engine.phases import PhaseTimer
 from trace_agent.options import BATCHING, Batching, either
-from trace_agent.policy.base import AsyncPolicy, Generation, Policy, TokenContext
+from trace_agent.policy.base import DEFAULT_MAX_NEW_TOKENS, AsyncPolicy, Generation, Policy, TokenContext
 
 __all__ = ["Batching", "EngineConfig", "EngineStats", "TurnRequest", "Agent", "GenerationEngine"]
 
@@ -63,7 +63,7 @@ class EngineConfig:
         batching: ``deterministic`` (barrier rounds; bit-identical) or ``dynamic`` (continuous).
     """
 
-    max_new_tokens: int = 256
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = 1.0
     top_p: float = 1.0
     max_batch_size: int = 64

@@ -25,7 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from trace_agent.policy.base import Generation, PolicyError, TokenContext, check_contexts
+from trace_agent.policy.base import (
+    DEFAULT_MAX_NEW_TOKENS,
+    Generation,
+    PolicyError,
+    TokenContext,
+    check_contexts,
+)
 from trace_agent.policy.chat import ChatTemplated
 
 __all__ = ["request_seed", "VerlServerPolicy", "PolicyServerClient"]
@@ -82,7 +88,7 @@ class VerlServerPolicy(ChatTemplated):
         finally:
             self._local.session = previous
 
-    async def agenerate(self, contexts: Sequence[TokenContext], *, max_new_tokens: int = 256,
+    async def agenerate(self, contexts: Sequence[TokenContext], *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                         temperature: float = 1.0, top_p: float = 1.0, seeds: Sequence[int],
                         sessions: Sequence[str]) -> list[Generation]:
         """One turn per context, requests in flight together (see the class docstring)."""
@@ -118,7 +124,7 @@ class VerlServerPolicy(ChatTemplated):
         return Generation(token_ids=tuple(ids), logprobs=tuple(logps), text=self.chat.turn_text(ids),
                           finish_reason=finish)
 
-    def generate(self, contexts: Sequence[TokenContext], *, max_new_tokens: int = 256, temperature: float = 1.0,
+    def generate(self, contexts: Sequence[TokenContext], *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, temperature: float = 1.0,
                  top_p: float = 1.0, seed: int | None = None, seeds: Sequence[int] | None = None,
                  sessions: Sequence[str] | None = None) -> list[Generation]:
         """Synchronous :meth:`agenerate` for a thread other than the loop's (see the class docstring)."""

@@ -35,6 +35,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from trace_agent.errors import PolicyError
 
 __all__ = [
+    "DEFAULT_MAX_NEW_TOKENS",
     "Message",
     "FinishReason",
     "TokenContext",
@@ -53,6 +54,8 @@ __all__ = [
 ]
 
 Message = Mapping[str, Any]
+#: The one default of ``max_new_tokens`` (the most tokens of one assistant turn) in every layer.
+DEFAULT_MAX_NEW_TOKENS = 256
 FinishReason = Literal["stop", "length"]
 
 
@@ -175,7 +178,7 @@ class SamplingConfig:
         seed: seeds the sampler; the same seed, contexts and backend give the same turns.
     """
 
-    max_new_tokens: int = 256
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
@@ -227,7 +230,7 @@ class Policy(Protocol):
         self,
         contexts: Sequence[TokenContext],
         *,
-        max_new_tokens: int = 256,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | None = None,
@@ -267,7 +270,7 @@ class AsyncPolicy(Protocol):
         self,
         contexts: Sequence[TokenContext],
         *,
-        max_new_tokens: int = 256,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         temperature: float = 1.0,
         top_p: float = 1.0,
         seeds: Sequence[int],

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from trace_agent.errors import PolicyError
-from trace_agent.policy.base import Message
+from trace_agent.policy.base import DEFAULT_MAX_NEW_TOKENS, Message
 from trace_agent.success import success_rate
 
 __all__ = ["EpisodeStart", "Actor", "PolicyActor", "observation_messages", "play", "play_episodes", "evaluate_policy",
@@ -170,7 +170,7 @@ def evaluate_policy(
     samples: int = 8,
     temperature: float = 1.0,
     top_p: float = 1.0,
-    max_new_tokens: int = 256,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     max_turns: int = 4,
     seed: int = 0,
     env_kwargs: Mapping[str, Any] | None = None,

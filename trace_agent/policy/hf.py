@@ -63,7 +63,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, TokenContext, check_call
+from trace_agent.policy.base import (
+    DEFAULT_MAX_NEW_TOKENS,
+    Generation,
+    PolicyError,
+    SamplingConfig,
+    TokenContext,
+    check_call,
+)
 from trace_agent.policy.chat import ChatTemplated
 
 if TYPE_CHECKING:
@@ -232,7 +239,7 @@ class HFPolicy(ChatTemplated):
         self,
         contexts: Sequence[TokenContext],
         *,
-        max_new_tokens: int = 256,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | None = None,

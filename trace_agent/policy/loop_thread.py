@@ -21,7 +21,7 @@ from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from trace_agent.policy.base import Generation, PolicyError, TokenContext
+from trace_agent.policy.base import DEFAULT_MAX_NEW_TOKENS, Generation, PolicyError, TokenContext
 from trace_agent.policy.weights import save_safetensors
 
 __all__ = ["LoopThread", "LoopBackedPolicy"]
@@ -110,7 +110,7 @@ class LoopBackedPolicy:
         self,
         contexts: Sequence[TokenContext],
         *,
-        max_new_tokens: int = 256,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | None = None,
@@ -125,7 +125,7 @@ class LoopBackedPolicy:
         self,
         contexts: Sequence[TokenContext],
         *,
-        max_new_tokens: int = 256,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         temperature: float = 1.0,
         top_p: float = 1.0,
         seeds: Sequence[int],

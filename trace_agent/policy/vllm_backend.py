@@ -56,7 +56,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trace_agent.policy.base import EngineLifetime, Generation, PolicyError, TokenContext, check_call
+from trace_agent.policy.base import (
+    DEFAULT_MAX_NEW_TOKENS,
+    EngineLifetime,
+    Generation,
+    PolicyError,
+    TokenContext,
+    check_call,
+)
 from trace_agent.policy.chat import ChatTemplated
 from trace_agent.policy.vllm_common import (
     completion_to_generation,
@@ -182,7 +189,7 @@ class VLLMPolicy(EngineLifetime, ChatTemplated):
         self,
         contexts: Sequence[TokenContext],
         *,
-        max_new_tokens: int = 256,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | None = None,
