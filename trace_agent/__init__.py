@@ -27,13 +27,11 @@ from __future__ import annotations
 from trace_agent.allocation import (
     allocate_prefixes,
     allocate_roots,
-    continuation_budget,
     flip_probability,
     mixed_probability,
-    proportional_split,
     repeat_probability,
 )
-from trace_agent.budget import Budget, paper_budget
+from trace_agent.budget import Budget, continuation_budget, paper_budget, proportional_split
 from trace_agent.engine.base import PromptSpec, prompt_pool
 from trace_agent.errors import InfeasibleAllocation
 from trace_agent.predictor import (

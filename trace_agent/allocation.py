@@ -1,8 +1,8 @@
-"""Root and prefix allocation (exact), the probabilities behind them, budget accounting.
+"""Root and prefix allocation (exact) and the probabilities behind them.
 
-Everything here is a pure numpy function of its arguments. (About 620 lines: the root and
-the two prefix problems share their validation and their tie rules, and each proof sits in
-its function's docstring beside its brute-force-tested code; they read best together.)
+Everything here is a pure numpy function of its arguments. The root and the two prefix problems
+share their validation and their tie rules, and each proof sits in its function's docstring
+beside its brute-force-tested code, so they stay in one module.
 
 Probabilities
     ``mixed_probability(v, m)``: chance that m rollouts at success rate v hold
@@ -26,9 +26,9 @@ Mixed-tree prefix problem (:func:`allocate_flip_once`)
 Prefix problem (:func:`allocate_prefixes`)
     maximise  sum_j (1 - q_j**k_j)   over  k_j in {0, ..., cap},  sum_j k_j * cost_j <= budget.
 
-Budgets
-    :func:`continuation_budget` and :func:`proportional_split` divide a budget between
-    prompts and prefixes. The budget itself and its paper unit live in :mod:`trace_agent.budget`.
+The budget itself, its paper unit and its division between prompts and prefixes
+(:func:`~trace_agent.budget.continuation_budget`, :func:`~trace_agent.budget.proportional_split`)
+live in :mod:`trace_agent.budget`.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from trace_agent.budget import proportional_split
 from trace_agent.budget import whole_count as _whole
 from trace_agent.errors import InfeasibleAllocation
 from trace_agent.success import success_mask
@@ -58,8 +59,6 @@ __all__ = [
     "allocate_flip_once",
     "spread_degenerate",
     "RootObjective",
-    "continuation_budget",
-    "proportional_split",
 ]
 
 #: Relative tolerance under which two root objectives count as tied (the smaller active count wins).
@@ -570,44 +569,3 @@ def allocate_flip_once(
         out[j] = k
         b -= k * int(cost[j])
     return out
-
-
-# --------------------------------------------------------------------------------------------------
-# budgets
-
-
-def continuation_budget(root_rollouts: int, ratio: float) -> int:
-    """A prompt's continuation budget, proportional to its root rollouts: round(ratio * root_rollouts).
-
-    Rounds to the nearest integer with halves rounded up (a 1e-9 slack absorbs binary
-    representation error, so 0.1 * 30 gives 3, and 0.5 * 3 gives 2). A prompt with no
-    root rollouts gets 0.
-    """
-    m = _whole("root_rollouts", root_rollouts)
-    if not (math.isfinite(ratio) and ratio >= 0.0):
-        raise ValueError(f"ratio must be a finite number >= 0, got {ratio}")
-    return int(math.floor(ratio * m + 0.5 + 1e-9))
-
-
-def proportional_split(shares: Sequence[float], total: int) -> list[int]:
-    """Split an integer ``total`` proportionally to non-negative ``shares``, summing exactly to ``total``.
-
-    Largest-remainder (Hamilton) rounding: floor of each quota, then the leftover units
-    go to the largest fractional parts, ties to the lower index. All-zero shares with a
-    positive total raise ValueError.
-    """
-    total = _whole("total", total)
-    s = np.asarray(shares, dtype=np.float64)
-    if s.ndim != 1 or not np.all(np.isfinite(s)) or np.any(s < 0):
-        raise ValueError("shares must be a 1-D sequence of finite numbers >= 0")
-    if total == 0:
-        return [0] * int(s.shape[0])
-    if s.sum() <= 0:
-        raise ValueError(f"cannot split {total} units over shares that are all zero")
-    quota = s / s.sum() * total
-    base = np.floor(quota).astype(np.int64)
-    left = total - int(base.sum())
-    frac = quota - base
-    order = np.lexsort((np.arange(s.shape[0]), -frac))
-    base[order[:left]] += 1
-    return [int(x) for x in base]

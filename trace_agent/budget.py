@@ -10,6 +10,8 @@ about half of one, so M root rollouts with N continuations each cost M * (1 + N/
 - :func:`paper_budget` - the planned cost of (M, N); :func:`spent_units` - the cost of
   rollouts that ran (roots at 1, continuations at the cost each).
 - :func:`continuation_cost` - the one validation of a continuation's price, (0, 1].
+- :func:`continuation_budget` and :func:`proportional_split` - a budget divided between prompts
+  and prefixes (whole rollouts, summing exactly).
 
 What a batch really cost (generated and observation tokens, env steps) is counted from its trees
 (:func:`trace_agent.tree_stats.batch_stats`), beside its paper units.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,8 +32,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "Budget",
+    "continuation_budget",
     "continuation_cost",
     "paper_budget",
+    "proportional_split",
     "spent_units",
     "whole_count",
 ]
@@ -154,3 +159,42 @@ class Budget:
     def prompt_continuations(self, roots: int) -> int:
         """A prompt's continuation units: N per root rollout."""
         return self.continuations_per_root * int(roots)
+
+
+def continuation_budget(root_rollouts: int, ratio: float) -> int:
+    """A prompt's continuation budget, proportional to its root rollouts: round(ratio * root_rollouts).
+
+    Rounds to the nearest integer with halves rounded up (a 1e-9 slack absorbs binary
+    representation error, so 0.1 * 30 gives 3, and 0.5 * 3 gives 2). A prompt with no
+    root rollouts gets 0.
+    """
+    m = whole_count("root_rollouts", root_rollouts)
+    if not (math.isfinite(ratio) and ratio >= 0.0):
+        raise ValueError(f"ratio must be a finite number >= 0, got {ratio}")
+    return int(math.floor(ratio * m + 0.5 + 1e-9))
+
+
+def proportional_split(shares: Sequence[float], total: int) -> list[int]:
+    """Split an integer ``total`` proportionally to non-negative ``shares``, summing exactly to ``total``.
+
+    Largest-remainder (Hamilton) rounding: floor of each quota, then the leftover units
+    go to the largest fractional parts, ties to the lower index. All-zero shares with a
+    positive total raise ValueError.
+    """
+    total = whole_count("total", total)
+    import numpy as np  # here, so that importing this module stays light
+
+    s = np.asarray(shares, dtype=np.float64)
+    if s.ndim != 1 or not np.all(np.isfinite(s)) or np.any(s < 0):
+        raise ValueError("shares must be a 1-D sequence of finite numbers >= 0")
+    if total == 0:
+        return [0] * int(s.shape[0])
+    if s.sum() <= 0:
+        raise ValueError(f"cannot split {total} units over shares that are all zero")
+    quota = s / s.sum() * total
+    base = np.floor(quota).astype(np.int64)
+    left = total - int(base.sum())
+    frac = quota - base
+    order = np.lexsort((np.arange(s.shape[0]), -frac))
+    base[order[:left]] += 1
+    return [int(x) for x in base]

@@ -64,10 +64,9 @@ from trace_agent.allocation import (
     allocate_flip_once,
     allocate_prefixes,
     allocate_roots,
-    proportional_split,
     repeat_probability,
 )
-from trace_agent.budget import Budget
+from trace_agent.budget import Budget, proportional_split
 from trace_agent.predictor import PredictionError, checked_predictions
 from trace_agent.tree import Node, RolloutTree
 

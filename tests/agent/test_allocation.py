@@ -13,16 +13,21 @@ from trace_agent.allocation import (
     allocate_flip_once,
     allocate_prefixes,
     allocate_roots,
-    continuation_budget,
     flip_probability,
     mixed_probability,
     prefix_objective,
-    proportional_split,
     repeat_probability,
     root_objective,
     spread_degenerate,
 )
-from trace_agent.budget import Budget, continuation_cost, paper_budget, spent_units
+from trace_agent.budget import (
+    Budget,
+    continuation_budget,
+    continuation_cost,
+    paper_budget,
+    proportional_split,
+    spent_units,
+)
 from trace_agent.errors import InfeasibleAllocation
 
 SIX = [0.99, 0.90, 0.50, 0.50, 0.15, 0.02]
