@@ -24,6 +24,9 @@ Available contrast (what "contrast" means here)
     count as a uniformly random order among themselves (each tied position gets the tie
     group's mean), so a constant score gives the exact expected curve of a random ranking,
     the diagonal.
+    Ranking by ``s(K - s)`` itself (``oracle``) scores the same samples it ranks; the
+    out-of-sample version (:func:`split_contrast_summary`) ranks on one half of each anchor's
+    samples and scores every ranking on the other half.
 
 Error by depth (paper: the group-success error falls to about a third of its prompt-level
 value by turn 4) and rank correlation (Spearman at prompts and at prefixes) are
@@ -57,6 +60,7 @@ __all__ = [
     "fraction_for_share",
     "curve_auc",
     "contrast_summary",
+    "split_contrast_summary",
     "error_by_depth",
     "rank_correlations",
     "budget_profile",
@@ -256,6 +260,63 @@ def contrast_summary(anchors: Sequence[Anchor]) -> dict[str, Any]:
         out[name] = {"curve": curve.tolist(), "at": {f"{f:g}": capture_at(curve, f) for f in FRACTIONS},
                      "fraction_for": {f"{s:g}": fraction_for_share(curve, s) for s in SHARES},
                      "auc": curve_auc(curve)}
+    return out
+
+
+def split_contrast_summary(anchors: Sequence[Anchor], *, splits: int = 500, seed: int = 0) -> dict[str, Any]:
+    """Capture curves scored out of sample: each anchor's K continuations split into halves A and B.
+
+    :func:`contrast_summary`'s ``oracle`` ranks anchors by the same samples it scores, so it is an
+    upper bound no ranking made before the samples can reach. Here every ranking is scored on half
+    B's contrast ``s_B (K_B - s_B)`` (``K_B = K - K // 2``): ``oracle`` ranks by half A's contrast
+    ``s_A (K_A - s_A)`` (a Monte-Carlo estimate made beforehand from ``K_A = K // 2`` samples),
+    ``predicted`` by ``v-hat (1 - v-hat)``, ``random`` by nothing. The split needs only each
+    anchor's success count s: the K samples are exchangeable, so given s every choice of which
+    samples succeeded is equally likely and ``s_A`` is hypergeometric (s successes among K, K_A
+    drawn), the law a stored per-sample record would give. Curves are averaged over ``splits``
+    random splits (seeded); a split whose half B offers no contrast at all is skipped and counted.
+
+    Keys: ``anchors``, ``splits`` (used), ``skipped_splits``, ``half_samples`` ([K_A, K_B]), and per
+    ranking ``curve`` (the mean curve), ``at``, ``fraction_for``, ``auc`` (of the mean curve) and
+    ``auc_over_splits`` (:func:`spread` of each split's AUC). Raises ValueError when anchors differ
+    in K, K < 4 (half B could never hold a pair), ``splits < 1``, or no split offers contrast.
+    """
+    ks = {a.samples for a in anchors}
+    if len(ks) != 1:
+        raise ValueError(f"anchors must share one K to be split, got {sorted(ks)}")
+    k = ks.pop()
+    if k < 4:
+        raise ValueError(f"a split needs K >= 4 samples per anchor (2 per half), got K = {k}")
+    if splits < 1:
+        raise ValueError(f"splits must be >= 1, got {splits}")
+    k_a = k // 2
+    k_b = k - k_a
+    s = np.asarray([a.successes for a in anchors], dtype=np.int64)
+    p = np.asarray([a.predicted for a in anchors], dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    names = ("oracle", "predicted", "random")
+    curves: dict[str, list[NDArray[np.float64]]] = {name: [] for name in names}
+    skipped = 0
+    for _ in range(splits):
+        s_a = rng.hypergeometric(s, k - s, k_a)
+        s_b = s - s_a
+        c_b = (s_b * (k_b - s_b)).astype(np.float64)
+        if c_b.sum() <= 0:
+            skipped += 1
+            continue
+        scores = {"oracle": (s_a * (k_a - s_a)).astype(np.float64), "predicted": p * (1.0 - p),
+                  "random": np.zeros_like(p)}
+        for name in names:
+            curves[name].append(capture_curve(c_b, scores[name]))
+    if not curves["oracle"]:
+        raise ValueError("no available contrast: no split's half B holds a (success, failure) pair")
+    out: dict[str, Any] = {"anchors": len(anchors), "splits": len(curves["oracle"]), "skipped_splits": skipped,
+                           "half_samples": [k_a, k_b]}
+    for name in names:
+        mean = np.mean(curves[name], axis=0)
+        out[name] = {"curve": mean.tolist(), "at": {f"{f:g}": capture_at(mean, f) for f in FRACTIONS},
+                     "fraction_for": {f"{x:g}": fraction_for_share(mean, x) for x in SHARES},
+                     "auc": curve_auc(mean), "auc_over_splits": spread(curve_auc(c) for c in curves[name])}
     return out
 
 

@@ -26,6 +26,7 @@ from trace_agent.analysis import (
     fraction_for_share,
     rank_correlations,
     shape_costs,
+    split_contrast_summary,
     spread,
 )
 from trace_agent.compare import ComparisonResult
@@ -126,6 +127,69 @@ def test_contrast_summary_ranks_by_predicted_uncertainty() -> None:
     assert summ["oracle"]["at"]["0.5"] == pytest.approx(1.0)
     assert summ["random"]["auc"] == pytest.approx(0.5)
     assert summ["oracle"]["fraction_for"]["0.5"] == pytest.approx(0.25)
+
+
+def _split_reference(anchors: list[Anchor]) -> dict[str, list[float]]:
+    """Brute force: every arrangement of each anchor's successes among its K samples (half A = the first K // 2),
+    equally likely given s; curves averaged over the arrangements whose half B holds contrast."""
+    from math import comb
+
+    k = anchors[0].samples
+    k_a = k // 2
+    per_anchor = []
+    for a in anchors:
+        arrangements = [set(c) for c in itertools.combinations(range(k), a.successes)]
+        per_anchor.append([(sum(i < k_a for i in c), sum(i >= k_a for i in c)) for c in arrangements])
+    assert all(len(x) == comb(k, a.successes) for x, a in zip(per_anchor, anchors))
+    p = np.asarray([a.predicted for a in anchors])
+    sums = {"oracle": np.zeros(len(anchors) + 1), "predicted": np.zeros(len(anchors) + 1)}
+    weight = 0
+    for combo in itertools.product(*per_anchor):
+        s_a = np.asarray([x[0] for x in combo])
+        s_b = np.asarray([x[1] for x in combo])
+        c_b = s_b * (k - k_a - s_b)
+        if c_b.sum() == 0:
+            continue
+        weight += 1
+        sums["oracle"] += capture_curve(c_b, s_a * (k_a - s_a))
+        sums["predicted"] += capture_curve(c_b, p * (1 - p))
+    return {name: (v / weight).tolist() for name, v in sums.items()}
+
+
+def test_split_contrast_matches_the_brute_force_average_over_sample_arrangements() -> None:
+    anchors = [_anchor(0, 0.5, 0.5), _anchor(1, 0.9, 0.75), _anchor(1, 0.2, 0.25), _anchor(2, 0.05, 0.0),
+               _anchor(2, 0.6, 0.5)]
+    ref = _split_reference(anchors)
+    summ = split_contrast_summary(anchors, splits=20000, seed=1)
+    assert summ["half_samples"] == [2, 2] and summ["anchors"] == 5
+    assert summ["splits"] + summ["skipped_splits"] == 20000 and summ["skipped_splits"] > 0
+    for name in ("oracle", "predicted"):
+        assert summ[name]["curve"] == pytest.approx(ref[name], abs=0.01)
+    assert summ["random"]["curve"] == pytest.approx(np.linspace(0, 1, 6).tolist())
+    assert summ["random"]["auc_over_splits"]["std"] == pytest.approx(0.0)
+
+
+def test_out_of_sample_oracle_is_below_the_in_sample_one_and_a_calibrated_predictor_can_beat_it() -> None:
+    # two mixed anchors among all-alike ones; the predictor knows which are mixed, half A's 2 samples often do not
+    anchors = [_anchor(0, 0.5, 0.5, samples=4), _anchor(1, 0.5, 0.5, samples=4)] + [
+        _anchor(1, v, t, samples=4) for v, t in ((0.99, 1.0), (0.01, 0.0), (0.98, 1.0), (0.02, 0.0))]
+    inside = contrast_summary(anchors)
+    split = split_contrast_summary(anchors, splits=4000, seed=0)
+    assert inside["oracle"]["auc"] >= split["oracle"]["auc"] + 0.05
+    assert split["predicted"]["at"]["0.5"] == pytest.approx(1.0)  # half B's pairs sit only on the two mixed anchors
+    assert split["predicted"]["auc"] > split["oracle"]["auc"] > split["random"]["auc"]
+    assert split_contrast_summary(anchors, splits=50, seed=3) == split_contrast_summary(anchors, splits=50, seed=3)
+
+
+def test_split_contrast_refuses_what_it_cannot_split() -> None:
+    with pytest.raises(ValueError, match="K >= 4"):
+        split_contrast_summary([_anchor(0, 0.5, 0.5, samples=2)])
+    with pytest.raises(ValueError, match="one K"):
+        split_contrast_summary([_anchor(0, 0.5, 0.5, samples=4), _anchor(0, 0.5, 0.5, samples=8)])
+    with pytest.raises(ValueError, match="splits"):
+        split_contrast_summary([_anchor(0, 0.5, 0.5)], splits=0)
+    with pytest.raises(ValueError, match="no available contrast"):
+        split_contrast_summary([_anchor(0, 0.5, 1.0), _anchor(1, 0.5, 0.0)], splits=10)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -443,6 +507,11 @@ def test_predictor_and_contrast_small_on_the_same_probe_trees(claims, demo_polic
     assert int(on_disk["error_by_depth"][0]["anchors"]) == 4  # every candidate prompt is an anchor
     data = claims.main(["contrast", "--small", "--trees", str(raw / "trees.jsonl"), "--out", str(tmp_path / "c")])
     levels = _outputs(tmp_path / "c", "contrast")["levels"]
+    split = _outputs(tmp_path / "c", "contrast")["out_of_sample"]
+    assert set(split) == set(levels)
+    for part in split.values():  # scored on half B: a random ranking is the diagonal; or said why not
+        assert ("error" in part and ("K >= 4" in part["error"] or "no available contrast" in part["error"])) or \
+            part["random"]["auc"] == pytest.approx(0.5)
     summ = levels["all anchors"]
     if "error" in summ:  # every anchor's continuations ended alike: said so, no curve
         assert "no available contrast" in summ["error"]
