@@ -52,7 +52,7 @@ from trace_agent.analysis import (  # noqa: E402
     split_contrast_summary,
     spread,
 )
-from trace_agent.bench import BENCH_PREDICTORS, BenchConfig, BenchResult, run_bench  # noqa: E402
+from trace_agent.bench import BENCH_PREDICTORS, BenchConfig, BenchResult, prefix_share_arg, run_bench  # noqa: E402
 from trace_agent.rollout import RolloutConfig  # noqa: E402
 from trace_agent.strategies import Budget  # noqa: E402
 
@@ -108,6 +108,8 @@ def _add_common(p: argparse.ArgumentParser, claim: str) -> None:
     p.add_argument("--budget", default=None, help="M,N: root rollouts per batch, continuations per root")
     p.add_argument("--group-size", type=int, default=None, help="baseline rollouts per prompt")
     p.add_argument("--warmup-prompts", type=int, default=None, help="tasks the predictor is warmed up on")
+    p.add_argument("--prefix-share", type=prefix_share_arg, default=BenchConfig.prefix_share,
+                   help="most share of prefix examples in the predictor's warm-up refreshes ('all': every prefix)")
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--oracle-samples", type=int, default=None, help="Monte-Carlo continuations per anchor")
@@ -174,7 +176,7 @@ def bench_config(args: argparse.Namespace, *, strategies: Sequence[str], budget:
         strategies=tuple(strategies), seeds=_setting(args, "seeds"),
         prompts=prompts if prompts is not None else _setting(args, "prompts"),
         budget=budget if budget is not None else _budget(_setting(args, "budget"), group),
-        warmup_prompts=_setting(args, "warmup_prompts"),
+        warmup_prompts=_setting(args, "warmup_prompts"), prefix_share=args.prefix_share,
         rollout=RolloutConfig(max_new_tokens=_setting(args, "max_new_tokens"), temperature=args.temperature,
                               workers=args.workers, oracle_samples=_setting(args, "oracle_samples")),
         predictor=args.predictor,
@@ -459,7 +461,8 @@ def _probe_note(config: BenchConfig, k: int, anchors: Sequence[Any]) -> list[str
     return [f"Truth: each anchor's Monte-Carlo success rate from K = {k} fresh continuations from its snapshot "
             f"(binomial noise sd = sqrt(V(1-V)/{k}), up to {0.5 / math.sqrt(k):.2f}); anchors: {roots} prompts (every "
             f"candidate, {config.budget.group_size} root rollouts each) and {len(anchors) - roots} visited prefixes. "
-            f"Predictor: the bench's ({config.predictor} features) after its TreePO-style warm-up, not updated while "
+            f"Predictor: the bench's ({config.predictor} features) after its TreePO-style warm-up (prefix share "
+            f"{'every prefix' if config.prefix_share is None else f'{config.prefix_share:g}'}), not updated while "
             "measured.", ""]
 
 

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from trace_agent.config import PredictorSettings
 from trace_agent.env_factory import make_env_factory, task_ids
 from trace_agent.rollout import Collection, PromptSpec, RolloutConfig, TreeCollector
 from trace_agent.strategies import STRATEGY_NAMES, Budget, Strategy, TreePO
@@ -56,6 +57,7 @@ __all__ = [
     "add_bench_parser",
     "load_policy",
     "plot_result",
+    "prefix_share_arg",
     "resolve_strategy",
     "run_bench",
     "summarize",
@@ -87,6 +89,8 @@ class BenchConfig:
         warmup_prompts: tasks the predictor is warmed up on (disjoint from the measured ones), in
             batches of ``budget.max_active`` prompts collected TreePO-style with ``budget``; the
             predictor is refreshed on each batch's trees as it returns (as in training).
+        prefix_share: the most share of prefix examples in each warm-up refresh, as the trainer's
+            ``predictor.prefix_share`` (default the same, the paper's 0.06); None: every prefix.
         rollout: sampling settings (max_new_tokens, temperature, workers, oracle_samples...).
         predictor: the success predictor's kind when :func:`run_bench` builds it
             (:func:`~trace_agent.wiring.build_predictor`): ``embedding`` (MiniLM + logistic head),
@@ -103,6 +107,7 @@ class BenchConfig:
     prompts: int = 16
     budget: Budget = field(default_factory=lambda: Budget(roots=32, continuations_per_root=2, group_size=4))
     warmup_prompts: int = 48
+    prefix_share: float | None = PredictorSettings.prefix_share
     rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(max_new_tokens=160))
     predictor: str = "embedding"
     command: str = ""
@@ -115,6 +120,7 @@ class BenchConfig:
                              f"({self.budget.max_active}) prompts")
         if not self.strategies:
             raise ValueError("name at least one strategy")
+        PredictorSettings(prefix_share=self.prefix_share)  # the trainer's one check of the share
         if self.predictor not in BENCH_PREDICTORS:
             raise ValueError(f"predictor must be one of {', '.join(BENCH_PREDICTORS)}, got {self.predictor!r}")
 
@@ -338,7 +344,8 @@ def run_bench(
             pool = [PromptSpec(task_id=t) for t in warm_ids[start:start + chunk]]
             batch = collector.collect(pool, _WarmUp(), config.budget, seed=10_000 + start)
             warm_trees.extend(batch.trees)
-            info["warmup_refresh"] = refresh_predictor(predictor, batch.trees)  # the predictor keeps a replay buffer
+            # the predictor keeps a replay buffer
+            info["warmup_refresh"] = refresh_predictor(predictor, batch.trees, prefix_share=config.prefix_share)
         bar.close()
         log(f"warm-up: {len(warm_trees)} trees on {n_warm} tasks in {time.perf_counter() - t0:.0f}s")
         measured_trees = []
@@ -511,6 +518,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--budget", default="32,2", help="M,N: root rollouts per batch, continuations per root")
     p.add_argument("--group-size", type=int, default=4, help="baseline rollouts per prompt (M / group = prompts)")
     p.add_argument("--warmup-prompts", type=int, default=48)
+    p.add_argument("--prefix-share", type=prefix_share_arg, default=PredictorSettings.prefix_share,
+                   help="most share of prefix examples in each warm-up refresh of the predictor; 'all': every prefix")
     p.add_argument("--max-new-tokens", type=int, default=160)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--oracle-samples", type=int, default=8)
@@ -522,6 +531,19 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_cli)
     return p
+
+
+def prefix_share_arg(text: str) -> float | None:
+    """``--prefix-share``: a number in [0, 1], or ``all`` (None: every prefix)."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number in [0, 1] or 'all', got {text!r}") from None
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise argparse.ArgumentTypeError(f"a number in [0, 1] or 'all', got {text!r}")
+    return value
 
 
 def _check_policy(spec: str, cache_dir: str | None, env_id: str) -> None:
@@ -550,7 +572,7 @@ def _cli(args: argparse.Namespace) -> int:
     config = BenchConfig(
         env_id=args.env, env_kwargs=json.loads(args.env_kwargs), max_turns=args.max_turns,
         strategies=tuple(s.strip() for s in args.strategies.split(",") if s.strip()), seeds=args.seeds,
-        prompts=args.prompts, budget=budget, warmup_prompts=args.warmup_prompts,
+        prompts=args.prompts, budget=budget, warmup_prompts=args.warmup_prompts, prefix_share=args.prefix_share,
         rollout=RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               workers=args.workers, oracle_samples=args.oracle_samples),
         predictor=args.predictor,

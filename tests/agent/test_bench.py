@@ -142,3 +142,29 @@ def test_bench_builds_the_policy_states_predictor_from_the_benched_policy(tmp_pa
         run_bench(config, policy=scripted, make_env=make_math_env, log=lambda _m: None)
     with pytest.raises(ValueError, match="predictor must be one of"):
         BenchConfig(predictor="lm-critic")
+
+
+def test_the_warm_up_refreshes_the_predictor_with_the_configured_prefix_share() -> None:
+    """``BenchConfig.prefix_share`` (``--prefix-share``) reaches every warm-up refresh: 0 trains on prompts only,
+    None (``all``) on every example; the trainer's check refuses a share outside [0, 1]."""
+    from trace_agent.bench import prefix_share_arg
+    from trace_agent.errors import ConfigError
+
+    policy, _ = scripted_setup(300)
+    budget = Budget(roots=8, continuations_per_root=2, group_size=4)
+    refresh = {}
+    for share in (0.0, None):
+        config = BenchConfig(strategies=("grpo",), seeds=1, prompts=2, budget=budget, warmup_prompts=4, max_turns=3,
+                             prefix_share=share, rollout=RolloutConfig(workers=1))
+        result = run_bench(config, policy=policy, predictor=EmbeddingPredictor(HashedNGramFeaturizer(dim=64)),
+                           make_env=make_math_env, log=lambda _m: None)
+        refresh[share] = result.predictor["warmup_refresh"]
+    assert refresh[None]["train_examples"] == refresh[None]["examples"] > refresh[0.0]["train_examples"] > 0
+    assert refresh[None]["train_prefix_share"] > 0.0 == refresh[0.0]["train_prefix_share"]
+    assert BenchConfig().prefix_share == 0.06
+    with pytest.raises(ConfigError, match="prefix_share"):
+        BenchConfig(prefix_share=1.5)
+    assert prefix_share_arg("all") is None and prefix_share_arg("0.25") == 0.25
+    for bad in ("-0.1", "nan", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            prefix_share_arg(bad)
