@@ -27,6 +27,7 @@ _QUERY = re.compile(r'"query"\s*:\s*"([^"]*)"')
 def behaviour(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """kind -> {"episodes", "success", "first_search_right", "later_queries_copied", "answered_early"}."""
     from trace_agent.demo.demonstrators.wiki import WikiQADemonstrator, query_entity
+    from trace_agent.success import is_success
     from trace_envs.tasks.wiki import default_wiki_tasks
 
     tasks = default_wiki_tasks()
@@ -40,7 +41,7 @@ def behaviour(rows: list[dict[str, Any]]) -> dict[str, Any]:
         queries = [(k, query_entity(q)) for k, t in enumerate(turns) for q in _QUERY.findall(t)[:1]]
         cell = acc[kind]
         cell["episodes"] += 1
-        cell["success"] += float(row["reward"] > 0)
+        cell["success"] += float(is_success(row["reward"]))
         first = WikiQADemonstrator.first_query(task.data) or query_entity(task.data["queries"][0])
         cell["first_search_right"] += float(bool(queries) and queries[0] == (0, first))
         later = [(k, q) for k, q in queries if k >= 1]
