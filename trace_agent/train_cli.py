@@ -320,9 +320,7 @@ def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool | 
             raise TrainingStopped(out_dir=out, step=trainer.step_count, checkpoint_step=last_checkpoint) from None
     finally:
         logger.close()
-        close = getattr(trainer.collector, "close", None)
-        if callable(close):
-            close()
+        trainer.close()  # the collector and the engine it built (vLLM: its memory comes back now)
     policy_out = out / "policy"
     trainer.learner.save_pretrained(policy_out)  # model, tokenizer and trace_policy.json (e.g. BFCL's tool_detail)
     write_policy_meta(policy_out, env_ids=[*(policy_env_ids(policy_dir(config)) or ()), config.env_id],

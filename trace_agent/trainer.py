@@ -108,6 +108,7 @@ class Trainer:
         config: the run.
         learner: the trained policy (default: built from ``config.policy``).
         engine: the generation policy (default: the learner, or a VLLMPolicy for ``kind="vllm"``).
+            An engine built here is the trainer's: :meth:`close` closes it; one passed in stays open.
         predictor: the success predictor (default: built from ``config.predictor``).
         collector_factory: builds the rollout collector (default: :func:`default_collector`).
     """
@@ -121,6 +122,7 @@ class Trainer:
         random.seed(config.seed)
         np.random.seed(config.seed % 2**32)
         torch.manual_seed(config.seed)
+        self._owns_engine = engine is None
         if learner is None:
             learner, built_engine = build_policies(config.policy, seed=config.seed, env_id=config.env_id)
             engine = engine if engine is not None else built_engine
@@ -149,6 +151,23 @@ class Trainer:
             config, engine=self.engine, predictor=self.predictor)
         self.refreshes_predictor = (config.predictor.refresh == "always"
                                     or bool(getattr(self.collector.strategy, "uses_predictor", True)))
+
+    def close(self) -> None:
+        """Shut the collector down and close the engine this trainer built (a vLLM engine gives its memory
+        back; a learner that generates for itself stays usable). Idempotent; ``with Trainer(...)`` calls it."""
+        from trace_agent.policy.base import close_engine
+
+        close = getattr(self.collector, "close", None)
+        if callable(close):
+            close()
+        if self._owns_engine:
+            close_engine(self.engine, self.learner)
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ---------------------------------------------------------------- one step
     def step(self) -> StepResult:

