@@ -35,6 +35,15 @@ the first trajectory through it; later ones carry it with mask 0 and advantage 0
 ``grpo``/``tree-grpo`` every trajectory is a full-path sample with its leaf's advantage
 (``"per-leaf"``, as verl and the official Tree-GRPO code train it). ``shared="once"`` or
 ``"per-leaf"`` forces either (``once`` under GRPO uses the mean leaf advantage of the turn).
+
+A batch for verl's trainer. :func:`verl_batch` pads rows into verl's ``DataProto`` laid out as
+verl's agent loop lays out its own (``AgentLoopWorker._postprocess``): ``prompts`` left-padded,
+``responses`` right-padded, ``input_ids``/``attention_mask`` their concatenation,
+``response_mask`` (generated tokens only), ``position_ids`` from the attention mask,
+``rollout_log_probs`` when every row has them, ``rm_scores`` (the reward on the last response
+token), plus ``advantages`` (the rows' per-token advantages, right-padded) so that verl's actor
+update can train on them as they are; every ``extra_fields`` key but ``advantages`` becomes a
+``non_tensor_batch`` column, with ``__num_turns__``.
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ from trace_agent.export_trl import trajectory_messages
 from trace_agent.options import SHARED_TURNS, LoneChild, ObjectiveName, SharedTurns, either
 from trace_agent.tree import RolloutTree
 
-__all__ = ["NO_METRICS", "verl_rows"]
+__all__ = ["NO_METRICS", "verl_batch", "verl_rows"]
 
 #: verl's ``AgentLoopMetrics`` defaults: what a row says when no timing was recorded.
 NO_METRICS: dict[str, float | int] = {"generate_sequences": 0.0, "tool_calls": 0.0, "compute_score": 0.0,
@@ -123,3 +132,64 @@ def verl_rows(tree: RolloutTree, *, objective: ObjectiveName = "treerpo", shared
             },
         })
     return rows
+
+
+def verl_batch(rows: list[dict[str, Any]], *, prompt_length: int, response_length: int, pad_token_id: int = 0) -> Any:
+    """verl's ``DataProto`` of ``rows`` (:func:`verl_rows` output, or the exported JSONL/Parquet read back).
+
+    Laid out as the module docstring says; needs verl (and torch) installed. Raises
+    :class:`ExportError` for no rows, or a row whose prompt or response is longer than
+    ``prompt_length`` / ``response_length`` (nothing is cut silently: raise the lengths or
+    export with ``max_response_length``).
+    """
+    import numpy as np
+    import torch
+    from tensordict import TensorDict
+    from verl import DataProto
+
+    if not rows:
+        raise ExportError("verl_batch needs at least one row")
+    n = len(rows)
+    prompts = torch.full((n, prompt_length), pad_token_id, dtype=torch.long)
+    responses = torch.full((n, response_length), pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros((n, prompt_length), dtype=torch.long)
+    response_attention = torch.zeros((n, response_length), dtype=torch.long)
+    response_mask = torch.zeros((n, response_length), dtype=torch.long)
+    advantages = torch.zeros((n, response_length), dtype=torch.float32)
+    rm_scores = torch.zeros((n, response_length), dtype=torch.float32)
+    with_logprobs = all(row.get("response_logprobs") is not None for row in rows)
+    logprobs = torch.zeros((n, response_length), dtype=torch.float32)
+    for i, row in enumerate(rows):
+        p, r = list(row["prompt_ids"]), list(row["response_ids"])
+        uid = (row.get("extra_fields") or {}).get("uid", i)
+        if len(p) > prompt_length or len(r) > response_length:
+            raise ExportError(f"row {i} (uid {uid!r}): prompt {len(p)} / response {len(r)} tokens do not fit "
+                              f"prompt_length={prompt_length} / response_length={response_length}")
+        if p:
+            prompts[i, prompt_length - len(p):] = torch.tensor(p)
+            prompt_mask[i, prompt_length - len(p):] = 1
+        if r:
+            responses[i, :len(r)] = torch.tensor(r)
+            response_attention[i, :len(r)] = 1
+            response_mask[i, :len(r)] = torch.tensor(list(row["response_mask"]))
+            advantages[i, :len(r)] = torch.tensor(list(row["extra_fields"]["advantages"]), dtype=torch.float32)
+            rm_scores[i, len(r) - 1] = float(row["reward_score"])
+            if with_logprobs:
+                logprobs[i, :len(r)] = torch.tensor(list(row["response_logprobs"]), dtype=torch.float32)
+    attention_mask = torch.cat([prompt_mask, response_attention], dim=1)
+    tensors = {
+        "prompts": prompts, "responses": responses, "response_mask": response_mask * response_attention,
+        "input_ids": torch.cat([prompts, responses], dim=1), "attention_mask": attention_mask,
+        "position_ids": torch.clip(torch.cumsum(attention_mask, dim=-1) - 1, min=0),
+        "rm_scores": rm_scores, "advantages": advantages * response_mask,
+    }
+    if with_logprobs:
+        tensors["rollout_log_probs"] = logprobs
+    non_tensor: dict[str, Any] = {"__num_turns__": np.array([int(row["num_turns"]) for row in rows], dtype=np.int32)}
+    keys = sorted({k for row in rows for k in (row.get("extra_fields") or {}) if k != "advantages"})
+    for key in keys:
+        column = np.empty(n, dtype=object)
+        column[:] = [(row.get("extra_fields") or {}).get(key) for row in rows]
+        non_tensor[key] = column
+    return DataProto(batch=TensorDict(tensors, batch_size=n), non_tensor_batch=non_tensor,
+                     meta_info={"metrics": [dict(row.get("metrics") or NO_METRICS) for row in rows]})

@@ -80,3 +80,61 @@ def test_verl_would_have_dropped_the_extra_columns_at_the_top_level() -> None:
         AgentLoopOutput(**flat)
     out = AgentLoopOutput(**flat, metrics=row["metrics"])
     assert "advantages" not in out.model_dump() and out.extra_fields == {}
+
+
+def test_verl_batch_is_laid_out_as_verls_agent_loop_and_verls_own_grpo_agrees(tmp_path) -> None:
+    """``verl_batch``: the exported rows as verl's ``DataProto`` (left-padded prompts, right-padded responses,
+    masks, positions, rm_scores at the last response token); verl's own GRPO advantage on its ``rm_scores`` equals
+    the exported GRPO advantages, and verl's policy loss trains on the batch as it is."""
+    import numpy as np
+    import torch
+    from verl import DataProto
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, compute_policy_loss_vanilla
+    from verl.workers.config import ActorConfig
+
+    from trace_agent.errors import ExportError
+    from trace_agent.export_verl import verl_batch
+
+    trees = [_tree("m", "trace_envs/PythonMath-v0", "42"), _tree("n", "trace_envs/PythonMath-v0", "7")]
+    rows = export_rows(trees, ExportConfig(format="verl", objective="grpo"))
+    write_rows(rows, tmp_path / "verl.jsonl")
+    batch = verl_batch(read_rows(tmp_path / "verl.jsonl"), prompt_length=5, response_length=8, pad_token_id=0)
+    assert isinstance(batch, DataProto) and len(batch) == len(rows) == 6
+    b = batch.batch
+    first = rows[0]  # prompt [1, 2, 3]; response: generated 10 11, observation 20, generated 12
+    assert first["response_ids"] == [10, 11, 20, 12] and first["response_mask"] == [1, 1, 0, 1]
+    assert b["prompts"][0].tolist() == [0, 0, 1, 2, 3]
+    assert b["responses"][0].tolist() == [10, 11, 20, 12, 0, 0, 0, 0]
+    assert b["input_ids"][0].tolist() == [0, 0, 1, 2, 3, 10, 11, 20, 12, 0, 0, 0, 0]
+    assert b["attention_mask"][0].tolist() == [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0]
+    assert b["position_ids"][0].tolist() == [0, 0, 0, 1, 2, 3, 4, 5, 6, 6, 6, 6, 6]
+    assert b["response_mask"][0].tolist() == [1, 1, 0, 1, 0, 0, 0, 0]
+    assert b["rm_scores"][0].tolist() == [0, 0, 0, float(first["reward_score"]), 0, 0, 0, 0]
+    assert b["rollout_log_probs"][0].tolist() == [-0.5, -0.5, 0.0, -0.5, 0, 0, 0, 0]
+    assert list(batch.non_tensor_batch["uid"]) == [r["extra_fields"]["uid"] for r in rows]
+    assert batch.non_tensor_batch["reward_model"][0] == {"style": "rule", "ground_truth": "42"}
+    assert "advantages" not in batch.non_tensor_batch and batch.non_tensor_batch["__num_turns__"].dtype == np.int32
+
+    verl_adv, _ = compute_grpo_outcome_advantage(token_level_rewards=b["rm_scores"], response_mask=b["response_mask"],
+                                                 index=batch.non_tensor_batch["uid"])
+    assert torch.allclose(verl_adv, b["advantages"], atol=1e-5)
+    assert b["advantages"].abs().sum() > 0
+
+    # verl's clipped PPO loss on the batch as it is: at the behaviour log-probs the ratio is 1, so the loss is
+    # -mean(A) over the trained tokens; a policy that raised every trained token's log-prob by 0.1 lowers it
+    config = ActorConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=1, rollout_n=1)
+    mask = b["response_mask"].float()
+    old = b["rollout_log_probs"]
+    at_behaviour, _ = compute_policy_loss_vanilla(old, old, b["advantages"], b["response_mask"], "token-mean", config)
+    assert float(at_behaviour) == pytest.approx(float(-(b["advantages"] * mask).sum() / mask.sum()), abs=1e-6)
+    raised = old + 0.1 * torch.sign(b["advantages"])
+    moved, _ = compute_policy_loss_vanilla(old, raised, b["advantages"], b["response_mask"], "token-mean", config)
+    assert float(moved) < float(at_behaviour)
+
+    with pytest.raises(ExportError, match="do not fit"):
+        verl_batch(rows, prompt_length=2, response_length=8)
+    with pytest.raises(ExportError, match="at least one row"):
+        verl_batch([], prompt_length=5, response_length=8)
+    no_lp = verl_batch(export_rows([_tree("w", "trace_envs/WikiQA-v0", "x", logprobs=False)],
+                                   ExportConfig(format="verl", objective="grpo")), prompt_length=5, response_length=8)
+    assert "rollout_log_probs" not in no_lp.batch.keys()
