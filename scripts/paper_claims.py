@@ -506,6 +506,25 @@ def run_predictor(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
     return data
 
 
+def _capture_table(summaries: dict[str, Any], describe: Any, *, over_splits: bool = False) -> list[str]:
+    """Markdown rows of capture summaries (one per level and ranking); ``describe(summary)`` labels a level."""
+    lines = ["| anchors | ranking | " + " | ".join(f"top {f:.0%}" for f in FRACTIONS) + " | "
+             + " | ".join(f"anchors for {s:.0%}" for s in SHARES) + " | AUC |" + (" AUC over splits |" if over_splits
+                                                                                else ""),
+             "|---|---|" + "---:|" * (len(FRACTIONS) + len(SHARES) + 1 + over_splits)]
+    for level, summ in summaries.items():
+        if "error" in summ:
+            lines.append(f"| {level} ({summ['anchors']}) | - | {summ['error']} |")
+            continue
+        for name in ("oracle", "predicted", "random"):
+            r = summ[name]
+            lines.append(f"| {level} ({summ['anchors']}; {describe(summ)}) | {name} | "
+                         + " | ".join(f"{r['at'][f'{f:g}']:.0%}" for f in FRACTIONS) + " | "
+                         + " | ".join(f"{r['fraction_for'][f'{s:g}']:.0%}" for s in SHARES) + f" | {r['auc']:.2f} |"
+                         + (f" {_pm(r['auc_over_splits'], 2)} |" if over_splits else ""))
+    return lines
+
+
 def run_contrast(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
     if args.trees:
         from trace_agent.tree_io import load_jsonl
@@ -543,18 +562,7 @@ def run_contrast(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
               "(unbiased for K(K-1)V(1-V)). Rankings: oracle (by that contrast itself: the best any ranking can do), "
               "predicted (v-hat(1 - v-hat), TRACE's score), random (the exact expectation: the diagonal). Share of the "
               "total contrast captured by the top fraction of anchors:", "",
-              "| anchors | ranking | " + " | ".join(f"top {f:.0%}" for f in FRACTIONS) + " | "
-              + " | ".join(f"anchors for {s:.0%}" for s in SHARES) + " | AUC |",
-              "|---|---|" + "---:|" * (len(FRACTIONS) + len(SHARES) + 1)]
-    for level, summ in summaries.items():
-        if "error" in summ:
-            lines.append(f"| {level} ({summ['anchors']}) | - | {summ['error']} |")
-            continue
-        for name in ("oracle", "predicted", "random"):
-            r = summ[name]
-            lines.append(f"| {level} ({summ['anchors']}; {summ['degenerate_share']:.0%} all-alike) | {name} | "
-                         + " | ".join(f"{r['at'][f'{f:g}']:.0%}" for f in FRACTIONS) + " | "
-                         + " | ".join(f"{r['fraction_for'][f'{s:g}']:.0%}" for s in SHARES) + f" | {r['auc']:.2f} |")
+              *_capture_table(summaries, lambda summ: f"{summ['degenerate_share']:.0%} all-alike")]
     if per_seed:
         lines += ["", "Share captured by the top 20% of anchors, over seeds: " + ", ".join(
             f"{name} {_pm(spread(v[name] for v in per_seed.values()), 2)}" for name in ("oracle", "predicted", "random"))]
@@ -567,20 +575,9 @@ def run_contrast(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
     lines += ["", f"Out of sample: each anchor's K = {k} continuations split into halves A and B ({args.splits} random "
               "splits, averaged); every ranking is scored on half B's contrast, the oracle ranks by half A's "
               "(a Monte-Carlo estimate made beforehand), the predictor by v-hat(1 - v-hat):", "",
-              "| anchors | ranking | " + " | ".join(f"top {f:.0%}" for f in FRACTIONS) + " | "
-              + " | ".join(f"anchors for {s:.0%}" for s in SHARES) + " | AUC | AUC over splits |",
-              "|---|---|" + "---:|" * (len(FRACTIONS) + len(SHARES) + 2)]
-    for level, summ in split.items():
-        if "error" in summ:
-            lines.append(f"| {level} ({summ['anchors']}) | - | {summ['error']} |")
-            continue
-        for name in ("oracle", "predicted", "random"):
-            r = summ[name]
-            lines.append(f"| {level} ({summ['anchors']}; {summ['skipped_splits']} splits without contrast) | {name} "
-                         f"(halves {summ['half_samples'][0]}/{summ['half_samples'][1]}) | "
-                         + " | ".join(f"{r['at'][f'{f:g}']:.0%}" for f in FRACTIONS) + " | "
-                         + " | ".join(f"{r['fraction_for'][f'{s:g}']:.0%}" for s in SHARES)
-                         + f" | {r['auc']:.2f} | {_pm(r['auc_over_splits'], 2)} |")
+              *_capture_table(split, lambda summ: f"halves {summ['half_samples'][0]}/{summ['half_samples'][1]}, "
+                                                  f"{summ['skipped_splits']} splits without contrast",
+                              over_splits=True)]
     data = {"oracle_samples": k, "levels": summaries, "per_seed_top20": per_seed, "out_of_sample": split}
 
     def plot(out: Path) -> Path:
