@@ -58,7 +58,7 @@ $(TRL_STAMP):
 	$(TRL_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(TRL_VENV)/bin/python -m pip install --quiet torch==2.13.0
 	$(TRL_VENV)/bin/python -m pip install --quiet trl==1.16.0 "transformers>=5.2" datasets
-	$(TRL_VENV)/bin/python -m pip install --quiet pytest pytest-timeout gymnasium sympy math-verify pyyaml
+	$(TRL_VENV)/bin/python -m pip install --quiet pytest pytest-timeout gymnasium sympy math-verify pyyaml bm25s
 	touch $(TRL_STAMP)
 
 demo: setup

@@ -293,3 +293,57 @@ def test_grpo_trainer_runs_the_tools_of_a_scripted_policy(tmp_path, monkeypatch)
         logged = trainer.state.log_history[0]
         assert logged["rewards/PythonMathEnvironment/mean"] == 1.0
         assert logged["tools/call_frequency"] > 0 and logged["tools/failure_frequency"] == 0.0
+
+
+@pytest.mark.trl
+def test_grpo_trainer_runs_the_wiki_tools_of_a_scripted_policy(tmp_path, monkeypatch):
+    """WikiQA-v0 under TRL's GRPOTrainer: a search whose passages come back into the completion, then the answer;
+    TRL parses the calls, runs the tools and rewards the episodes (generation scripted, as above)."""
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    model, tokenizer = _tiny_model_and_tokenizer()
+    ids = task_ids(WIKI, "train")[:2]
+    rows = prompt_rows(WIKI, ids)
+    probe = TraceGymEnvFactory(WIKI)
+    tasks = probe().env.unwrapped.tasks
+    probe.close()
+    script = {tasks[t].data["question"]: (tasks[t].data["queries"][0], tasks[t].data["answers"][0]) for t in ids}
+
+    def call(name: str, arguments: dict) -> str:
+        import json
+
+        return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call><|im_end|>'
+
+    class Scripted(GRPOTrainer):
+        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations,
+                                  has_tool_images=False):
+            turns = []
+            for prompt in prompt_ids:
+                text = tokenizer.decode(prompt)
+                query, gold = next(v for question, v in script.items() if question in text)
+                if "<tool_response>" not in text:
+                    turns.append(call("search", {"query": query}))
+                elif text.count("<tool_response>") == 1:
+                    assert "Doc 1 (Title: " in text.rsplit("<tool_response>", 1)[1]  # the passages came back
+                    turns.append(call("answer", {"answer": gold}))
+                else:
+                    turns.append("Done.<|im_end|>")
+            return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in turns], None
+
+    with TraceGymEnvFactory(WIKI, max_turns=4) as factory:
+        trainer = Scripted(model=model, processing_class=tokenizer,
+                           args=_grpo_config(tmp_path, max_completion_length=4096),
+                           train_dataset=Dataset.from_list(rows), environment_factory=factory)
+        assert sorted(t.__name__ for t in trainer.tools) == ["answer", "search"]
+        trainer.train()
+        assert trainer.state.global_step == 1
+        played = [i for i in factory.instances if i.task_id is not None]
+        assert len(played) == 4 and sorted({i.task_id for i in played}) == sorted(ids)
+        assert all(i.calls == ["search", "answer"] and i.get_reward() == 1.0 for i in played)
+        logged = trainer.state.log_history[0]
+        assert logged["rewards/WikiQAEnvironment/mean"] == 1.0
+        assert logged["tools/call_frequency"] > 0 and logged["tools/failure_frequency"] == 0.0
+    assert all(i.closed for i in factory.instances)
