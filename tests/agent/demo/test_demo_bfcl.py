@@ -23,7 +23,7 @@ from trace_agent.policy.hf import POLICY_SETTINGS_FILE, length_grouped_chunks, r
 
 needs_bfcl = pytest.mark.skipif(importlib.util.find_spec("bfcl_eval") is None, reason="bfcl-eval not installed")
 ENV_ID = "trace_envs/BFCL-v0"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _env(**kwargs):

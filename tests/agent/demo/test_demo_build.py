@@ -239,7 +239,7 @@ def test_a_setting_is_read_as_data_never_run(tmp_path: Path) -> None:
 def _build_script():
     import importlib.util
 
-    path = Path(__file__).resolve().parents[2] / "scripts" / "build_demo_policy.py"
+    path = Path(__file__).resolve().parents[3] / "scripts" / "build_demo_policy.py"
     spec = importlib.util.spec_from_file_location("build_demo_policy_script", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -107,7 +107,7 @@ def test_the_bfcl_length_batching_bench_runs(tmp_path, capsys) -> None:
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "length_batching.py"
+    script = Path(__file__).resolve().parents[3] / "scripts" / "bench" / "length_batching.py"
     spec = importlib.util.spec_from_file_location("length_batching_bench", script)
     bench = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = bench

@@ -141,7 +141,7 @@ def test_predictor_features_bench_ranks_two_families_of_prompts(policy, tmp_path
     save_jsonl(trees, tmp_path / "trees.jsonl")
     policy.model.save_pretrained(tmp_path / "policy")
     policy.tokenizer.save_pretrained(tmp_path / "policy")
-    script = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "predictor_features.py"
+    script = Path(__file__).resolve().parents[3] / "scripts" / "bench" / "predictor_features.py"
     module = runpy.run_path(str(script))
     contexts, rates, counts = module["prompt_rates"](trees)
     assert len(contexts) == 32 and counts[sorted(t.prompt_id for t in trees[:-1]).index("e0")] == 16  # e0 pooled
@@ -178,7 +178,7 @@ def test_predictor_features_by_seed_scores_roots_and_prefixes_of_held_out_seeds(
             t.metadata["seed"] = seed
             trees.append(t)
     save_jsonl(trees, tmp_path / "trees.jsonl")
-    module = runpy.run_path(str(Path(__file__).resolve().parents[2] / "scripts" / "bench" / "predictor_features.py"))
+    module = runpy.run_path(str(Path(__file__).resolve().parents[3] / "scripts" / "bench" / "predictor_features.py"))
     assert module["main"]([str(tmp_path / "trees.jsonl"), "--featurizers", "hashed", "--by-seed", "2",
                            "--prefix-shares", "0.06,all", "--out", str(tmp_path / "o.json")]) == 0
     rows = json.loads((tmp_path / "o.json").read_text())["rows"]

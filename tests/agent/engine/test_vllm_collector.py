@@ -22,7 +22,7 @@ pytestmark = [
 ]
 
 MATH = "trace_envs/PythonMath-v0"
-RECIPE = Path(__file__).resolve().parents[2] / "docs" / "configs" / "qwen3_gpu.yaml"
+RECIPE = Path(__file__).resolve().parents[3] / "docs" / "configs" / "qwen3_gpu.yaml"
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer
 from trace_agent.rollout import PromptSpec, RolloutConfig, TreeCollector
 from trace_agent.strategies import Budget, make_strategy
 
-from .test_rollout import make_math_env, scripted_setup
+from ..test_rollout import make_math_env, scripted_setup
 
 
 def test_exposed_time_partitions_the_wall_clock_by_phase_priority() -> None:

@@ -47,7 +47,7 @@ def test_cli_flags_set_the_backend() -> None:
 
 
 def test_strategy_collector_is_a_collector_protocol() -> None:
-    from .test_rollout import scripted_setup
+    from ..test_rollout import scripted_setup
 
     policy, _ = scripted_setup(2)
     collector = StrategyCollector(TrainConfig(), engine=policy, predictor=None)

@@ -23,7 +23,7 @@ from trace_envs.tasks.wiki import (
 )
 
 ENV_ID = "trace_envs/WikiQA-v0"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = SHIPPED_DEMO_POLICIES[ENV_ID]
 needs_policy = pytest.mark.skipif(not (SHIPPED / "config.json").exists(), reason="WikiQA demo policy not built")
 

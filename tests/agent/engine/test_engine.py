@@ -42,7 +42,7 @@ from trace_agent.strategies import (
 )
 from trace_agent.tree import RolloutTree, ground_truth_of
 
-from .test_rollout import _check_budget, make_math_env, scripted_setup, tiny_hf_policy  # noqa: F401
+from ..test_rollout import _check_budget, make_math_env, scripted_setup, tiny_hf_policy  # noqa: F401
 
 # --------------------------------------------------------------------------------------------------
 # the reference
@@ -252,7 +252,7 @@ def test_async_engine_equals_the_lockstep_reference(strategy) -> None:
 def test_async_engine_equals_the_reference_with_the_real_transformers_backend(strategy, tiny_hf_policy) -> None:  # noqa: F811
     """Batched forward passes are only bit-identical for the same batch composition: the deterministic
     mode must reproduce the reference's batches exactly, chunking and slot hand-offs included."""
-    from .test_rollout import math_tasks
+    from ..test_rollout import math_tasks
 
     prompts = [PromptSpec(task_id=t.task_id, reset_seed=7) for t in math_tasks(5)]
     budget = Budget(roots=8, continuations_per_root=1, group_size=2)
