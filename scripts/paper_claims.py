@@ -159,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     tab = sub.add_parser("table", help="rebuild the pre-registered comparison's table from its per-run files alone")
     tab.add_argument("--runs", required=True, metavar="DIR", help="the per-run JSON files of `train --runs`")
     tab.add_argument("--reference", default="grpo", help="the arm every other is paired against (same seed)")
+    tab.add_argument("--pairs", default=",".join(f"{a}:{b}" for a, b in PLAN_PAIRS),
+                     help="more paired differences, A:B for A - B (same seed), comma-separated; a pair whose arms "
+                          "have no run is left out (default: the PythonMath plan's other comparisons)")
     tab.add_argument("--out", default=None, help="also write table.json and table.md here")
     return parser
 
@@ -793,8 +796,14 @@ def load_runs(runs: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-def build_table(runs: Sequence[dict[str, Any]], reference: str = "grpo") -> dict[str, Any]:
-    """Per arm: seeds, mean AUC / final / effective ratio (all steps and step 1) / tokens; paired vs ``reference``."""
+#: The other paired comparisons docs/paper/math/plan.md names beside each arm against GRPO: (A, B) for A - B.
+PLAN_PAIRS: tuple[tuple[str, str], ...] = (("trace", "treepo"), ("grpo@2x", "trace"))
+
+
+def build_table(runs: Sequence[dict[str, Any]], reference: str = "grpo",
+                pairs: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+    """Per arm: seeds, mean AUC / final / effective ratio (all steps and step 1) / tokens; paired vs ``reference``;
+    under ``pairs``, A - B over the seeds both arms ran, for each (A, B) whose arms both have runs."""
     arms: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
         arms.setdefault(r["arm"], []).append(r)
@@ -828,6 +837,13 @@ def build_table(runs: Sequence[dict[str, Any]], reference: str = "grpo") -> dict
             entry["vs_reference"] = {k: paired_ci([by_seed[s][k] - ref[s][k] for s in paired]) for k in ("auc", "final")}
             entry["vs_reference"]["seeds"] = paired
         table["arms"][arm] = entry
+    table["pairs"] = {}
+    for a, b in pairs:
+        if a in values and b in values:
+            both = sorted(set(values[a]) & set(values[b]))
+            table["pairs"][f"{a} − {b}"] = {
+                **{k: paired_ci([values[a][s][k] - values[b][s][k] for s in both]) for k in ("auc", "final")},
+                "seeds": both}
     return table
 
 
@@ -858,11 +874,19 @@ def table_markdown(table: dict[str, Any]) -> str:
                      f"| {ci(vs['auc']) if vs else '-'} | {ci(vs['final']) if vs else '-'} "
                      f"| {_f(e['effective_ratio_step1'], 2)} | {_f(e['effective_ratio'], 2)} | {e['paper_units']:.0f} "
                      f"| {e['generated_tokens']:.0f} | {e['seconds']:.0f} |")
+    if table.get("pairs"):
+        lines += ["", "| paired difference (same seed) | seeds | AUC [95% CI] | final held-out [95% CI] |",
+                  "|---|---:|---|---|"]
+        for name, d in table["pairs"].items():
+            lines.append(f"| {name} | {len(d['seeds'])} | {ci(d['auc'])} | {ci(d['final'])} |")
     return "\n".join(lines) + "\n"
 
 
 def run_table(args: argparse.Namespace, policy: Any = None) -> dict[str, Any]:
-    table = build_table(load_runs(args.runs), reference=args.reference)
+    pairs = [tuple(p.split(":", 1)) for p in args.pairs.split(",") if p.strip()]
+    if any(len(p) != 2 or not all(p) for p in pairs):
+        raise SystemExit(f"paper_claims table: --pairs wants A:B[,C:D...], got {args.pairs!r}")
+    table = build_table(load_runs(args.runs), reference=args.reference, pairs=pairs)  # type: ignore[arg-type]
     md = table_markdown(table)
     if args.out:
         out = Path(args.out)

@@ -581,7 +581,17 @@ def test_table_from_run_files_matches_hand_computed_numbers(claims, tmp_path) ->
     assert two_b["vs_reference"]["auc"]["n"] == 1 and math.isnan(two_b["vs_reference"]["auc"]["low"])
     assert two_b["vs_reference"]["seeds"] == [0] and two_b["paper_units"] == 2304
     assert "vs_reference" not in table["arms"]["grpo"]
+    # the plan's other comparisons: grpo@2x - trace on the one seed both ran; trace - treepo left out (no treepo run)
+    assert list(table["pairs"]) == ["grpo@2x − trace"]
+    pair = table["pairs"]["grpo@2x − trace"]
+    assert pair["seeds"] == [0] and pair["auc"]["mean"] == pytest.approx(auc[("grpo@2x", 0)] - auc[("trace", 0)])
+    assert pair["final"]["mean"] == pytest.approx(0.02)
+    custom = claims.main(["table", "--runs", str(tmp_path), "--pairs", "trace:grpo"])["pairs"]["trace − grpo"]
+    assert custom["auc"] == t["vs_reference"]["auc"]
+    with pytest.raises(SystemExit, match="--pairs"):
+        claims.main(["table", "--runs", str(tmp_path), "--pairs", "trace"])
     md = (tmp_path / "out" / "table.md").read_text()
+    assert "| grpo@2x − trace | 1 | " in md
     assert f"| trace | 3 | {(0.365 + 0.33 + 0.355) / 3:.3f} | 0.380 | +0.022 [" in md
     assert "(n = 3)" in md and "1 seed: no interval" in md and "c0ffeec0ff" in md
     # runs evaluated at other steps are not pooled
