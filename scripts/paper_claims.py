@@ -831,6 +831,8 @@ def build_table(runs: Sequence[dict[str, Any]], reference: str = "grpo",
         for k in ("auc", "final", "effective_ratio", "effective_ratio_step1", "generated_tokens", "paper_units",
                   "seconds"):
             entry[k] = _finite_mean([v[k] for v in by_seed.values()])
+        for k in ("effective_ratio", "effective_ratio_step1"):  # its spread over seeds (sample sd; 0 for one seed)
+            entry[f"{k}_sd"] = spread(v[k] for v in by_seed.values())["std"]
         if arm != reference and reference in values:
             ref = values[reference]
             paired = sorted(set(by_seed) & set(ref))
@@ -866,13 +868,15 @@ def table_markdown(table: dict[str, Any]) -> str:
              f"{', '.join(map(str, table['eval_steps']))}; AUC = area under the held-out curve over those steps / their "
              f"span; paired differences against `{ref}` (same seed) with a t 95% interval.", "",
              f"| arm | seeds | held-out AUC | final held-out | AUC − {ref} [95% CI] | final − {ref} [95% CI] "
-             "| effective ratio (step 1) | effective ratio (all steps) | paper units | generated tokens | s/run |",
+             "| effective ratio (step 1, ± sd over seeds) | effective ratio (all steps, ± sd) | paper units "
+             "| generated tokens | s/run |",
              "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|"]
     for arm, e in table["arms"].items():
         vs = e.get("vs_reference")
         lines.append(f"| {arm} | {len(e['seeds'])} | {_f(e['auc'])} | {_f(e['final'])} "
                      f"| {ci(vs['auc']) if vs else '-'} | {ci(vs['final']) if vs else '-'} "
-                     f"| {_f(e['effective_ratio_step1'], 2)} | {_f(e['effective_ratio'], 2)} | {e['paper_units']:.0f} "
+                     f"| {_f(e['effective_ratio_step1'], 2)} ± {_f(e['effective_ratio_step1_sd'], 2)} "
+                     f"| {_f(e['effective_ratio'], 2)} ± {_f(e['effective_ratio_sd'], 2)} | {e['paper_units']:.0f} "
                      f"| {e['generated_tokens']:.0f} | {e['seconds']:.0f} |")
     if table.get("pairs"):
         lines += ["", "| paired difference (same seed) | seeds | AUC [95% CI] | final held-out [95% CI] |",

@@ -568,6 +568,7 @@ def test_table_from_run_files_matches_hand_computed_numbers(claims, tmp_path) ->
     assert t["final"] == pytest.approx((0.40 + 0.34 + 0.40) / 3)
     assert t["effective_ratio_step1"] == pytest.approx(0.5) and t["effective_ratio"] == pytest.approx(0.625)
     assert table["arms"]["grpo"]["effective_ratio"] == pytest.approx(0.375)
+    assert t["effective_ratio_sd"] == pytest.approx(0.0) and t["effective_ratio_step1_sd"] == pytest.approx(0.0)
     assert t["generated_tokens"] == pytest.approx(101.0)
     diffs = [auc[("trace", s)] - auc[("grpo", s)] for s in range(3)]  # 0.025, 0.02, 0.02
     mean = sum(diffs) / 3
