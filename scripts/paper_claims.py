@@ -155,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--runs", default=None, metavar="DIR",
                    help="pre-registered mode: write one compact JSON per finished (arm, seed) run into DIR (runs "
                         "already there are skipped), held-out evaluations every eval.every steps; an arm is a "
-                        "strategy, optionally with a budget multiple ('grpo@2x': rollout.roots times 2); seed-major")
+                        "strategy, optionally with a budget multiple ('grpo@2x': rollout.roots times 2) and a budget shape "
+                        "('trace/24x6': 24 roots, 6 continuations per root); seed-major")
     tab = sub.add_parser("table", help="rebuild the pre-registered comparison's table from its per-run files alone")
     tab.add_argument("--runs", required=True, metavar="DIR", help="the per-run JSON files of `train --runs`")
     tab.add_argument("--reference", default="grpo", help="the arm every other is paired against (same seed)")
@@ -661,14 +662,31 @@ def _kept(key: str, value: Any) -> bool:
     return (key.startswith(RUN_STEP_PREFIXES) or key in RUN_STEP_KEYS) and isinstance(value, int | float)
 
 
-def parse_arm(arm: str) -> tuple[str, int]:
-    """``"grpo@2x"`` -> ``("grpo", 2)``; ``"trace"`` -> ``("trace", 1)``."""
-    name, _, mult = arm.partition("@")
+def parse_arm(arm: str) -> tuple[str, int, tuple[int, int] | None]:
+    """An arm name: ``STRATEGY[@Kx][/MxN]``.
+
+    ``"grpo@2x"`` -> ``("grpo", 2, None)`` (``rollout.roots`` times 2); ``"trace/24x6"`` -> ``("trace", 1, (24, 6))``
+    (``rollout.roots = 24``, ``rollout.continuations_per_root = 6``: a budget shape); ``"trace"`` -> ``("trace", 1,
+    None)`` (the config's own rollout).
+    """
+    head, _, shape_text = arm.partition("/")
+    name, _, mult = head.partition("@")
+    shape = None
+    if shape_text:
+        m, _, n = shape_text.partition("x")
+        if not (m.isdigit() and n.isdigit() and int(m) >= 1):
+            raise SystemExit(f"paper_claims: arm {arm!r}: a budget shape is written like 'trace/24x6' (M roots x N)")
+        shape = (int(m), int(n))
     if not mult:
-        return name, 1
+        return name, 1, shape
     if not mult.endswith("x") or not mult[:-1].isdigit() or int(mult[:-1]) < 1:
         raise SystemExit(f"paper_claims: arm {arm!r}: a budget multiple is written like 'grpo@2x'")
-    return name, int(mult[:-1])
+    return name, int(mult[:-1]), shape
+
+
+def arm_file_stem(arm: str) -> str:
+    """``"grpo@2x"`` -> ``"grpo_2x"``, ``"trace/24x6"`` -> ``"trace_24x6"``: the arm's part of a run file name."""
+    return arm.replace("@", "_").replace(":", "_").replace("/", "_")
 
 
 def _code_commit() -> dict[str, Any]:
@@ -730,14 +748,16 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
     done = []
     for seed in seeds:
         for arm in arms:
-            path = runs / f"{arm.replace('@', '_').replace(':', '_')}_s{seed}.json"
+            path = runs / f"{arm_file_stem(arm)}_s{seed}.json"
             if path.is_file():
                 log(f"{path.name}: already there, skipped")
                 continue
-            strategy, mult = parse_arm(arm)
+            strategy, mult, shape = parse_arm(arm)
+            roots, continuations = shape or (config.rollout.roots, config.rollout.continuations_per_root)
             run_dir = Path(config.out_dir) / path.stem
             cfg = replace(config, seed=seed, out_dir=str(run_dir),
-                          rollout=replace(config.rollout, strategy=strategy, roots=config.rollout.roots * mult))
+                          rollout=replace(config.rollout, strategy=strategy, roots=roots * mult,
+                                          continuations_per_root=continuations))
             import time
 
             t = time.perf_counter()
@@ -749,7 +769,8 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
                               for r in records if "eval/success" in r and int(r["step"]) > 0]
             steps = [{"step": int(r["step"]), **{k: v for k, v in r.items() if _kept(k, v)}}
                      for r in records if "rollout/effective_ratio" in r]
-            data = {"arm": arm, "strategy": strategy, "budget_multiple": mult, "seed": seed, **code,
+            data = {"arm": arm, "strategy": strategy, "budget_multiple": mult,
+                    "shape": [cfg.rollout.roots, cfg.rollout.continuations_per_root], "seed": seed, **code,
                     "command": args.command_line, "config": config_to_dict(cfg), "seconds": seconds,
                     "paper_units": rep.paper_units, "generated_tokens": rep.generated_tokens, "evals": evals,
                     "steps": steps}

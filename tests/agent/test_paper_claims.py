@@ -534,6 +534,21 @@ def test_train_small_compares_strategies_from_one_start(claims, tmp_path) -> Non
     assert (tmp_path / "compare.json").is_file() and (tmp_path / "trace_s0" / "summary.json").is_file()
 
 
+@pytest.mark.slow
+def test_train_runs_writes_one_file_per_arm_and_seed_with_its_shape(claims, tmp_path) -> None:
+    runs = tmp_path / "runs"
+    argv = ["train", "--small", "--seeds", "0", "--strategies", "trace/8x2,trace/4x6", "--runs", str(runs),
+            "--out", str(tmp_path / "out")]
+    data = claims.main(argv)
+    assert data["runs"] == ["trace_8x2_s0.json", "trace_4x6_s0.json"]
+    wide, deep = (json.loads((runs / name).read_text()) for name in data["runs"])
+    assert wide["shape"] == [8, 2] and deep["shape"] == [4, 6]
+    assert wide["config"]["rollout"]["continuations_per_root"] == 2 and deep["config"]["rollout"]["roots"] == 4
+    assert wide["paper_units"] == pytest.approx(16.0) and deep["paper_units"] <= 16.0 + 1e-9
+    assert [e["step"] for e in wide["evals"]] == [0, 1] and json.loads((runs / "base.json").read_text())["eval"]
+    assert claims.main(argv)["runs"] == []  # finished runs are skipped on a rerun
+
+
 # --------------------------------------------------------------------------------------------------
 # the pre-registered comparison's table, rebuilt from per-run files
 
@@ -602,7 +617,11 @@ def test_table_from_run_files_matches_hand_computed_numbers(claims, tmp_path) ->
         claims.main(["table", "--runs", str(tmp_path)])
 
 
-def test_arm_names_carry_a_budget_multiple(claims) -> None:
-    assert claims.parse_arm("grpo@2x") == ("grpo", 2) and claims.parse_arm("trace") == ("trace", 1)
-    with pytest.raises(SystemExit):
-        claims.parse_arm("grpo@two")
+def test_arm_names_carry_a_budget_multiple_and_shape(claims) -> None:
+    assert claims.parse_arm("grpo@2x") == ("grpo", 2, None) and claims.parse_arm("trace") == ("trace", 1, None)
+    assert claims.parse_arm("trace/24x6") == ("trace", 1, (24, 6))
+    assert claims.parse_arm("grpo@2x/48x0") == ("grpo", 2, (48, 0))
+    assert claims.arm_file_stem("grpo@2x") == "grpo_2x" and claims.arm_file_stem("trace/24x6") == "trace_24x6"
+    for bad in ("grpo@two", "trace/24", "trace/x6", "trace/0x6", "trace/24x-1"):
+        with pytest.raises(SystemExit):
+            claims.parse_arm(bad)
