@@ -23,10 +23,14 @@ rendezvous (highest-random-weight) hashing, ``sha256(session | url)``, which is 
 across processes and moves only the sessions of a server that is down. A request without a
 session is ranked by its seed.
 
-Failures. A connection error, a dropped connection, a read timeout or a 5xx marks the server
-down for ``down_s`` seconds and the request is retried on the next server of its ranking (at
-most ``retries`` more tries); a 4xx (a context longer than the server's ``max_model_len``, a
-token id out of vocabulary) is the request's fault and raises :class:`PolicyError` at once.
+Failures. A connection error, a read timeout or a 5xx marks the server down for ``down_s``
+seconds and the request is retried on the next server of its ranking (at most ``retries`` more
+tries). A connection the server dropped before answering (a pooled keep-alive connection it had
+just closed as idle: uvicorn's keep-alive timeout races the client's pool) says nothing about the
+server, so it is retried on the same server first, without marking it down; the client also
+expires idle connections (``keepalive_expiry_s``) before vLLM's 5 s keep-alive timeout. A 4xx
+(a context longer than the server's ``max_model_len``, a token id out of vocabulary) is the
+request's fault and raises :class:`PolicyError` at once.
 When no server answers, :class:`PolicyError` names each server and what it did. Nothing waits
 without a timeout (``timeout_s`` per request, ``connect_timeout_s`` per connection).
 
@@ -85,6 +89,8 @@ class ServerSettings:
         retries: further servers one request may try after a failure.
         down_s: seconds a failed server is skipped before it is tried again.
         max_connections: open connections to all servers together (bounds in-flight requests).
+        keepalive_expiry_s: an idle pooled connection is closed after this long (below the
+            servers' keep-alive timeout, vLLM's ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s by default).
         api_key: sent as ``Authorization: Bearer`` when the servers were started with ``--api-key``.
     """
 
@@ -95,6 +101,7 @@ class ServerSettings:
     retries: int = 1
     down_s: float = 30.0
     max_connections: int = 512
+    keepalive_expiry_s: float = 2.0
     api_key: str = ""
 
     def __post_init__(self) -> None:
@@ -104,8 +111,9 @@ class ServerSettings:
         if len(set(urls)) != len(urls):
             raise ValueError(f"urls must be distinct, got {urls!r}")
         object.__setattr__(self, "urls", urls)
-        if not (self.timeout_s > 0 and self.connect_timeout_s > 0 and self.down_s >= 0):
-            raise ValueError("timeout_s and connect_timeout_s must be > 0, down_s >= 0")
+        if not (self.timeout_s > 0 and self.connect_timeout_s > 0 and self.down_s >= 0
+                and self.keepalive_expiry_s >= 0):
+            raise ValueError("timeout_s and connect_timeout_s must be > 0, down_s and keepalive_expiry_s >= 0")
         if self.retries < 0 or self.max_connections < 1:
             raise ValueError("retries must be >= 0 and max_connections >= 1")
 
@@ -183,7 +191,8 @@ class VLLMServerPolicy(EngineLifetime, LoopBackedPolicy, ChatTemplated):
         async def make_client() -> Any:
             return httpx.AsyncClient(
                 timeout=httpx.Timeout(s.timeout_s, connect=s.connect_timeout_s),
-                limits=httpx.Limits(max_connections=s.max_connections, max_keepalive_connections=s.max_connections),
+                limits=httpx.Limits(max_connections=s.max_connections, max_keepalive_connections=s.max_connections,
+                                    keepalive_expiry=s.keepalive_expiry_s),
                 headers=headers)
 
         self._client = self._loop.run(make_client())
@@ -295,7 +304,11 @@ class VLLMServerPolicy(EngineLifetime, LoopBackedPolicy, ChatTemplated):
         for url in self._candidates(key):
             try:
                 payload = {**body, "model": await self._model_name(url)}
-                response = await self._client.post(url + path, json=payload)
+                try:
+                    response = await self._client.post(url + path, json=payload)
+                except (httpx.RemoteProtocolError, httpx.ReadError) as exc:  # dropped before an answer: once more
+                    failures.append(f"{url}: {type(exc).__name__}: {exc} (retried on the same server)")
+                    response = await self._client.post(url + path, json=payload)
                 if response.status_code >= 500:
                     raise _Retryable(f"HTTP {response.status_code}: {response.text[:300]}")
                 if response.status_code >= 400:

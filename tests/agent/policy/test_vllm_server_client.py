@@ -110,6 +110,7 @@ BEHAVIOURS = {
 
 class _Handler(BaseHTTPRequestHandler):
     behaviour = "good"
+    drops = 0
     hits: list[str] = []
     models: dict = {"data": [{"id": "policy"}]}
 
@@ -126,6 +127,10 @@ class _Handler(BaseHTTPRequestHandler):
         assert isinstance(body["prompt"], list) and body["return_token_ids"] is True
         if self.behaviour == "silent":
             time.sleep(3.0)
+        if type(self).drops > 0:  # read the request, then hang up without an answer
+            type(self).drops -= 1
+            self.close_connection = True
+            return
         status, payload = BEHAVIOURS.get(self.behaviour, BEHAVIOURS["good"])
         self._send(status, payload)
 
@@ -227,6 +232,25 @@ def test_a_silent_or_absent_server_ends_in_time_and_a_failing_one_is_retried_els
         _Handler.behaviour = "good"
         client.close()
     assert math.isfinite(sum(g.logprobs[0] for g in gens))
+
+
+def test_a_dropped_connection_is_retried_on_the_same_server_and_a_second_drop_is_an_error(hostile, tokenizer) -> None:
+    url = f"http://127.0.0.1:{hostile.server_address[1]}"
+    client = _client(tokenizer, url, retries=0)
+    ctx = TokenContext.from_prompt([1, 2, 3])
+    try:
+        _Handler.behaviour = "good"
+        _Handler.drops = 1  # what a keep-alive connection the server just closed as idle looks like
+        (gen,) = client.generate([ctx], max_new_tokens=4, seeds=[0], sessions=["t"])
+        assert gen.token_ids == (5, 6, 2) and len(_Handler.hits) == 2
+        assert client._down_until == {}  # a dropped connection does not mark the server down
+        _Handler.drops = 2
+        with pytest.raises(PolicyError, match="retried on the same server"):
+            client.generate([ctx], max_new_tokens=4, seeds=[0])
+        assert len(_Handler.hits) == 4
+    finally:
+        _Handler.drops = 0
+        client.close()
 
 
 def test_the_vllm_modules_import_without_torch_vllm_or_httpx() -> None:
