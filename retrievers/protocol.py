@@ -33,8 +33,8 @@ False`` (pydantic's lax mode):
   ``0``/``1`` and the strings ``"yes"``/``"no"``, ``"on"``/``"off"``, ``"t"``/``"f"`` ...;
 * unknown fields are ignored.
 
-Where Search-R1's FastAPI server answers 422 for a schema violation, this one
-answers 400; the body is always ``{"error": "<what is wrong and what to send>"}``.
+A request that breaks these rules is answered 422, as Search-R1's FastAPI server
+answers a schema violation; the body is always ``{"error": "<what is wrong and what to send>"}``.
 
 Documents. ``document_format="corpus"`` (the default) returns wiki-18 corpus
 rows, ``{"id", "contents"}`` with ``contents = '"Title"\\ntext'``, as Search-R1's

@@ -6,9 +6,10 @@ The wire format, its dialects and its validation are in :mod:`retrievers.protoco
     {"query": "q1", "topk": 3, "return_scores": true}               # SkyRL
     -> {"result": [[{"document": {"id": "...", "contents": "\\"Title\\"\\ntext"}, "score": 12.3}, ...], ...]}
 
-``GET /health`` answers ``{"status": "ok", ...}``. Bad requests get a 400
-``{"error": "..."}``, bodies over ``max_body_bytes`` a 413, a backend failure a
-500 naming the exception.
+``GET /health`` answers ``{"status": "ok", ...}``. A body that is not a valid
+request gets a 422 ``{"error": "..."}`` (the status Search-R1's FastAPI server
+gives a schema error), a malformed HTTP request a 400, bodies over
+``max_body_bytes`` a 413, a backend failure a 500 naming the exception.
 
 Serving model (stdlib only). One asyncio event loop owns every connection, so a
 stalled or slow client costs a coroutine, not a thread: 300 stalled
@@ -48,29 +49,28 @@ on its own, so a query the backend cannot handle fails only the request that
 sent it. A response of more than 4096 hits is formatted and encoded on a helper
 thread, so that it does not hold up the event loop.
 
-Why this stays hand-written rather than FastAPI + uvicorn (measured, issue 36):
+Why this stays hand-written rather than FastAPI + uvicorn (measured):
 ``taskset -c 0 .venv/bin/python scripts/bench/retrieval_server_peer.py`` runs
 the same scenarios against this server and a FastAPI app on uvicorn 0.55 (pydantic
 request model, ``limit_concurrency`` = our cap, ``timeout_keep_alive`` = our idle
 timeout, the same ``backlog``), in one run on one core (table in
-docs/benchmarks.md). uvicorn served well-behaved clients about as well (0.53x this
-server's requests/s with a thread-pool endpoint, 0.82x with our batcher behind it,
-within this loaded machine's run-to-run spread), but held none of the guarantees
+docs/benchmarks.md). uvicorn served well-behaved clients comparably (0.56x this
+server's requests/s with a thread-pool endpoint, 0.88x with our batcher behind it;
+0.83x and 1.22x in a run on a loaded machine), but held none of the guarantees
 above: one client's 300 idle connections made uvicorn answer another client 503
-five times of five (here 200, 3.5 ms) and were still open 4 s later (here closed
+five times of five (here 200, 4.1 ms) and were still open 4 s later (here closed
 after the 3 s idle timeout); under RLIMIT_NOFILE 256 with 400 idle connections a
-new client waited out its 3 s timeout while uvicorn's process burned 65% of a core
+new client waited out its 3 s timeout while uvicorn's process burned 92% of a core
 (asyncio's accept loop retries EMFILE up to ``backlog`` times per wakeup; here
 200 in 0.01 s at 0% CPU); 20 slow-loris connections were all still open after 6 s
 (here cut at 2.0 s with a 408); and with the idiomatic thread-pool endpoint a
-1-query request behind another client's four 1024-query requests took 548 ms, 3.3x
-one large request, finishing after three of them (here 160 ms, 0.87x). uvicorn has no
+1-query request behind another client's four 1024-query requests took 365 ms, 3.2x
+one large request, finishing after three of them (here 64 ms, 0.56x). uvicorn has no
 per-client limit, no header/body read timeout, no idle timeout for a connection
 that never sends a request and no descriptor reserve, so these are not settings
-away. The one difference a client sees in normal use is the status of a schema
-error, 400 here where Search-R1's FastAPI server says 422; Search-R1's client
-reads ``.json()["result"]`` without checking the status and verl's search tool
-retries only 5xx, so neither tells 400 from 422.
+away. A schema error is a 422 here as there; the one difference a client could see
+is its body's key (``error`` here, FastAPI's ``detail``), which neither Search-R1's
+client nor verl's search tool reads.
 """
 
 from __future__ import annotations
@@ -817,7 +817,7 @@ class RetrievalServer:
             try:
                 request = parse_request(body, self.config)
             except RequestError as exc:
-                return HTTPStatus.BAD_REQUEST, {"error": str(exc)}
+                return HTTPStatus.UNPROCESSABLE_ENTITY, {"error": str(exc)}
             try:
                 results = await asyncio.wrap_future(self.batcher.submit(list(request.queries), request.topk, client))
             except Exception as exc:  # noqa: BLE001 - report backend failures as 500s

@@ -26,8 +26,8 @@ throughput and p50/p99 latency of concurrent well-behaved clients (a new
 connection per request, as ``requests.post`` does); one client holding many idle
 connections while another queries; the same under ``RLIMIT_NOFILE`` 256 in the
 server's process; slow-loris clients trickling header bytes; a small query
-behind another client's large batches (fairness); a schema error (Search-R1's
-FastAPI server answers 422, ours 400). One table, servers side by side, ratios
+behind another client's large batches (fairness); a schema error (the status and
+error key each server answers). One table, servers side by side, ratios
 against ``ours`` from the same run.
 
     taskset -c 0 .venv/bin/python scripts/bench/retrieval_server_peer.py

@@ -68,7 +68,7 @@ def test_topk_zero_or_null_falls_back_to_the_default(server: RetrievalServer, sm
 
 def test_a_string_queries_is_refused_as_search_r1_refuses_it(server: RetrievalServer) -> None:
     response = requests.post(server.url + "/retrieve", json={"queries": "a string"}, timeout=10)
-    assert response.status_code == 400
+    assert response.status_code == 422
     assert "list of strings" in response.json()["error"] and '{"query": "..."}' in response.json()["error"]
 
 

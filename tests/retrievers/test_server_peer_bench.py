@@ -45,6 +45,6 @@ def test_the_peer_bench_prints_every_scenario_for_every_server() -> None:
         assert all(values[k] not in ("", "-") for k in SERVERS), values
     assert float(rows[("4 clients x 3 requests", "requests/s")]["ours"].replace(",", "")) > 0
     schema = next(v for (s, m), v in rows.items() if s.startswith("schema error") and m == "status")
-    assert schema == {"ours": "400", "uvicorn": "422", "uvicorn+batcher": "422"}
+    assert schema == {"ours": "422", "uvicorn": "422", "uvicorn+batcher": "422"}
     ours_answers = next(v["ours"] for (s, m), v in rows.items() if m == "new clients' answers")
     assert ours_answers.startswith("200"), "our server answers a new client under RLIMIT_NOFILE 256"

@@ -9,6 +9,7 @@ shared :class:`~trace_agent.engine.scheduler.GenerationEngine`, the predictor, s
 2. sample the prompt's m root rollouts *turn by turn*: each turn submits one request per
    live rollout to the engine (batched there with every other prompt's requests), then
    steps them on the prompt's env (restore the rollout's last save point, step, snapshot);
+   on an async backend each rollout instead runs its turns on its own (:meth:`Growth._stream`);
 3. as soon as its own roots end, offer its visited prefixes to
    ``Strategy.allocate_continuations`` (run on a thread of its own: a strategy may call the
    predictor or, for the Oracle, Monte-Carlo rollouts, which come back through the loop),
@@ -42,10 +43,10 @@ from trace_agent.engine.base import (
     prompt_key,
     request_seed,
 )
-from trace_agent.engine.envs import EnvHost, EnvSession, StepItem
+from trace_agent.engine.envs import EnvHost, EnvSession, StepItem, StepOutcome
 from trace_agent.engine.phases import PhaseTimer, timed
 from trace_agent.engine.scheduler import Agent, GenerationEngine, TurnRequest
-from trace_agent.policy.base import Policy, TokenContext
+from trace_agent.policy.base import Generation, Policy, TokenContext
 from trace_agent.strategies import Budget, ExpansionRequest, RootRequest, Strategy
 from trace_agent.success import success_mask
 from trace_agent.tree import Node, RolloutTree, ground_truth_of
@@ -102,6 +103,51 @@ def on_loop(loop: asyncio.AbstractEventLoop, work: Coroutine[Any, Any, T]) -> T:
     return asyncio.run_coroutine_threadsafe(work, loop).result()
 
 
+@dataclass(frozen=True)
+class _Turn:
+    """One stepped turn of a live: what the tree records of it."""
+
+    gen: Generation
+    out: StepOutcome
+    observation_ids: list[int]
+    done: bool
+
+
+class _StepQueue:
+    """One session's env steps, one call at a time: steps queued during a call go together in the next."""
+
+    def __init__(self, session: EnvSession) -> None:
+        self.session = session
+        self._queue: list[tuple[StepItem, asyncio.Future[StepOutcome]]] = []
+        self._worker: asyncio.Future[None] | None = None
+
+    async def step(self, item: StepItem) -> StepOutcome:
+        future: asyncio.Future[StepOutcome] = asyncio.get_running_loop().create_future()
+        self._queue.append((item, future))
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.ensure_future(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            try:
+                outcomes = await self.session.step([item for item, _ in batch])
+            except Exception as exc:  # noqa: BLE001 - handed to every waiting live
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, future), outcome in zip(batch, outcomes, strict=True):
+                if not future.done():
+                    future.set_result(outcome)
+
+    async def drained(self) -> None:
+        """Wait for the call in flight (the session is not touched after this returns)."""
+        if self._worker is not None:
+            await asyncio.gather(self._worker, return_exceptions=True)
+
+
 @dataclass(eq=False)
 class _Live:
     """A rollout in progress: the env state and token context at its tip."""
@@ -151,56 +197,118 @@ class Growth:
     # ---------------------------------------------------------------- sampling core
     async def _advance(self, agent: Agent, session: EnvSession, tree: RolloutTree | None, lives: list[_Live], *,
                        index: int, pid: int, phase: Phase, call: int = 0, session_id: str = "") -> None:
-        """Run ``lives`` to the end of their episodes, one engine submission per turn.
+        """Run ``lives`` to the end of their episodes.
 
         With a tree every finished turn becomes a node (with a snapshot unless it ends the
         episode); without one (Monte-Carlo) only rewards are kept and each snapshot is
-        released as soon as it is passed.
+        released as soon as it is passed. A batching engine gets one submission per turn of
+        all ``lives`` (its rounds need every live's request); an engine over an async backend
+        streams instead (:meth:`_stream`). Either way the tree gets the same nodes in the same
+        order.
         """
+        if self.engine.streams:
+            await self._stream(agent, session, tree, lives, index=index, pid=pid, phase=phase, call=call,
+                               session_id=session_id)
+            return
         active = list(lives)
         while active:
-            requests = [TurnRequest(key=(index, int(phase), call, live.rollout_id, live.turn), context=live.context,
-                                    seed=request_seed(self.config_seed, self.collect_seed, pid, int(phase), call,
-                                                      live.rollout_id, live.turn),
-                                    session=session_id) for live in active]
-            gens = await agent.generate(requests)
-            outcomes = await session.step([StepItem(snapshot=live.snapshot, action=gen.text,
-                                                    n_messages=live.n_messages, release=live.owns_snapshot)
-                                           for live, gen in zip(active, gens, strict=True)])
+            gens = await agent.generate([self._request(live, index, pid, phase, call, session_id) for live in active])
+            outcomes = await session.step([self._step_item(live, gen) for live, gen in zip(active, gens, strict=True)])
             t_book = None if self.timer is None else self.timer.now()
             still: list[_Live] = []
             for live, gen, out in zip(active, gens, outcomes, strict=True):
-                done = out.terminated or out.truncated
-                if done:
-                    after = self._finish(live.context, gen) if callable(self._finish) else live.context.append(
-                        gen.token_ids, generated=True, logprobs=gen.logprobs)
-                else:
-                    after = self.policy.extend(live.context, gen, out.added[1:])
-                appended = list(after.token_ids[len(live.context) + len(gen.token_ids):])
-                if tree is None:
-                    self.oracle_generated_tokens += len(gen.token_ids)
-                    self.oracle_env_steps += 1
-                else:
-                    assert live.node is not None
-                    node = tree.add_turn(
-                        live.node, rollout_id=live.rollout_id, generated_ids=gen.token_ids,
-                        generated_logprobs=gen.logprobs, observation_ids=appended, messages=out.added,
-                        snapshot=out.snapshot,
-                        info={"finish_reason": gen.finish_reason, "terminated": out.terminated,
-                              "truncated": out.truncated},
-                    )
-                    if done:
-                        tree.finish(node, out.reward)
-                    live.node = node
-                live.reward = out.reward
-                if not done:
-                    live.snapshot, live.context, live.n_messages = out.snapshot, after, out.n_messages
-                    live.owns_snapshot = tree is None
-                    live.turn += 1
+                turn = self._settle(tree, live, gen, out)
+                if tree is not None:
+                    self._add_turn(tree, live, turn)
+                if not turn.done:
                     still.append(live)
             active = still
             if t_book is not None:
                 self.timer.add("bookkeeping", t_book, self.timer.now())
+
+    async def _stream(self, agent: Agent, session: EnvSession, tree: RolloutTree | None, lives: list[_Live], *,
+                      index: int, pid: int, phase: Phase, call: int, session_id: str) -> None:
+        """:meth:`_advance` for an async backend: every live runs turn after turn on its own.
+
+        A live submits its next turn as soon as its last one is stepped, so no rollout waits
+        for its siblings' generations (a server batches continuously; a per-turn barrier would
+        leave it idle while the slowest sibling finishes). The prompt's env still takes one
+        call at a time (:class:`_StepQueue`; steps queued meanwhile go in one call). Turns are
+        added to the tree afterwards, turn by turn in ``lives`` order, as the batching path
+        adds them: the nodes and their ids do not depend on which live finished first.
+        """
+        steps = _StepQueue(session)
+
+        async def run(live: _Live) -> list[_Turn]:
+            turns: list[_Turn] = []
+            while not turns or not turns[-1].done:
+                (gen,) = await agent.generate([self._request(live, index, pid, phase, call, session_id)])
+                out = await steps.step(self._step_item(live, gen))
+                t_book = None if self.timer is None else self.timer.now()
+                turns.append(self._settle(tree, live, gen, out))
+                if t_book is not None:
+                    self.timer.add("bookkeeping", t_book, self.timer.now())
+            return turns
+
+        tasks = [asyncio.ensure_future(run(live)) for live in lives]
+        try:
+            per_live = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        finally:
+            await steps.drained()
+        if tree is not None:
+            for depth in range(max((len(turns) for turns in per_live), default=0)):
+                for live, turns in zip(lives, per_live, strict=True):
+                    if depth < len(turns):
+                        self._add_turn(tree, live, turns[depth])
+
+    def _request(self, live: _Live, index: int, pid: int, phase: Phase, call: int, session_id: str) -> TurnRequest:
+        return TurnRequest(key=(index, int(phase), call, live.rollout_id, live.turn), context=live.context,
+                           seed=request_seed(self.config_seed, self.collect_seed, pid, int(phase), call,
+                                             live.rollout_id, live.turn),
+                           session=session_id)
+
+    @staticmethod
+    def _step_item(live: _Live, gen: Generation) -> StepItem:
+        return StepItem(snapshot=live.snapshot, action=gen.text, n_messages=live.n_messages,
+                        release=live.owns_snapshot)
+
+    def _settle(self, tree: RolloutTree | None, live: _Live, gen: Generation, out: StepOutcome) -> _Turn:
+        """Move ``live`` past one stepped turn (its context, snapshot and reward); the turn for the tree."""
+        done = out.terminated or out.truncated
+        if done:
+            after = self._finish(live.context, gen) if callable(self._finish) else live.context.append(
+                gen.token_ids, generated=True, logprobs=gen.logprobs)
+        else:
+            after = self.policy.extend(live.context, gen, out.added[1:])
+        appended = list(after.token_ids[len(live.context) + len(gen.token_ids):])
+        if tree is None:
+            self.oracle_generated_tokens += len(gen.token_ids)
+            self.oracle_env_steps += 1
+        live.reward = out.reward
+        if not done:
+            live.snapshot, live.context, live.n_messages = out.snapshot, after, out.n_messages
+            live.owns_snapshot = tree is None
+            live.turn += 1
+        return _Turn(gen=gen, out=out, observation_ids=appended, done=done)
+
+    @staticmethod
+    def _add_turn(tree: RolloutTree, live: _Live, turn: _Turn) -> None:
+        assert live.node is not None
+        gen, out = turn.gen, turn.out
+        node = tree.add_turn(
+            live.node, rollout_id=live.rollout_id, generated_ids=gen.token_ids,
+            generated_logprobs=gen.logprobs, observation_ids=turn.observation_ids, messages=out.added,
+            snapshot=out.snapshot,
+            info={"finish_reason": gen.finish_reason, "terminated": out.terminated, "truncated": out.truncated},
+        )
+        if turn.done:
+            tree.finish(node, out.reward)
+        live.node = node
 
     async def _monte_carlo(self, agent: Agent, session: EnvSession, anchors: Sequence[tuple[Any, TokenContext, int]],
                            *, index: int, pid: int, phase: Phase, call: int, session_id: str) -> NDArray[np.float64]:

@@ -207,6 +207,11 @@ class GenerationEngine:
         self._pending = keep
         self._maybe_fire()
 
+    @property
+    def streams(self) -> bool:
+        """Whether the backend batches by itself (an AsyncPolicy): then no request waits for a round."""
+        return self._async
+
     # ---------------------------------------------------------------- submission
     async def _submit(self, agent: Agent, requests: list[TurnRequest]) -> list[Generation]:
         if agent.closed:

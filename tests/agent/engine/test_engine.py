@@ -439,6 +439,49 @@ def test_an_async_policy_is_awaited_directly_and_gives_the_same_trees() -> None:
     assert _dump(got.trees) == _dump(sync.trees)
 
 
+class _HoldingAsync(_AsyncScripted):
+    """An async policy that holds each session's first request until a longer context of that session arrives.
+
+    A longer context is a later turn of a sibling rollout: it can only arrive while the first request is held
+    if siblings do not wait for each other. A request still held after ``hold_s`` goes on (``released`` says
+    which sessions were released by a sibling).
+    """
+
+    def __init__(self, inner, hold_s: float = 2.0) -> None:
+        super().__init__(inner)
+        self.hold_s = hold_s
+        self.held: dict[str, tuple[int, asyncio.Event]] = {}
+        self.released: dict[str, bool] = {}
+
+    async def agenerate(self, contexts, *, max_new_tokens=256, temperature=1.0, top_p=1.0, seeds, sessions):
+        for session, context in zip(sessions, contexts, strict=True):
+            held = self.held.get(session)
+            if held is not None and len(context) > held[0]:
+                held[1].set()
+        session = sessions[0]
+        if session not in self.held:
+            event = asyncio.Event()
+            self.held[session] = (min(len(c) for c in contexts), event)
+            try:
+                await asyncio.wait_for(event.wait(), self.hold_s)
+                self.released[session] = True
+            except asyncio.TimeoutError:
+                self.released[session] = False
+        return await super().agenerate(contexts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                       top_p=top_p, seeds=seeds, sessions=sessions)
+
+
+def test_on_an_async_policy_a_rollout_does_not_wait_for_its_siblings_and_the_trees_are_unchanged() -> None:
+    policy, prompts = _slow_scripted(6)
+    budget = Budget(roots=24, continuations_per_root=1, group_size=4)
+    sync = _collect(policy, prompts, TreePO(), budget, slots=6, max_batch=8)
+    holding = _HoldingAsync(policy)
+    got = _collect(holding, prompts, TreePO(), budget, slots=6, max_batch=8)
+    assert _dump(got.trees) == _dump(sync.trees)
+    assert len(holding.released) == len(prompts)
+    assert any(holding.released.values()), "while one root's first turn was held, a sibling's next turn came in"
+
+
 def test_an_engine_call_batches_across_prompts_far_beyond_one_group() -> None:
     """The issue's symptom: one call per prompt-turn (batch = group size). Now a call holds every live rollout."""
     policy, prompts = scripted_setup(8, answer_slip=0.0)
