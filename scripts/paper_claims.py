@@ -53,10 +53,21 @@ from trace_agent.analysis import (  # noqa: E402
     spread,
 )
 from trace_agent.bench import BENCH_PREDICTORS, BenchConfig, BenchResult, prefix_share_arg, run_bench  # noqa: E402
+from trace_agent.preregistered import (  # noqa: E402
+    PLAN_PAIRS,
+    RunTableError,
+    arm_file_stem,
+    build_table,
+    fmt,
+    kept_step_metric,
+    load_runs,
+    parse_arm,
+    table_markdown,
+)
 from trace_agent.rollout import RolloutConfig  # noqa: E402
 from trace_agent.strategies import Budget  # noqa: E402
 
-#: The paper's figures (from /work/shared/reference/trace-blog.txt and trace-summary.txt).
+#: The paper's figures, as its public summaries (blog post and abstract) state them.
 PAPER: dict[str, str] = {
     "ratio": "effective sample ratio on DeepScaleR math, GRPO 26.8% -> TRACE 60.6% (Qwen3-8B), 34.7% -> 59.7% "
              "(Qwen3-14B); TRACE lifts the effective ratio ~10 points over random branching (TreePO) at every budget",
@@ -223,12 +234,8 @@ def _bench(args: argparse.Namespace, policy: Any, config: BenchConfig, **kwargs:
 # output
 
 
-def _f(x: float, digits: int = 3) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
-
-
 def _pm(s: dict[str, float], digits: int = 3) -> str:
-    return f"{_f(s['mean'], digits)} ± {_f(s['std'], digits)} [{_f(s['min'], 2)}, {_f(s['max'], 2)}]"
+    return f"{fmt(s['mean'], digits)} ± {fmt(s['std'], digits)} [{fmt(s['min'], 2)}, {fmt(s['max'], 2)}]"
 
 
 def _header(claim: str, args: argparse.Namespace, config: BenchConfig | None) -> list[str]:
@@ -310,13 +317,13 @@ def _ratio_table(result: BenchResult, label: Callable[[str], str] | None = None)
     lines = [head, "|---|" + ("---|" if label else "") + "---|---|---:|---:|---:|---:|---:|"]
     for name, s in result.summary.items():
         lines.append(f"| {name} |" + (f" {label(name)} |" if label else "")
-                     + f" {_pm(s['effective_ratio'])} | {' / '.join(_f(x, 2) for x in seeds[name])} "
+                     + f" {_pm(s['effective_ratio'])} | {' / '.join(fmt(x, 2) for x in seeds[name])} "
                      f"| {s['mixed_trees']['mean']:.1f} / {s['active_prompts']['mean']:.1f} | {s['skipped']['mean']:.1f} "
                      f"| {s['contrast_pairs']['mean']:.1f} | {s['paper_units']['mean']:.1f} "
                      f"| {s['generated_tokens']['mean']:.0f} |")
     comp = result.comparisons()
     if comp:
-        lines += ["", "On mean effective ratio: " + ", ".join(f"{k} = {_f(v, 2)}" for k, v in comp.items())]
+        lines += ["", "On mean effective ratio: " + ", ".join(f"{k} = {fmt(v, 2)}" for k, v in comp.items())]
     return lines
 
 
@@ -384,7 +391,7 @@ def run_shape(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
         seeds = _per_seed(result)
         for name, s in result.summary.items():
             lines.append(f"| {label} ({budget.roots}, {budget.continuations_per_root}) | {name} "
-                         f"| {_pm(s['effective_ratio'])} | {' / '.join(_f(x, 2) for x in seeds[name])} "
+                         f"| {_pm(s['effective_ratio'])} | {' / '.join(fmt(x, 2) for x in seeds[name])} "
                          f"| {s['mixed_trees']['mean']:.1f} / {s['active_prompts']['mean']:.1f} "
                          f"| {s['contrast_pairs']['mean']:.1f} | {s['paper_units']['mean']:.1f} "
                          f"| {s['generated_tokens']['mean']:.0f} |")
@@ -480,13 +487,13 @@ def run_predictor(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
              "| ratio to prompts | MAE | Spearman | prompt's MC rate as forecast: MSE |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in depth_rows:
-        lines.append(f"| {int(r['depth'])} | {int(r['anchors'])} | {_f(r['mean_truth'], 2)} | {_f(r['mse'])} "
-                     f"| {_f(r['raw_ratio_to_prompt'], 2)} | {_f(r['noise'])} | {_f(r['mse_vs_true'])} "
-                     f"| {_f(r['ratio_to_prompt'], 2)} | {_f(r['mae'])} "
-                     f"| {_f(r['spearman'], 2)} | {_f(r['prompt_rate_mse'])} |")
+        lines.append(f"| {int(r['depth'])} | {int(r['anchors'])} | {fmt(r['mean_truth'], 2)} | {fmt(r['mse'])} "
+                     f"| {fmt(r['raw_ratio_to_prompt'], 2)} | {fmt(r['noise'])} | {fmt(r['mse_vs_true'])} "
+                     f"| {fmt(r['ratio_to_prompt'], 2)} | {fmt(r['mae'])} "
+                     f"| {fmt(r['spearman'], 2)} | {fmt(r['prompt_rate_mse'])} |")
     pooled, over = ranks["pooled"], ranks["over_seeds"]
-    lines += ["", f"Spearman of v-hat vs Monte-Carlo truth: prompts {_f(pooled['root'], 2)} "
-              f"({int(pooled['roots'])} anchors; per seed {_pm(over['root'], 2)}), prefixes {_f(pooled['prefix'], 2)} "
+    lines += ["", f"Spearman of v-hat vs Monte-Carlo truth: prompts {fmt(pooled['root'], 2)} "
+              f"({int(pooled['roots'])} anchors; per seed {_pm(over['root'], 2)}), prefixes {fmt(pooled['prefix'], 2)} "
               f"({int(pooled['prefixes'])} anchors; per seed {_pm(over['prefix'], 2)})."]
     data = {"oracle_samples": k, "error_by_depth": depth_rows, "rank_correlations": ranks, "anchors": len(anchors),
             "config": json.loads(BenchResult(config=config, rows=(), summary={}, predictor={}).to_json())["config"]}
@@ -653,42 +660,6 @@ def run_train(args: argparse.Namespace, policy: Any = None) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 # the pre-registered comparison: one compact file per (arm, seed) run, and the table rebuilt from those files
 
-#: step metrics kept in a run file: these prefixes, and the step's wall and predictor time.
-RUN_STEP_PREFIXES = ("rollout/", "budget/", "update/", "predictor/")
-RUN_STEP_KEYS = ("time/step_s", "time/predictor_s")
-
-
-def _kept(key: str, value: Any) -> bool:
-    return (key.startswith(RUN_STEP_PREFIXES) or key in RUN_STEP_KEYS) and isinstance(value, int | float)
-
-
-def parse_arm(arm: str) -> tuple[str, int, tuple[int, int] | None]:
-    """An arm name: ``STRATEGY[@Kx][/MxN]``.
-
-    ``"grpo@2x"`` -> ``("grpo", 2, None)`` (``rollout.roots`` times 2); ``"trace/24x6"`` -> ``("trace", 1, (24, 6))``
-    (``rollout.roots = 24``, ``rollout.continuations_per_root = 6``: a budget shape); ``"trace"`` -> ``("trace", 1,
-    None)`` (the config's own rollout).
-    """
-    head, _, shape_text = arm.partition("/")
-    name, _, mult = head.partition("@")
-    shape = None
-    if shape_text:
-        m, _, n = shape_text.partition("x")
-        if not (m.isdigit() and n.isdigit() and int(m) >= 1):
-            raise SystemExit(f"paper_claims: arm {arm!r}: a budget shape is written like 'trace/24x6' (M roots x N)")
-        shape = (int(m), int(n))
-    if not mult:
-        return name, 1, shape
-    if not mult.endswith("x") or not mult[:-1].isdigit() or int(mult[:-1]) < 1:
-        raise SystemExit(f"paper_claims: arm {arm!r}: a budget multiple is written like 'grpo@2x'")
-    return name, int(mult[:-1]), shape
-
-
-def arm_file_stem(arm: str) -> str:
-    """``"grpo@2x"`` -> ``"grpo_2x"``, ``"trace/24x6"`` -> ``"trace_24x6"``: the arm's part of a run file name."""
-    return arm.replace("@", "_").replace(":", "_").replace("/", "_")
-
-
 def _code_commit() -> dict[str, Any]:
     import subprocess
 
@@ -767,7 +738,7 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
             evals = [base] + [{"step": int(r["step"]), "success": r["eval/success"], "success_se": r["eval/success_se"],
                                "episodes": int(r["eval/episodes"]), "seconds": r["eval/seconds"]}
                               for r in records if "eval/success" in r and int(r["step"]) > 0]
-            steps = [{"step": int(r["step"]), **{k: v for k, v in r.items() if _kept(k, v)}}
+            steps = [{"step": int(r["step"]), **{k: v for k, v in r.items() if kept_step_metric(k, v)}}
                      for r in records if "rollout/effective_ratio" in r]
             data = {"arm": arm, "strategy": strategy, "budget_multiple": mult,
                     "shape": [cfg.rollout.roots, cfg.rollout.continuations_per_root], "seed": seed, **code,
@@ -780,131 +751,6 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
             done.append(path.name)
             log(f"{path.name}: {seconds:.0f}s, held-out " + " ".join(f"{e['step']}:{e['success']:.3f}" for e in evals))
     return {"runs": done, "base": base}
-
-
-def curve_auc_steps(evals: Sequence[dict[str, Any]]) -> float:
-    """Area under the held-out curve (trapezoids over the evaluated steps), divided by the span of steps."""
-    pts = sorted((int(e["step"]), float(e["success"])) for e in evals)
-    if len(pts) < 2:
-        raise ValueError("a learning curve needs two evaluations or more")
-    area = sum((s0 + s1) / 2 * (t1 - t0) for (t0, s0), (t1, s1) in zip(pts, pts[1:]))
-    return area / (pts[-1][0] - pts[0][0])
-
-
-def paired_ci(diffs: Sequence[float]) -> dict[str, float]:
-    """Mean of paired differences, its standard error and the t 95% interval (n - 1 degrees of freedom)."""
-    from scipy.stats import t as student_t
-
-    n = len(diffs)
-    if n == 0:
-        return {"n": 0, "mean": math.nan, "se": math.nan, "low": math.nan, "high": math.nan}
-    mean = sum(diffs) / n
-    if n == 1:
-        return {"n": 1, "mean": mean, "se": math.nan, "low": math.nan, "high": math.nan}
-    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n)
-    q = float(student_t.ppf(0.975, n - 1))
-    return {"n": n, "mean": mean, "se": se, "low": mean - q * se, "high": mean + q * se}
-
-
-def load_runs(runs: str | Path) -> list[dict[str, Any]]:
-    """The per-run files of ``train --runs`` (``*_s<seed>.json``), in name order; base.json is not a run."""
-    out = []
-    for path in sorted(Path(runs).glob("*_s*.json")):
-        data = json.loads(path.read_text())
-        if not {"arm", "seed", "evals", "steps"} <= set(data):
-            raise SystemExit(f"paper_claims table: {path} is not a run file")
-        out.append(data)
-    return out
-
-
-#: The other paired comparisons docs/paper/math/plan.md names beside each arm against GRPO: (A, B) for A - B.
-PLAN_PAIRS: tuple[tuple[str, str], ...] = (("trace", "treepo"), ("grpo@2x", "trace"))
-
-
-def build_table(runs: Sequence[dict[str, Any]], reference: str = "grpo",
-                pairs: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
-    """Per arm: seeds, mean AUC / final / effective ratio (all steps and step 1) / tokens; paired vs ``reference``;
-    under ``pairs``, A - B over the seeds both arms ran, for each (A, B) whose arms both have runs."""
-    arms: dict[str, list[dict[str, Any]]] = {}
-    for r in runs:
-        arms.setdefault(r["arm"], []).append(r)
-    grid = {tuple(sorted(int(e["step"]) for e in r["evals"])) for r in runs}
-    if len(grid) > 1:
-        raise SystemExit(f"paper_claims table: the runs were evaluated at different steps: {sorted(grid)}")
-    commits = sorted({r.get("commit", "") for r in runs})
-
-    def per_run(r: dict[str, Any]) -> dict[str, float]:
-        ratios = [float(s["rollout/effective_ratio"]) for s in r["steps"]
-                  if s.get("rollout/effective_ratio") is not None and math.isfinite(float(s["rollout/effective_ratio"]))]
-        first = [float(s["rollout/effective_ratio"]) for s in r["steps"] if int(s["step"]) == 1]
-        final = max(r["evals"], key=lambda e: int(e["step"]))
-        return {"auc": curve_auc_steps(r["evals"]), "final": float(final["success"]),
-                "effective_ratio": sum(ratios) / len(ratios) if ratios else math.nan,
-                "effective_ratio_step1": first[0] if first else math.nan,
-                "generated_tokens": float(r["generated_tokens"]), "paper_units": float(r["paper_units"]),
-                "seconds": float(r["seconds"])}
-
-    values = {arm: {int(r["seed"]): per_run(r) for r in rs} for arm, rs in arms.items()}
-    table: dict[str, Any] = {"reference": reference, "commits": commits, "eval_steps": list(next(iter(grid), ())),
-                             "arms": {}}
-    for arm, by_seed in values.items():
-        entry: dict[str, Any] = {"seeds": sorted(by_seed)}
-        for k in ("auc", "final", "effective_ratio", "effective_ratio_step1", "generated_tokens", "paper_units",
-                  "seconds"):
-            entry[k] = _finite_mean([v[k] for v in by_seed.values()])
-        for k in ("effective_ratio", "effective_ratio_step1"):  # its spread over seeds (sample sd; 0 for one seed)
-            entry[f"{k}_sd"] = spread(v[k] for v in by_seed.values())["std"]
-        if arm != reference and reference in values:
-            ref = values[reference]
-            paired = sorted(set(by_seed) & set(ref))
-            entry["vs_reference"] = {k: paired_ci([by_seed[s][k] - ref[s][k] for s in paired]) for k in ("auc", "final")}
-            entry["vs_reference"]["seeds"] = paired
-        table["arms"][arm] = entry
-    table["pairs"] = {}
-    for a, b in pairs:
-        if a in values and b in values:
-            both = sorted(set(values[a]) & set(values[b]))
-            table["pairs"][f"{a} − {b}"] = {
-                **{k: paired_ci([values[a][s][k] - values[b][s][k] for s in both]) for k in ("auc", "final")},
-                "seeds": both}
-    return table
-
-
-def _finite_mean(values: Sequence[float]) -> float:
-    vals = [float(v) for v in values if math.isfinite(float(v))]
-    return sum(vals) / len(vals) if vals else math.nan
-
-
-def table_markdown(table: dict[str, Any]) -> str:
-    ref = table["reference"]
-
-    def ci(c: dict[str, float]) -> str:
-        if c["n"] == 0:
-            return "-"
-        if c["n"] == 1:
-            return f"{c['mean']:+.3f} (1 seed: no interval)"
-        return f"{c['mean']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}] (n = {c['n']})"
-
-    lines = [f"Runs at commit(s) {', '.join(c[:10] for c in table['commits'])}; held-out evaluations at steps "
-             f"{', '.join(map(str, table['eval_steps']))}; AUC = area under the held-out curve over those steps / their "
-             f"span; paired differences against `{ref}` (same seed) with a t 95% interval.", "",
-             f"| arm | seeds | held-out AUC | final held-out | AUC − {ref} [95% CI] | final − {ref} [95% CI] "
-             "| effective ratio (step 1, ± sd over seeds) | effective ratio (all steps, ± sd) | paper units "
-             "| generated tokens | s/run |",
-             "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|"]
-    for arm, e in table["arms"].items():
-        vs = e.get("vs_reference")
-        lines.append(f"| {arm} | {len(e['seeds'])} | {_f(e['auc'])} | {_f(e['final'])} "
-                     f"| {ci(vs['auc']) if vs else '-'} | {ci(vs['final']) if vs else '-'} "
-                     f"| {_f(e['effective_ratio_step1'], 2)} ± {_f(e['effective_ratio_step1_sd'], 2)} "
-                     f"| {_f(e['effective_ratio'], 2)} ± {_f(e['effective_ratio_sd'], 2)} | {e['paper_units']:.0f} "
-                     f"| {e['generated_tokens']:.0f} | {e['seconds']:.0f} |")
-    if table.get("pairs"):
-        lines += ["", "| paired difference (same seed) | seeds | AUC [95% CI] | final held-out [95% CI] |",
-                  "|---|---:|---|---|"]
-        for name, d in table["pairs"].items():
-            lines.append(f"| {name} | {len(d['seeds'])} | {ci(d['auc'])} | {ci(d['final'])} |")
-    return "\n".join(lines) + "\n"
 
 
 def run_table(args: argparse.Namespace, policy: Any = None) -> dict[str, Any]:
@@ -941,7 +787,10 @@ def main(argv: Sequence[str] | None = None, *, policy: Any = None) -> dict[str, 
 
         check_env_id(args.env)
         policy = load_policy(args.policy, env_id=args.env, log=lambda m: print(m, file=sys.stderr))
-    return RUNNERS[args.claim](args, policy)
+    try:
+        return RUNNERS[args.claim](args, policy)
+    except RunTableError as exc:
+        raise SystemExit(f"paper_claims {args.claim}: {exc}") from exc
 
 
 if __name__ == "__main__":

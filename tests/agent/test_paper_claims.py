@@ -617,11 +617,15 @@ def test_table_from_run_files_matches_hand_computed_numbers(claims, tmp_path) ->
         claims.main(["table", "--runs", str(tmp_path)])
 
 
-def test_arm_names_carry_a_budget_multiple_and_shape(claims) -> None:
-    assert claims.parse_arm("grpo@2x") == ("grpo", 2, None) and claims.parse_arm("trace") == ("trace", 1, None)
-    assert claims.parse_arm("trace/24x6") == ("trace", 1, (24, 6))
-    assert claims.parse_arm("grpo@2x/48x0") == ("grpo", 2, (48, 0))
-    assert claims.arm_file_stem("grpo@2x") == "grpo_2x" and claims.arm_file_stem("trace/24x6") == "trace_24x6"
+def test_arm_names_carry_a_budget_multiple_and_shape(claims, tmp_path) -> None:
+    from trace_agent.preregistered import RunTableError, arm_file_stem, parse_arm
+
+    assert parse_arm("grpo@2x") == ("grpo", 2, None) and parse_arm("trace") == ("trace", 1, None)
+    assert parse_arm("trace/24x6") == ("trace", 1, (24, 6))
+    assert parse_arm("grpo@2x/48x0") == ("grpo", 2, (48, 0))
+    assert arm_file_stem("grpo@2x") == "grpo_2x" and arm_file_stem("trace/24x6") == "trace_24x6"
     for bad in ("grpo@two", "trace/24", "trace/x6", "trace/0x6", "trace/24x-1"):
-        with pytest.raises(SystemExit):
-            claims.parse_arm(bad)
+        with pytest.raises(RunTableError):
+            parse_arm(bad)
+    with pytest.raises(SystemExit, match="paper_claims train: arm 'trace/24'"):  # the command says it in one line
+        claims.main(["train", "--small", "--strategies", "trace/24", "--runs", str(tmp_path)])

@@ -1,0 +1,214 @@
+"""Pre-registered training comparisons: arm names, one compact file per (arm, seed) run, the table.
+
+A comparison fixes its arms, seeds, evaluation steps and test in a plan before any run
+(docs/paper/math/plan.md is one). ``scripts/paper_claims.py train --runs DIR`` writes one JSON
+file per finished run, ``DIR/<arm>_s<seed>.json``; :func:`build_table` rebuilds every figure of
+the comparison from those files alone, and :func:`table_markdown` renders it
+(``scripts/paper_claims.py table --runs DIR``).
+
+Arm names (:func:`parse_arm`): ``STRATEGY[@Kx][/MxN]``: ``grpo@2x`` is GRPO at twice the
+config's roots; ``trace/24x6`` is TRACE with 24 roots and 6 continuations per root.
+
+The metric: the area under the held-out learning curve (:func:`curve_auc_steps`: trapezoids
+over the evaluated steps, divided by their span), compared between arms seed by seed with a
+t 95% interval on the paired differences (:func:`paired_ci`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trace_agent.analysis import spread
+
+__all__ = [
+    "PLAN_PAIRS",
+    "RUN_STEP_KEYS",
+    "RUN_STEP_PREFIXES",
+    "RunTableError",
+    "arm_file_stem",
+    "build_table",
+    "curve_auc_steps",
+    "fmt",
+    "kept_step_metric",
+    "load_runs",
+    "paired_ci",
+    "parse_arm",
+    "table_markdown",
+]
+
+#: Step metrics kept in a run file: these prefixes, and the step's wall and predictor time.
+RUN_STEP_PREFIXES = ("rollout/", "budget/", "update/", "predictor/")
+RUN_STEP_KEYS = ("time/step_s", "time/predictor_s")
+
+#: The paired comparisons docs/paper/math/plan.md names beside each arm against GRPO: (A, B) for A - B.
+PLAN_PAIRS: tuple[tuple[str, str], ...] = (("trace", "treepo"), ("grpo@2x", "trace"))
+
+
+class RunTableError(ValueError):
+    """An arm name, a run file or a set of runs that a comparison's table cannot be built from."""
+
+
+def kept_step_metric(key: str, value: Any) -> bool:
+    """Whether a training step's metric goes into a run file (see :data:`RUN_STEP_PREFIXES`)."""
+    return (key.startswith(RUN_STEP_PREFIXES) or key in RUN_STEP_KEYS) and isinstance(value, int | float)
+
+
+def parse_arm(arm: str) -> tuple[str, int, tuple[int, int] | None]:
+    """An arm name: ``STRATEGY[@Kx][/MxN]``.
+
+    ``"grpo@2x"`` -> ``("grpo", 2, None)`` (``rollout.roots`` times 2); ``"trace/24x6"`` -> ``("trace", 1, (24, 6))``
+    (``rollout.roots = 24``, ``rollout.continuations_per_root = 6``: a budget shape); ``"trace"`` -> ``("trace", 1,
+    None)`` (the config's own rollout).
+    """
+    head, _, shape_text = arm.partition("/")
+    name, _, mult = head.partition("@")
+    shape = None
+    if shape_text:
+        m, _, n = shape_text.partition("x")
+        if not (m.isdigit() and n.isdigit() and int(m) >= 1):
+            raise RunTableError(f"arm {arm!r}: a budget shape is written like 'trace/24x6' (M roots x N)")
+        shape = (int(m), int(n))
+    if not mult:
+        return name, 1, shape
+    if not mult.endswith("x") or not mult[:-1].isdigit() or int(mult[:-1]) < 1:
+        raise RunTableError(f"arm {arm!r}: a budget multiple is written like 'grpo@2x'")
+    return name, int(mult[:-1]), shape
+
+
+def arm_file_stem(arm: str) -> str:
+    """``"grpo@2x"`` -> ``"grpo_2x"``, ``"trace/24x6"`` -> ``"trace_24x6"``: the arm's part of a run file name."""
+    return arm.replace("@", "_").replace(":", "_").replace("/", "_")
+
+
+def curve_auc_steps(evals: Sequence[dict[str, Any]]) -> float:
+    """Area under the held-out curve (trapezoids over the evaluated steps), divided by the span of steps."""
+    pts = sorted((int(e["step"]), float(e["success"])) for e in evals)
+    if len(pts) < 2:
+        raise RunTableError("a learning curve needs two evaluations or more")
+    area = sum((s0 + s1) / 2 * (t1 - t0) for (t0, s0), (t1, s1) in zip(pts, pts[1:]))
+    return area / (pts[-1][0] - pts[0][0])
+
+
+def paired_ci(diffs: Sequence[float]) -> dict[str, float]:
+    """Mean of paired differences, its standard error and the t 95% interval (n - 1 degrees of freedom)."""
+    from scipy.stats import t as student_t
+
+    n = len(diffs)
+    if n == 0:
+        return {"n": 0, "mean": math.nan, "se": math.nan, "low": math.nan, "high": math.nan}
+    mean = sum(diffs) / n
+    if n == 1:
+        return {"n": 1, "mean": mean, "se": math.nan, "low": math.nan, "high": math.nan}
+    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n)
+    q = float(student_t.ppf(0.975, n - 1))
+    return {"n": n, "mean": mean, "se": se, "low": mean - q * se, "high": mean + q * se}
+
+
+def load_runs(runs: str | Path) -> list[dict[str, Any]]:
+    """The run files in ``runs`` (``*_s<seed>.json``), in name order; ``base.json`` is not a run."""
+    out = []
+    for path in sorted(Path(runs).glob("*_s*.json")):
+        data = json.loads(path.read_text())
+        if not {"arm", "seed", "evals", "steps"} <= set(data):
+            raise RunTableError(f"{path} is not a run file")
+        out.append(data)
+    return out
+
+
+def _finite_mean(values: Sequence[float]) -> float:
+    vals = [float(v) for v in values if math.isfinite(float(v))]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def _per_run(r: dict[str, Any]) -> dict[str, float]:
+    ratios = [float(s["rollout/effective_ratio"]) for s in r["steps"]
+              if s.get("rollout/effective_ratio") is not None and math.isfinite(float(s["rollout/effective_ratio"]))]
+    first = [float(s["rollout/effective_ratio"]) for s in r["steps"] if int(s["step"]) == 1]
+    final = max(r["evals"], key=lambda e: int(e["step"]))
+    return {"auc": curve_auc_steps(r["evals"]), "final": float(final["success"]),
+            "effective_ratio": sum(ratios) / len(ratios) if ratios else math.nan,
+            "effective_ratio_step1": first[0] if first else math.nan,
+            "generated_tokens": float(r["generated_tokens"]), "paper_units": float(r["paper_units"]),
+            "seconds": float(r["seconds"])}
+
+
+def build_table(runs: Sequence[dict[str, Any]], reference: str = "grpo",
+                pairs: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+    """Per arm: seeds, mean AUC / final / effective ratio (all steps and step 1) / tokens; paired vs ``reference``;
+    under ``pairs``, A - B over the seeds both arms ran, for each (A, B) whose arms both have runs.
+
+    Raises :class:`RunTableError` when the runs were evaluated at different steps (their curves do not pool).
+    """
+    arms: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        arms.setdefault(r["arm"], []).append(r)
+    grid = {tuple(sorted(int(e["step"]) for e in r["evals"])) for r in runs}
+    if len(grid) > 1:
+        raise RunTableError(f"the runs were evaluated at different steps: {sorted(grid)}")
+    commits = sorted({r.get("commit", "") for r in runs})
+    values = {arm: {int(r["seed"]): _per_run(r) for r in rs} for arm, rs in arms.items()}
+    table: dict[str, Any] = {"reference": reference, "commits": commits, "eval_steps": list(next(iter(grid), ())),
+                             "arms": {}}
+    for arm, by_seed in values.items():
+        entry: dict[str, Any] = {"seeds": sorted(by_seed)}
+        for k in ("auc", "final", "effective_ratio", "effective_ratio_step1", "generated_tokens", "paper_units",
+                  "seconds"):
+            entry[k] = _finite_mean([v[k] for v in by_seed.values()])
+        for k in ("effective_ratio", "effective_ratio_step1"):  # its spread over seeds (sample sd; 0 for one seed)
+            entry[f"{k}_sd"] = spread(v[k] for v in by_seed.values())["std"]
+        if arm != reference and reference in values:
+            ref = values[reference]
+            paired = sorted(set(by_seed) & set(ref))
+            entry["vs_reference"] = {k: paired_ci([by_seed[s][k] - ref[s][k] for s in paired]) for k in ("auc", "final")}
+            entry["vs_reference"]["seeds"] = paired
+        table["arms"][arm] = entry
+    table["pairs"] = {}
+    for a, b in pairs:
+        if a in values and b in values:
+            both = sorted(set(values[a]) & set(values[b]))
+            table["pairs"][f"{a} − {b}"] = {
+                **{k: paired_ci([values[a][s][k] - values[b][s][k] for s in both]) for k in ("auc", "final")},
+                "seeds": both}
+    return table
+
+
+def fmt(x: float | None, digits: int = 3) -> str:
+    """``x`` with ``digits`` decimals; ``n/a`` for a missing or non-finite figure."""
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
+
+
+def table_markdown(table: dict[str, Any]) -> str:
+    """:func:`build_table`'s result as Markdown: a line on what was compared, the arms, then the named pairs."""
+    ref = table["reference"]
+
+    def ci(c: dict[str, float]) -> str:
+        if c["n"] == 0:
+            return "-"
+        if c["n"] == 1:
+            return f"{c['mean']:+.3f} (1 seed: no interval)"
+        return f"{c['mean']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}] (n = {c['n']})"
+
+    lines = [f"Runs at commit(s) {', '.join(c[:10] for c in table['commits'])}; held-out evaluations at steps "
+             f"{', '.join(map(str, table['eval_steps']))}; AUC = area under the held-out curve over those steps / their "
+             f"span; paired differences against `{ref}` (same seed) with a t 95% interval.", "",
+             f"| arm | seeds | held-out AUC | final held-out | AUC − {ref} [95% CI] | final − {ref} [95% CI] "
+             "| effective ratio (step 1, ± sd over seeds) | effective ratio (all steps, ± sd) | paper units "
+             "| generated tokens | s/run |",
+             "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|"]
+    for arm, e in table["arms"].items():
+        vs = e.get("vs_reference")
+        lines.append(f"| {arm} | {len(e['seeds'])} | {fmt(e['auc'])} | {fmt(e['final'])} "
+                     f"| {ci(vs['auc']) if vs else '-'} | {ci(vs['final']) if vs else '-'} "
+                     f"| {fmt(e['effective_ratio_step1'], 2)} ± {fmt(e['effective_ratio_step1_sd'], 2)} "
+                     f"| {fmt(e['effective_ratio'], 2)} ± {fmt(e['effective_ratio_sd'], 2)} | {e['paper_units']:.0f} "
+                     f"| {e['generated_tokens']:.0f} | {e['seconds']:.0f} |")
+    if table.get("pairs"):
+        lines += ["", "| paired difference (same seed) | seeds | AUC [95% CI] | final held-out [95% CI] |",
+                  "|---|---:|---|---|"]
+        for name, d in table["pairs"].items():
+            lines.append(f"| {name} | {len(d['seeds'])} | {ci(d['auc'])} | {ci(d['final'])} |")
+    return "\n".join(lines) + "\n"
