@@ -92,7 +92,7 @@ class _Recording:
 
 
 def _collector(policy: Any, *, concurrent: int, max_new_tokens: int, max_turns: int, boot: Sequence[PromptSpec],
-               by_reset: bool = False):
+               by_reset: bool = False, batching: str = "deterministic"):
     """A collector on the demo setting with ``concurrent`` env slots, its sandboxes booted (outside any timing).
 
     ``by_reset``: its envs hide ``opening_messages`` (a prompt's context then costs a reset).
@@ -108,7 +108,7 @@ def _collector(policy: Any, *, concurrent: int, max_new_tokens: int, max_turns: 
         return env
 
     config = RolloutConfig(max_new_tokens=max_new_tokens, temperature=1.0, seed=0, workers=2,
-                           concurrent_prompts=concurrent)
+                           concurrent_prompts=concurrent, batching=batching)
     c = TreeCollector(make_env=make_env, policy=policy, predictor=EmbeddingPredictor(), config=config)
     host = c._local_host()
     envs = [host.lease() for _ in boot]
@@ -159,7 +159,8 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
     policy.generate(warm, seeds=list(range(48)), max_new_tokens=8)  # first forward passes are slow
     rec = _Recording(policy)
     boot = [PromptSpec(task_id=t, reset_seed=0) for t in ids[:budget.max_active]]
-    engine_c = _collector(rec, concurrent=64, max_new_tokens=args.max_new_tokens, max_turns=3, boot=boot)
+    engine_c = _collector(rec, concurrent=64, max_new_tokens=args.max_new_tokens, max_turns=3, boot=boot,
+                          batching=args.batching)
     engine_c.phase_timer = PhaseTimer()
     reset_c = None
     if args.by_reset:
@@ -379,6 +380,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--by-reset", action="store_true", help="also collect with contexts built by env resets")
     p.add_argument("--ray-prompts", type=int, default=16)
     p.add_argument("--busy-ms", type=float, default=40.0)
+    p.add_argument("--batching", choices=("deterministic", "dynamic"), default="deterministic",
+                   help="the engine collection's batching mode (docs/engine.md)")
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
     print(f"command: {' '.join(sys.argv)}\nmachine: {os.cpu_count()} CPUs, load {_load()}", flush=True)
