@@ -186,3 +186,29 @@ def test_predictor_features_by_seed_scores_roots_and_prefixes_of_held_out_seeds(
     assert all(np.isfinite(r[k]) for r in rows for k in ("spearman_root", "mse_root", "spearman_prefix", "mse_prefix"))
     with pytest.raises(SystemExit, match="both must be non-empty"):
         module["main"]([str(tmp_path / "trees.jsonl"), "--featurizers", "hashed", "--by-seed", "9"])
+
+
+def test_the_longest_cached_prefix_lookup_matches_a_brute_force() -> None:
+    from trace_agent.predictor.states import PrefixStates, _States
+
+    def brute(a, b):
+        k = 0
+        while k < min(len(a), len(b)) and a[k] == b[k]:
+            k += 1
+        return k
+
+    rng = np.random.default_rng(0)
+    states = PrefixStates(max_bytes=1 << 30)
+    keys = []
+    for _ in range(60):
+        base = tuple(int(x) for x in rng.integers(0, 3, size=int(rng.integers(1, 40))))
+        keys.append(base)
+        states.put(base, _States(hidden=torch.zeros(1, len(base), 1), kv=[]))
+    for _ in range(300):
+        a = keys[int(rng.integers(len(keys)))]
+        b = a[:int(rng.integers(0, len(a) + 1))] + tuple(int(x) for x in rng.integers(0, 3, size=int(rng.integers(0, 9))))
+        if not b:
+            continue
+        hit, k = states.longest(b)
+        assert k == max(brute(key, b) for key in set(keys))
+        assert hit is not None or k == 0
