@@ -64,3 +64,19 @@ def test_site_builds_in_strict_mode_without_warnings(tmp_path):
     for page in ["index.html", "guides/getting-started.html", "reference/trace_agent.html", "design.html"]:
         assert (tmp_path / "site" / page).is_file(), page
     assert "trace_agent.predictor" in (tmp_path / "site" / "reference" / "trace_agent.html").read_text()
+
+
+#: A pre-registered comparison's per-run file: ``docs/paper/<env>/<...runs...>/<arm>_s<seed>.json``.
+RUN_FILE = re.compile(r"^docs/paper/[^/]+/[^/]*runs[^/]*/[^/]+_s\d+\.json$")
+
+
+def test_docs_stay_small_apart_from_the_per_run_files():
+    """docs/ holds what the current figures are rebuilt from: at most 1.5 MB, not counting per-run files."""
+    root = DOCS.parent
+    listed = subprocess.run(["git", "-C", str(root), "ls-files", "docs"], capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    files = [f for f in listed.stdout.split() if (root / f).is_file() and not RUN_FILE.match(f)]
+    size = sum((root / f).stat().st_size for f in files)
+    largest = sorted(files, key=lambda f: (root / f).stat().st_size)[-5:]
+    assert size <= 1_500_000, f"docs/ is {size:,} bytes without the per-run files; largest: {largest}"
