@@ -323,8 +323,8 @@ def root_repeat_probability(tree: RolloutTree, value: float) -> float:
 
     ``value`` when every leaf succeeded, ``1 - value`` when every leaf failed, and 1 when the
     tree is already mixed: its root group already holds both outcomes, so another root
-    rollout cannot make it effective (it used to be 0 here, which made a fresh root a sure
-    gain and had ``trace+rootprefix`` buy roots for trees that were already mixed).
+    rollout cannot make it effective (0 here would make a fresh root a sure gain and have
+    ``trace+rootprefix`` buy roots for trees that are already mixed).
     """
     s, f = tree.outcome_counts()
     if s and f:

@@ -28,7 +28,7 @@ idle; they sum to the wall clock) and seconds inside each phase (``busy``; overl
 ``--no-per-prompt`` skips the per-prompt collection. Each repeat resets its prompts with a
 new seed (as each training step does), so prompt contexts are not cached across repeats.
 ``--by-reset`` adds ``by-reset``: the ``engine`` collection again on envs that hide
-``opening_messages``, so every candidate's context costs an env reset (before issue 37).
+``opening_messages``, so every candidate's context costs an env reset.
 
 (b) ``ray``: env-bound work: a scripted policy that costs nothing to run, whose programs keep
 the sandbox busy (``--busy-ms`` of arithmetic per step), on PythonMath-v0 through the Ray

@@ -32,7 +32,7 @@ __all__ = [
 
 #: The paper's critic checkpoint.
 DEFAULT_CRITIC = "Qwen/Qwen3-0.6B"
-#: Share of prefix (non-prompt) examples in the paper's predictor batches (docs/design.md, "Objectives"; issue 13).
+#: Share of prefix (non-prompt) examples in the paper's predictor batches (docs/design.md, "Objectives").
 PAPER_PREFIX_SHARE = 0.06
 
 
