@@ -27,7 +27,7 @@ from trace_agent.rollout import PromptSpec, RolloutConfig, TreeCollector  # noqa
 from trace_agent.strategies import GRPO, TRACE, Budget, TreePO  # noqa: E402
 
 from ..test_rollout import ScriptedPolicy, _check_budget  # noqa: E402
-from .test_engine import _dump, _predictor, _slow_scripted  # noqa: E402
+from .test_engine import _dump, _HoldingAsync, _predictor, _slow_scripted  # noqa: E402
 
 MATH_ENV = make_env_factory("trace_envs/PythonMath-v0", "train", max_turns=3)
 WIKI_ENV = make_env_factory("trace_envs/WikiQA-v0", "default", max_turns=3)
@@ -86,6 +86,18 @@ def test_ray_and_local_backends_give_identical_trees_on_python_math(cluster, str
     assert len(stats) == 2 and len({s["pid"] for s in stats}) == 2 and os.getpid() not in {s["pid"] for s in stats}
     assert all(s["snapshots"] == 0 for s in stats)  # every snapshot released inside its actor
     assert all(0 < s["rss_mb"] < 2048 for s in stats)
+
+
+def test_on_an_async_policy_ray_actors_stream_rollouts_to_the_same_trees(cluster) -> None:
+    """Each rollout runs its turns on its own (several steps of one tree queue on its actor's env)."""
+    policy, prompts = _slow_scripted(6)
+    budget = Budget(roots=16, continuations_per_root=1, group_size=4)
+    local, _ = _collect(MATH_ENV, policy, prompts, TreePO(), budget, "local")
+    holding = _HoldingAsync(policy)
+    remote, stats = _collect(MATH_ENV, holding, prompts, TreePO(), budget, "ray")
+    assert _dump(remote.trees) == _dump(local.trees)
+    assert any(holding.released.values()), "while one root's first turn was held, a sibling's next turn came in"
+    assert all(s["snapshots"] == 0 for s in stats)  # every snapshot released inside its actor
 
 
 class WikiScripted(ScriptedPolicy):
