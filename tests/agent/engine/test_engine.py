@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from trace_agent.contexts import format_messages, make_context
-from trace_agent.engine.base import Phase, prompt_key, request_seed
+from trace_agent.engine.base import EnvWorkerError, Phase, prompt_key, request_seed
 from trace_agent.engine.scheduler import EngineConfig, GenerationEngine, TurnRequest
 from trace_agent.policy.base import Generation, TokenContext
 from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer, score_nodes
@@ -480,6 +480,44 @@ def test_on_an_async_policy_a_rollout_does_not_wait_for_its_siblings_and_the_tre
     assert _dump(got.trees) == _dump(sync.trees)
     assert len(holding.released) == len(prompts)
     assert any(holding.released.values()), "while one root's first turn was held, a sibling's next turn came in"
+
+
+def _env_dying_at(nth: int):
+    """make_env whose envs together raise on the ``nth`` env step (once): a sandbox that died."""
+    count = [0]
+
+    def make():
+        env = make_math_env()
+        inner = env.step
+
+        def dying_step(action):
+            count[0] += 1
+            if count[0] == nth:
+                raise RuntimeError("sandbox died")
+            return inner(action)
+
+        env.step = dying_step
+        return env
+
+    return make
+
+
+@pytest.mark.parametrize("retries", [1, 0])
+def test_on_an_async_policy_a_dead_env_regrows_its_prompt_or_fails_clearly(retries) -> None:
+    policy, prompts = _slow_scripted(6)
+    budget = Budget(roots=24, continuations_per_root=1, group_size=4)
+    want = _collect(policy, prompts, TreePO(), budget, slots=6, max_batch=8)
+    config = RolloutConfig(seed=1, workers=2, concurrent_prompts=6, max_batch_size=8, env_retries=retries)
+    t = time.perf_counter()
+    with TreeCollector(make_env=_env_dying_at(7), policy=_AsyncScripted(policy), predictor=_predictor(),
+                       config=config) as collector:
+        if retries == 0:
+            with pytest.raises(EnvWorkerError, match="sandbox died"):
+                collector.collect(prompts, TreePO(), budget, seed=3)
+        else:
+            got = collector.collect(prompts, TreePO(), budget, seed=3)
+            assert _dump(got.trees) == _dump(want.trees)
+    assert time.perf_counter() - t < 120
 
 
 def test_an_engine_call_batches_across_prompts_far_beyond_one_group() -> None:
