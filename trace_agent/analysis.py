@@ -47,7 +47,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from trace_agent.predictor import spearman
-from trace_agent.strategies import Budget, ExpansionRequest, RootRequest, uniform_roots
+from trace_agent.strategies import Budget, ExpansionRequest, Reads, RootRequest, uniform_roots
 from trace_agent.tree import RolloutTree
 
 __all__ = [
@@ -91,16 +91,13 @@ class MonteCarloProbe:
 
     name: str = "probe"
     branching: bool = True
-    uses_predictor: bool = True
+    reads: Reads = Reads(prefixes={"predicted", "oracle"}, root={"predicted", "oracle"})
 
     def allocate_roots(self, request: RootRequest) -> list[int]:
         return uniform_roots(len(request.prompt_ids), request.root_budget, request.budget.max_active)
 
     def allocate_continuations(self, request: ExpansionRequest) -> dict[int, int]:
-        nodes = [request.tree.root, *request.candidates]
-        request.predicted(nodes)  # stored in node.value
-        request.oracle(nodes)  # stored in node.info["oracle_value"]
-        return {}
+        return {}  # the values it reads are kept on the nodes: node.value, node.info["oracle_value"]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -156,9 +156,17 @@ class Budget:
     def effective_root_cap(self) -> int:
         return 4 * self.group_size if self.root_cap is None else self.root_cap
 
-    def prompt_continuations(self, roots: int) -> int:
-        """A prompt's continuation units: N per root rollout."""
-        return self.continuations_per_root * int(roots)
+    def root_budget(self, branching: bool) -> int:
+        """Root rollouts a strategy places: M when it branches, :attr:`flat_roots` when it does not.
+
+        With :meth:`prompt_continuations` this is the one flat-vs-branching rule: a flat
+        strategy spends the batch's paper units as root rollouts only.
+        """
+        return self.roots if branching else self.flat_roots
+
+    def prompt_continuations(self, roots: int, *, branching: bool = True) -> int:
+        """A prompt's continuation units: N per root rollout for a branching strategy, 0 for a flat one."""
+        return self.continuations_per_root * int(roots) if branching else 0
 
 
 def continuation_budget(root_rollouts: int, ratio: float) -> int:

@@ -12,11 +12,11 @@ Public API::
 
 One :meth:`TreeCollector.collect` call runs one asyncio event loop (docs/engine.md):
 
-1. The strategy places root rollouts on the candidate pool (``Strategy.allocate_roots``, on a
-   thread of its own). The request offers the prompts' values as a
-   :class:`~trace_agent.strategies.PromptValues`: predicted (the prompts' contexts, then the
-   predictor) or Monte-Carlo (rollouts through the shared engine), each computed only if the
-   strategy asks.
+1. The collector computes the prompt values the strategy reads
+   (:class:`~trace_agent.strategies.Reads`): predicted (the prompts' contexts, then the
+   predictor) and/or Monte-Carlo (rollouts through the shared engine); then the strategy places
+   root rollouts on the candidate pool with those values in hand
+   (:func:`~trace_agent.strategies.place_roots`, on a thread of its own).
 2. Each active prompt's tree grows as its own task (:class:`~trace_agent.engine.growth.Growth`)
    on its own env session: roots turn by turn, its own expansion as soon as its roots end
    (never waiting for the batch), snapshots released at the end. At most
@@ -66,14 +66,14 @@ from trace_agent.engine.base import (
     request_seed,
 )
 from trace_agent.engine.envs import EnvFactory, EnvHost, LocalEnvHost, _LocalSession
-from trace_agent.engine.growth import Growth, check_roots, in_thread, on_loop, run_prompts
+from trace_agent.engine.growth import Growth, in_thread, run_prompts
 from trace_agent.engine.phases import PhaseBreakdown, PhaseTimer, timed
 from trace_agent.engine.ray_envs import RayConfig
 from trace_agent.engine.scheduler import EngineConfig, EngineStats, GenerationEngine
 from trace_agent.options import ENV_BACKENDS, Batching, EnvBackend, either
 from trace_agent.policy.base import DEFAULT_MAX_NEW_TOKENS, Policy
 from trace_agent.predictor import SuccessPredictor
-from trace_agent.strategies import Budget, PromptValues, RootRequest, Strategy
+from trace_agent.strategies import Budget, Strategy, ValueKind, place_roots, reads_of, recorded_values
 from trace_agent.tree import RolloutTree
 from trace_agent.tree_stats import BatchStats, batch_stats
 
@@ -448,22 +448,20 @@ class TreeCollector:
         with self._predict_lock:
             return np.clip(np.asarray(predictor.predict(list(contexts)), dtype=np.float64), 0.0, 1.0)
 
-    def _prompt_values(self, loop: asyncio.AbstractEventLoop, prompts: Sequence[PromptSpec], predictor: Any,
-                       growth: Growth, engine: GenerationEngine) -> PromptValues:
-        """The values a root request offers; each is computed on the strategy's thread when it asks.
+    async def _prompt_values(self, strategy: Strategy, prompts: Sequence[PromptSpec], predictor: Any,
+                             growth: Growth, engine: GenerationEngine) -> dict[ValueKind, NDArray[np.float64]]:
+        """The prompt values ``strategy`` reads (:attr:`~trace_agent.strategies.Reads.prompts`), predicted first.
 
-        Predicted: the prompts' contexts (env work, on ``loop``), then the predictor (on the
-        strategy's thread, as node scoring is). Monte-Carlo: rollouts from each prompt's root
-        through the shared engine (on ``loop``).
+        Predicted: the prompts' contexts (env work, on this loop), then the predictor (on a
+        thread of its own). Monte-Carlo: rollouts from each prompt's root through the shared engine.
         """
-
-        def predicted() -> NDArray[np.float64]:
-            return self._predict(on_loop(loop, self._prompt_contexts(prompts)), predictor)
-
-        def oracle() -> NDArray[np.float64]:
-            return on_loop(loop, self._oracle_prompts(growth, engine, prompts))
-
-        return PromptValues(len(prompts), predicted=predicted, oracle=oracle)
+        kinds = reads_of(strategy).prompts
+        values: dict[ValueKind, NDArray[np.float64]] = {}
+        if "predicted" in kinds:
+            values["predicted"] = await in_thread(self._predict, await self._prompt_contexts(prompts), predictor)
+        if "oracle" in kinds:
+            values["oracle"] = await self._oracle_prompts(growth, engine, prompts)
+        return values
 
     def oracle_prompts(self, prompts: Sequence[PromptSpec], *, seed: int = 0) -> NDArray[np.float64]:
         """Monte-Carlo success rate of each prompt (``oracle_samples`` rollouts from its root; cached in ``root_oracle``)."""
@@ -533,7 +531,6 @@ class TreeCollector:
 
     async def _collect(self, prompts: list[PromptSpec], strategy: Strategy, budget: Budget, seed: int) -> Collection:
         t0 = time.perf_counter()
-        loop = asyncio.get_running_loop()
         ids = tuple(p.prompt_id for p in prompts)
         timer = self.phase_timer
         if timer is not None:
@@ -544,13 +541,11 @@ class TreeCollector:
         predictor = None if self.predictor is None else _TimedPredictor(self.predictor, timer)
         engine = GenerationEngine(self.policy, self.engine_config(), executor=self._engine_executor(), timer=timer)
         growth = self._growth(engine, seed, predictor)
-        root_budget = budget.roots if strategy.branching else budget.flat_roots
-        request = RootRequest(prompt_ids=ids, budget=budget, root_budget=root_budget,
-                              rng=np.random.default_rng(request_seed(self.config.seed, seed, 5)),
-                              values=self._prompt_values(loop, prompts, predictor, growth, engine))
-        roots = [int(m) for m in await in_thread(timed(timer, "allocation", strategy.allocate_roots), request)]
-        check_roots(roots, request)
-        values = request.values.last
+        offered = await self._prompt_values(strategy, prompts, predictor, growth, engine)
+        rng = np.random.default_rng(request_seed(self.config.seed, seed, 5))
+        roots = await in_thread(timed(timer, "allocation", lambda: place_roots(strategy, ids, budget, rng=rng,
+                                                                                values=offered)))
+        values = recorded_values(offered)
         jobs = [(i, p, m, None if values is None else float(values[i]))
                 for i, (p, m) in enumerate(zip(prompts, roots, strict=True)) if m > 0]
 

@@ -12,17 +12,16 @@ One plug point, :class:`Strategy`, with two decisions the collector
    ``request.root_exchange`` units (2 at the paper's 1/2 cost). The total must not exceed
    ``request.budget``.
 
-Values a strategy may ask for: a request's ``predicted(...)`` runs the success predictor and
-``oracle(...)`` estimates true success rates by Monte-Carlo (R policy rollouts from each
-anchor; benchmark only). They are computed when a strategy asks, so GRPO, TreePO and the
-``trace-prefix`` ablation never pay for root predictions and only the Oracle pays for
-Monte-Carlo rollouts. A root request holds its prompts' values in one :class:`PromptValues`
-(each kind computed at most once, and what was computed is what
-:attr:`~trace_agent.rollout.Collection.root_values` records); an expansion request calls the
-collector's scoring functions on the nodes the strategy names. Values are not pushed up
-front because a strategy's needs are not known before it runs: ``uses_predictor`` is a hint
-for the trainer (a user's strategy may not have it), and TRACE with ``roots=False`` reads no
-prompt value although it uses the predictor for its prefixes.
+Values a strategy reads are pushed, not pulled. A strategy declares them in ``reads``
+(:class:`Reads`: which kinds of value, ``predicted`` or ``oracle``, of the candidate prompts,
+of the visited prefixes and of the prompt itself); the collector computes exactly those
+before it asks the strategy and passes them in the request, so an allocation is a pure
+function of its request. ``predicted`` values come from the success predictor, ``oracle``
+values are Monte-Carlo success rates (R policy rollouts from each anchor; benchmark only).
+GRPO, TreePO and the ``trace-prefix`` ablation declare no prompt value and so never pay for
+root predictions; only the Oracle pays for Monte-Carlo rollouts. A strategy reads its
+request's values through ``predicted()`` / ``oracle()``; asking for a value it did not
+declare raises :class:`~trace_agent.predictor.PredictionError`.
 
 Equal budget (:class:`Budget`)
     The paper's (M, N) shape: M root rollouts per batch and N continuations per root, on at
@@ -54,10 +53,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from types import MappingProxyType
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import NDArray
 
 from trace_agent.allocation import (
     RootObjective,
@@ -67,12 +67,18 @@ from trace_agent.allocation import (
     repeat_probability,
 )
 from trace_agent.budget import Budget, proportional_split
+from trace_agent.errors import CollectionError
 from trace_agent.predictor import PredictionError, checked_predictions
 from trace_agent.tree import Node, RolloutTree
 
 __all__ = [
     "Budget",
-    "PromptValues",
+    "VALUE_KINDS",
+    "ValueKind",
+    "Reads",
+    "READS_NOTHING",
+    "reads_of",
+    "recorded_values",
     "RootRequest",
     "ExpansionRequest",
     "Strategy",
@@ -88,57 +94,90 @@ __all__ = [
     "spend_rest_on_root",
     "rollout_ending",
     "root_repeat_probability",
+    "place_roots",
+    "check_roots",
+    "check_continuations",
 ]
+
+#: A kind of success value: the predictor's v-hat, or a Monte-Carlo rate (benchmark only).
+ValueKind = Literal["predicted", "oracle"]
+
+#: The value kinds, in the order a request's values are computed.
+VALUE_KINDS: tuple[ValueKind, ...] = ("predicted", "oracle")
 
 
 # --------------------------------------------------------------------------------------------------
 # requests
 
 
-class PromptValues:
-    """The candidate prompts' success values a root request offers, each kind computed on first ask, once.
+@dataclass(frozen=True, kw_only=True)
+class Reads:
+    """The success values a strategy reads: the collector computes exactly these and passes them in.
 
-    Args:
-        count: number of candidate prompts (the values' length).
-        predicted: computes the success predictor's v-hat of every prompt (None: asking raises
-            :class:`~trace_agent.predictor.PredictionError`).
-        oracle: computes every prompt's Monte-Carlo success rate (None: asking raises).
+    Each field is a set of value kinds (:data:`VALUE_KINDS`: ``"predicted"``, the success
+    predictor's v-hat; ``"oracle"``, a Monte-Carlo success rate, benchmark only), given as
+    any iterable of them.
 
-    The functions are the collector's (they may block on work done elsewhere: env resets for
-    the prompts' contexts, Monte-Carlo rollouts); each runs at most once, and only when a
-    strategy asks. Every read is checked (count, finiteness) by
-    :func:`~trace_agent.predictor.checked_predictions`.
+    Attributes:
+        prompts: the kinds of every candidate prompt's value a :class:`RootRequest` carries.
+        prefixes: the kinds of every visited prefix's value (the candidates) an
+            :class:`ExpansionRequest` carries.
+        root: the kinds of the prompt's own value an :class:`ExpansionRequest` carries for the
+            tree's root, scored with the prefixes. Computed only when the root holds no value
+            from root allocation (judged before any of the request's values are computed); when
+            it does, a strategy reads that one as ``tree.root.value``.
+
+    Within one request the kinds are computed in :data:`VALUE_KINDS` order, the root first
+    and then the candidates in node order, in one call per kind.
     """
 
-    def __init__(self, count: int, *, predicted: Callable[[], ArrayLike] | None = None,
-                 oracle: Callable[[], ArrayLike] | None = None) -> None:
-        if count < 0:
-            raise ValueError(f"count must be >= 0, got {count}")
-        self.count = count
-        self._compute = {"predicted": predicted, "oracle": oracle}
-        self._values: dict[str, NDArray[np.float64]] = {}
-        self._last: NDArray[np.float64] | None = None
+    prompts: frozenset[ValueKind] = frozenset()
+    prefixes: frozenset[ValueKind] = frozenset()
+    root: frozenset[ValueKind] = frozenset()
 
-    def _get(self, kind: str) -> NDArray[np.float64]:
-        if kind not in self._values:
-            compute = self._compute[kind]
-            if compute is None:
-                raise PredictionError(f"this request offers no {kind} values")
-            self._values[kind] = self._last = np.asarray(compute(), dtype=np.float64)
-        return checked_predictions(self._values[kind], self.count)
-
-    def predicted(self) -> NDArray[np.float64]:
-        """The predictor's v-hat for every prompt (computed on the first call)."""
-        return self._get("predicted")
-
-    def oracle(self) -> NDArray[np.float64]:
-        """Monte-Carlo success rate of every prompt (computed on the first call; benchmark only)."""
-        return self._get("oracle")
+    def __post_init__(self) -> None:
+        for name in ("prompts", "prefixes", "root"):
+            chosen = frozenset(getattr(self, name))
+            unknown = sorted(chosen - set(VALUE_KINDS))
+            if unknown:
+                raise ValueError(f"Reads.{name}: unknown value kind(s) {unknown}; the kinds are {list(VALUE_KINDS)}")
+            object.__setattr__(self, name, chosen)
 
     @property
-    def last(self) -> NDArray[np.float64] | None:
-        """The values computed last (None: a strategy asked for none), as computed (not clipped)."""
-        return self._last
+    def predictor(self) -> bool:
+        """True when any value read is the predictor's (the trainer then keeps the predictor fitted)."""
+        return "predicted" in self.prompts | self.prefixes | self.root
+
+    def expansion(self, kind: ValueKind, tree: RolloutTree, candidates: Sequence[Node]) -> list[Node]:
+        """The nodes whose ``kind`` values an expansion request of ``tree`` carries (root first)."""
+        nodes: list[Node] = [tree.root] if kind in self.root and tree.root.value is None else []
+        return nodes + list(candidates) if kind in self.prefixes else nodes
+
+
+#: What a strategy without a ``reads`` attribute reads: nothing.
+READS_NOTHING = Reads()
+
+
+def reads_of(strategy: Any) -> Reads:
+    """The :class:`Reads` a strategy declares (``strategy.reads``; :data:`READS_NOTHING` when it has none)."""
+    reads = getattr(strategy, "reads", READS_NOTHING)
+    if not isinstance(reads, Reads):
+        raise TypeError(f"strategy {getattr(strategy, 'name', strategy)!r}: reads must be a Reads, "
+                        f"got {type(reads).__name__}")
+    return reads
+
+
+def recorded_values(values: Mapping[ValueKind, NDArray[np.float64]]) -> NDArray[np.float64] | None:
+    """The prompt values a collection records (``Collection.root_values``): the oracle's, else the predictor's."""
+    for kind in reversed(VALUE_KINDS):
+        if kind in values:
+            return values[kind]
+    return None
+
+
+def _undeclared(kind: str, where: str) -> PredictionError:
+    return PredictionError(f"this request carries no {kind} values of {where}: declare the kind in the "
+                           f"strategy's reads (Reads.{where})")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,33 +187,42 @@ class RootRequest:
     Attributes:
         prompt_ids: the candidate pool, in pool order.
         budget: the batch budget.
-        root_budget: root rollouts to place, exactly (``budget.roots`` for a branching
-            strategy, ``budget.flat_roots`` for a flat one).
+        root_budget: root rollouts to place, exactly (:meth:`Budget.root_budget`).
         rng: a seeded generator for random choices.
-        values: the prompts' values on offer (read them through :meth:`predicted` / :meth:`oracle`).
+        values: kind -> every candidate prompt's value, for the kinds the strategy reads
+            (:attr:`Reads.prompts`); read them through :meth:`predicted` / :meth:`oracle`.
+            Checked on construction (one finite value per prompt,
+            :func:`~trace_agent.predictor.checked_predictions`).
     """
 
     prompt_ids: tuple[str, ...]
     budget: Budget
     root_budget: int
     rng: np.random.Generator
-    values: PromptValues = field(repr=False)
+    values: Mapping[ValueKind, NDArray[np.float64]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        if self.values.count != len(self.prompt_ids):
-            raise ValueError(f"values for {self.values.count} prompts, the pool has {len(self.prompt_ids)}")
+        checked = {}
+        for kind, v in self.values.items():
+            if kind not in VALUE_KINDS:
+                raise ValueError(f"unknown value kind {kind!r}; the kinds are {list(VALUE_KINDS)}")
+            if np.shape(v) != (len(self.prompt_ids),):
+                raise ValueError(f"{kind} values for {np.size(v)} prompts, the pool has {len(self.prompt_ids)}")
+            checked[kind] = checked_predictions(np.asarray(v, dtype=np.float64), len(self.prompt_ids))
+        object.__setattr__(self, "values", MappingProxyType(checked))
+
+    def _read(self, kind: ValueKind) -> NDArray[np.float64]:
+        if kind not in self.values:
+            raise _undeclared(kind, "prompts")
+        return self.values[kind]
 
     def predicted(self) -> NDArray[np.float64]:
-        """The predictor's v-hat for every candidate prompt (computed once, on first call).
-
-        Raises :class:`~trace_agent.predictor.PredictionError` on a NaN/inf value or a wrong
-        count (it would otherwise reach the allocator as a bare range error).
-        """
-        return self.values.predicted()
+        """The predictor's v-hat for every candidate prompt (raises PredictionError when not declared)."""
+        return self._read("predicted")
 
     def oracle(self) -> NDArray[np.float64]:
-        """Monte-Carlo success rate of every candidate prompt (benchmark only; computed once)."""
-        return self.values.oracle()
+        """Monte-Carlo success rate of every candidate prompt (benchmark only; raises when not declared)."""
+        return self._read("oracle")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -189,6 +237,10 @@ class ExpansionRequest:
         root_exchange: units one continuation from the root (a fresh root rollout) costs.
         prefix_cap: most continuations from one prefix (None: no cap).
         rng: a seeded generator for random choices.
+        values: kind -> node id -> value, for the kinds and nodes the strategy reads
+            (:meth:`Reads.expansion`); read them through :meth:`predicted` / :meth:`oracle`.
+            The collector also keeps them on the nodes: ``node.value`` (predicted) and
+            ``node.info["oracle_value"]``.
     """
 
     tree: RolloutTree
@@ -197,21 +249,23 @@ class ExpansionRequest:
     root_exchange: int
     prefix_cap: int | None
     rng: np.random.Generator
-    predict_nodes: Callable[[Sequence[Node]], NDArray[np.float64]] = field(repr=False)
-    oracle_nodes: Callable[[Sequence[Node]], NDArray[np.float64]] = field(repr=False)
+    values: Mapping[ValueKind, Mapping[int, float]] = field(default_factory=dict, repr=False)
+
+    def _read(self, kind: ValueKind, nodes: Sequence[Node] | None) -> NDArray[np.float64]:
+        chosen = self.candidates if nodes is None else nodes
+        table = self.values.get(kind, {})
+        missing = [n.node_id for n in chosen if n.node_id not in table]
+        if missing:
+            raise _undeclared(kind, "root" if missing == [0] else "prefixes")
+        return checked_predictions(np.asarray([table[n.node_id] for n in chosen], dtype=np.float64), len(chosen))
 
     def predicted(self, nodes: Sequence[Node] | None = None) -> NDArray[np.float64]:
-        """The predictor's v-hat for ``nodes`` (default: the candidates); stored in ``node.value``.
-
-        Raises :class:`~trace_agent.predictor.PredictionError` on a NaN/inf value or a wrong count.
-        """
-        chosen = self.candidates if nodes is None else nodes
-        return checked_predictions(self.predict_nodes(chosen), len(chosen))
+        """The predictor's v-hat of ``nodes`` (default: the candidates); raises PredictionError when not carried."""
+        return self._read("predicted", nodes)
 
     def oracle(self, nodes: Sequence[Node] | None = None) -> NDArray[np.float64]:
-        """Monte-Carlo success rate from each node's snapshot (benchmark only; stored in ``node.info``)."""
-        chosen = self.candidates if nodes is None else nodes
-        return checked_predictions(self.oracle_nodes(chosen), len(chosen))
+        """Monte-Carlo success rate from each node's snapshot (benchmark only; raises when not carried)."""
+        return self._read("oracle", nodes)
 
     def endings(self, nodes: Sequence[Node] | None = None) -> NDArray[np.float64]:
         """Reward of the rollout that went through each node (see :func:`rollout_ending`)."""
@@ -245,18 +299,21 @@ class Strategy(Protocol):
         name: a short label for tables and logs.
         branching: True when the strategy samples continuations (it then gets ``budget.roots``
             root rollouts and ``N * m`` continuation units per prompt); False for a flat
-            strategy (``budget.flat_roots`` root rollouts, no continuations).
-        uses_predictor: optional (default True); False tells the trainer the strategy never
-            reads ``predicted()``, so it need not refresh the success predictor for it.
+            strategy (``budget.flat_roots`` root rollouts, no continuations):
+            :meth:`Budget.root_budget`, :meth:`Budget.prompt_continuations`.
+        reads: optional (default :data:`READS_NOTHING`): the values the strategy reads
+            (:class:`Reads`); the collector computes exactly those and passes them in. The
+            trainer keeps the success predictor fitted only for a strategy that reads it.
 
     Contract:
         * ``allocate_roots`` returns one non-negative int per ``request.prompt_ids`` entry,
           summing to ``request.root_budget``, with at most ``request.budget.max_active``
-          positive entries. Prompts with 0 are skipped (no tree).
+          positive entries. Prompts with 0 are skipped (no tree). Checked by :func:`check_roots`.
         * ``allocate_continuations`` returns ``{node_id: count}`` over ``request.candidates``
           (and optionally node 0, the root) whose cost ``sum(k) + (root_exchange - 1) * k_root``
-          is at most ``request.budget``. It is called once per prompt, from that prompt's
-          worker, as soon as its roots return; it must not depend on other prompts.
+          is at most ``request.budget`` (checked by :func:`check_continuations`). It is called
+          once per prompt, on a thread of its own, as soon as the prompt's roots return; it
+          must not depend on other prompts.
     """
 
     name: str
@@ -367,7 +424,7 @@ class _Flat:
 
     name: str
     branching: bool = False
-    uses_predictor: bool = False
+    reads: Reads = READS_NOTHING
 
     def allocate_continuations(self, request: ExpansionRequest) -> dict[int, int]:
         return {}
@@ -391,7 +448,7 @@ class PCL(_Flat):
     """Prompt filtering by the predictor: keep the ``max_active`` prompts with v-hat nearest 1/2, fixed n each."""
 
     name: str = "pcl"
-    uses_predictor: bool = True
+    reads: Reads = Reads(prompts={"predicted"})
 
     def allocate_roots(self, request: RootRequest) -> list[int]:
         n = len(request.prompt_ids)
@@ -410,7 +467,6 @@ class TreePO:
 
     name: str = "treepo"
     branching: bool = True
-    uses_predictor: bool = False
 
     def allocate_roots(self, request: RootRequest) -> list[int]:
         return _uniform(request)
@@ -437,27 +493,36 @@ class TRACE:
 
     name: str = "trace"
     branching: bool = True
-    uses_predictor: bool = True
     roots: bool = True
     prefixes: bool = True
     root_prefix: bool = False
     root_objective: RootObjective = "sum"
     flip_once: bool = False
+    #: The kind of value both stages read (the Oracle's: Monte-Carlo rates).
+    source: ClassVar[ValueKind] = "predicted"
 
-    def _root_values(self, request: RootRequest) -> NDArray[np.float64]:
-        return request.predicted()
+    @property
+    def reads(self) -> Reads:
+        """Prompt values for stage 1 (``roots``), prefix values for stage 2 (``prefixes``), and the
+        prompt's own value at expansion when ``root_prefix`` (``tree.root.value`` when roots were
+        allocated on values)."""
+        kind = {self.source}
+        return Reads(prompts=kind if self.roots else (), prefixes=kind if self.prefixes else (),
+                     root=kind if self.prefixes and self.root_prefix else ())
 
-    def _node_values(self, request: ExpansionRequest) -> NDArray[np.float64]:
-        return request.predicted()
+    def _values(self, request: RootRequest | ExpansionRequest) -> NDArray[np.float64]:
+        return request.predicted() if self.source == "predicted" else request.oracle()
 
     def _prompt_value(self, request: ExpansionRequest) -> float:
         root = request.tree.root
-        return float(root.value) if root.value is not None else float(request.predicted([root])[0])
+        if root.value is not None:
+            return float(root.value)
+        return float((request.predicted if self.source == "predicted" else request.oracle)([root])[0])
 
     def allocate_roots(self, request: RootRequest) -> list[int]:
         if not self.roots:
             return _uniform(request)
-        return allocate_roots(self._root_values(request), request.root_budget,
+        return allocate_roots(self._values(request), request.root_budget,
                               cap=request.budget.effective_root_cap, max_active=request.budget.max_active,
                               objective=self.root_objective)
 
@@ -466,7 +531,7 @@ class TRACE:
             alloc = random_prefixes(request.candidates, request.budget, request.rng, cap=request.prefix_cap)
         else:
             root_value = self._prompt_value(request) if self.root_prefix else None
-            values = self._node_values(request) if request.candidates else np.zeros(0)
+            values = self._values(request) if request.candidates else np.zeros(0)
             alloc = _exact_prefixes(request, values, root_value, flip_once=self.flip_once)
         return spend_rest_on_root(alloc, request)
 
@@ -490,19 +555,9 @@ class Oracle(TRACE):
     """
 
     name: str = "oracle"
-    uses_predictor: bool = False
     root_objective: RootObjective = "share"
     flip_once: bool = True
-
-    def _root_values(self, request: RootRequest) -> NDArray[np.float64]:
-        return request.oracle()
-
-    def _node_values(self, request: ExpansionRequest) -> NDArray[np.float64]:
-        return request.oracle()
-
-    def _prompt_value(self, request: ExpansionRequest) -> float:
-        root = request.tree.root  # root.value holds the Monte-Carlo rate the roots were allocated with
-        return float(root.value) if root.value is not None else float(request.oracle([root])[0])
+    source: ClassVar[ValueKind] = "oracle"
 
 
 #: The built-in strategies by name: what :func:`make_strategy` builds.
@@ -529,3 +584,60 @@ def make_strategy(name: str) -> Strategy:
         return _BUILDERS[name]()
     except KeyError:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGY_NAMES)}") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# one root-allocation step, and the checks of a strategy's answers
+
+
+def place_roots(strategy: Strategy, prompt_ids: Sequence[str], budget: Budget, *, rng: np.random.Generator,
+                values: Mapping[ValueKind, NDArray[np.float64]]) -> list[int]:
+    """Steps 1-2 of a batch: the strategy's root counts over ``prompt_ids``, checked.
+
+    ``values`` are the prompt values the strategy reads (:attr:`Reads.prompts`); the root
+    budget follows the flat-vs-branching rule (:meth:`Budget.root_budget`). Raises
+    :class:`~trace_agent.errors.CollectionError` when the answer breaks the budget rules
+    (:func:`check_roots`), :class:`~trace_agent.predictor.PredictionError` on a bad value.
+    """
+    request = RootRequest(prompt_ids=tuple(prompt_ids), budget=budget, root_budget=budget.root_budget(strategy.branching),
+                          rng=rng, values=values)
+    roots = [int(m) for m in strategy.allocate_roots(request)]
+    check_roots(roots, request)
+    return roots
+
+
+def check_roots(roots: list[int], request: RootRequest) -> None:
+    """Raise :class:`CollectionError` unless ``roots`` honours the root budget rules."""
+    if len(roots) != len(request.prompt_ids):
+        raise CollectionError(f"{len(roots)} root counts for {len(request.prompt_ids)} candidate prompts")
+    if any(m < 0 for m in roots):
+        raise CollectionError("root counts must be >= 0")
+    if sum(roots) != request.root_budget:
+        raise CollectionError(f"root counts sum to {sum(roots)}, the root budget is {request.root_budget}")
+    active = sum(1 for m in roots if m > 0)
+    if active > request.budget.max_active:
+        raise CollectionError(f"{active} active prompts, at most {request.budget.max_active} allowed")
+
+
+def check_continuations(allocation: Any, request: ExpansionRequest) -> list[tuple[Node, int]]:
+    """The (node, count) pairs of a continuation allocation, in node order; raises when it breaks a rule."""
+    allowed = {n.node_id: n for n in request.candidates}
+    allowed[0] = request.tree.root
+    out: list[tuple[Node, int]] = []
+    cost = 0
+    for key, amount in dict(allocation).items():
+        node_id, k = int(key), int(amount)
+        if node_id not in allowed:
+            raise CollectionError(
+                f"continuation from node {node_id} of {request.tree.prompt_id!r}: only the root and visited "
+                f"non-leaf prefixes with a snapshot ({sorted(allowed)}) can be continued")
+        if k < 0:
+            raise CollectionError(f"negative continuation count {k} for node {node_id}")
+        if k:
+            out.append((allowed[node_id], k))
+            cost += k * (request.root_exchange if node_id == 0 else 1)
+    if cost > request.budget:
+        raise CollectionError(
+            f"continuations of {request.tree.prompt_id!r} cost {cost} units but its budget is {request.budget}")
+    out.sort(key=lambda item: item[0].node_id)
+    return out

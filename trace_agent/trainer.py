@@ -68,6 +68,7 @@ from trace_agent.config_io import config_to_dict, save_config
 from trace_agent.env_factory import task_ids
 from trace_agent.objectives import Segment, batch_segments
 from trace_agent.pool import PromptPool
+from trace_agent.strategies import reads_of
 from trace_agent.update import sync_weights, update_policy
 from trace_agent.wiring import build_policies, build_predictor
 
@@ -150,7 +151,7 @@ class Trainer:
         self.collector: CollectorProtocol = (collector_factory or default_collector)(
             config, engine=self.engine, predictor=self.predictor)
         self.refreshes_predictor = (config.predictor.refresh == "always"
-                                    or bool(getattr(self.collector.strategy, "uses_predictor", True)))
+                                    or reads_of(self.collector.strategy).predictor)
 
     def close(self) -> None:
         """Shut the collector down and close the engine this trainer built (a vLLM engine gives its memory

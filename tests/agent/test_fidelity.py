@@ -24,7 +24,6 @@ from trace_agent.strategies import (
     Budget,
     ExpansionRequest,
     Oracle,
-    PromptValues,
     RootRequest,
     root_repeat_probability,
 )
@@ -36,15 +35,15 @@ from .conftest import build_tree
 def _roots(values, budget: Budget) -> RootRequest:  # type: ignore[no-untyped-def]
     return RootRequest(prompt_ids=tuple(f"p{i}" for i in range(len(values))), budget=budget,
                        root_budget=budget.roots, rng=np.random.default_rng(0),
-                       values=PromptValues(len(values), predicted=lambda: np.asarray(values),
-                                           oracle=lambda: np.asarray(values)))
+                       values={"predicted": np.asarray(values), "oracle": np.asarray(values)})
 
 
 def _expansion(tree: RolloutTree, budget: int, values: np.ndarray) -> ExpansionRequest:
     cands = tuple(n for n in tree.nodes if not n.is_root and not n.is_leaf)
+    table = {n.node_id: float(v) for n, v in zip(cands, values, strict=False)}
+    table.setdefault(0, float(values[0]))  # the root's own value, when a strategy reads it
     return ExpansionRequest(tree=tree, budget=budget, candidates=cands, root_exchange=2, prefix_cap=None,
-                            rng=np.random.default_rng(0), predict_nodes=lambda nodes: values[: len(nodes)],
-                            oracle_nodes=lambda nodes: values[: len(nodes)])
+                            rng=np.random.default_rng(0), values={"predicted": table, "oracle": table})
 
 
 def test_nan_predictions_are_refused_with_a_clear_error() -> None:

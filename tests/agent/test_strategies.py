@@ -19,12 +19,13 @@ from trace_agent.strategies import (
     Budget,
     ExpansionRequest,
     Oracle,
-    PromptValues,
+    Reads,
     RootRequest,
     Strategy,
     TreePO,
     make_strategy,
     random_prefixes,
+    reads_of,
     rollout_ending,
     spend_rest_on_root,
     uniform_roots,
@@ -42,17 +43,21 @@ def _root_request(budget: Budget, *, branching: bool, values=VALUES, oracle=None
     return RootRequest(
         prompt_ids=tuple(f"p{i}" for i in range(len(values))), budget=budget,
         root_budget=budget.roots if branching else budget.flat_roots, rng=np.random.default_rng(0),
-        values=PromptValues(len(values), predicted=lambda: values,
-                            oracle=lambda: values if oracle is None else oracle),
+        values={"predicted": values, "oracle": values if oracle is None else oracle},
     )
 
 
 def _expansion(tree: RolloutTree, budget: int, values: np.ndarray, oracle: np.ndarray | None = None) -> ExpansionRequest:
     cands = tuple(n for n in tree.nodes if not n.is_root and not n.is_leaf)
+    def table(v: np.ndarray) -> dict[int, float]:
+        out = {n.node_id: float(x) for n, x in zip(cands, v, strict=False)}
+        if len(v):
+            out.setdefault(0, float(v[0]))  # the root's own value, when a strategy reads it
+        return out
+
     return ExpansionRequest(
         tree=tree, budget=budget, candidates=cands, root_exchange=2, prefix_cap=None, rng=np.random.default_rng(0),
-        predict_nodes=lambda nodes: values[: len(nodes)],
-        oracle_nodes=lambda nodes: (values if oracle is None else oracle)[: len(nodes)],
+        values={"predicted": table(values), "oracle": table(values if oracle is None else oracle)},
     )
 
 
@@ -151,46 +156,54 @@ def test_make_strategy_knows_every_name() -> None:
 # the values a root request offers
 
 
-def test_prompt_values_are_computed_on_first_ask_once_and_checked() -> None:
-    calls = {"predicted": 0, "oracle": 0}
-
-    def count(kind, values):
-        def compute():
-            calls[kind] += 1
-            return values
-        return compute
-
+def test_requests_carry_the_declared_values_checked_and_refuse_the_rest() -> None:
     budget = Budget(roots=8, continuations_per_root=1, group_size=2)
 
-    def request(oracle=VALUES[::-1]):
+    def request(**values):
         return RootRequest(prompt_ids=tuple(f"p{i}" for i in range(len(VALUES))), budget=budget,
-                           root_budget=budget.roots, rng=np.random.default_rng(0),
-                           values=PromptValues(len(VALUES), predicted=count("predicted", VALUES),
-                                               oracle=count("oracle", oracle)))
+                           root_budget=budget.roots, rng=np.random.default_rng(0), values=values)
 
-    grpo = request()
-    GRPO().allocate_roots(grpo)
-    TRACE(roots=False).allocate_roots(grpo)  # trace-prefix reads no prompt value
-    assert calls == {"predicted": 0, "oracle": 0} and grpo.values.last is None
-    trace = request()
-    TRACE().allocate_roots(trace)
+    bare = request()
+    GRPO().allocate_roots(bare)
+    TRACE(roots=False).allocate_roots(bare)  # trace-prefix reads no prompt value
+    with pytest.raises(PredictionError, match="no predicted values of prompts"):
+        TRACE().allocate_roots(bare)
+    trace = request(predicted=VALUES)
     np.testing.assert_array_equal(trace.predicted(), VALUES)
-    assert calls == {"predicted": 1, "oracle": 0}
-    np.testing.assert_array_equal(trace.values.last, VALUES)
-    np.testing.assert_array_equal(trace.oracle(), VALUES[::-1])  # the kind computed last is what is recorded
-    np.testing.assert_array_equal(trace.values.last, VALUES[::-1])
-    trace.predicted()
-    assert calls == {"predicted": 1, "oracle": 1}
-    bad = request(oracle=np.r_[VALUES[:-1], np.nan])
-    for _ in range(2):  # a bad value is refused on every read, and computed once
-        with pytest.raises(PredictionError, match="non-finite"):
-            bad.oracle()
-    assert calls["oracle"] == 2
     with pytest.raises(PredictionError, match="no oracle values"):
-        PromptValues(3, predicted=lambda: [0.5] * 3).oracle()
+        trace.oracle()
+    with pytest.raises(PredictionError, match="non-finite"):  # a bad value is refused when the request is made
+        request(oracle=np.r_[VALUES[:-1], np.nan])
     with pytest.raises(ValueError, match="values for 3 prompts"):
-        RootRequest(prompt_ids=("a", "b"), budget=budget, root_budget=8, rng=np.random.default_rng(0),
-                    values=PromptValues(3))
+        request(predicted=np.zeros(3))
+    with pytest.raises(ValueError, match="unknown value kind"):
+        request(guess=VALUES)
+    with pytest.raises(ValueError, match="unknown value kind"):
+        Reads(prompts={"guess"})
+    with pytest.raises(TypeError, match="must be a Reads"):
+        reads_of(type("Odd", (), {"reads": "predicted"})())
+
+
+@pytest.mark.parametrize("name", STRATEGY_NAMES)
+def test_each_strategy_runs_on_exactly_the_values_it_declares(name) -> None:
+    strategy = make_strategy(name)
+    reads = reads_of(strategy)
+    assert reads.predictor == (name in ("pcl", "trace", "trace-root", "trace-prefix", "trace+rootprefix"))
+    budget = Budget(roots=8, continuations_per_root=2, group_size=2)
+    truth = VALUES[::-1].copy()
+    offered = {"predicted": VALUES, "oracle": truth}
+    roots = RootRequest(prompt_ids=tuple(f"p{i}" for i in range(len(VALUES))), budget=budget,
+                        root_budget=budget.root_budget(strategy.branching), rng=np.random.default_rng(0),
+                        values={k: v for k, v in offered.items() if k in reads.prompts})
+    assert sum(strategy.allocate_roots(roots)) == roots.root_budget
+    for root_value in (None, 0.4):  # a root without / with the value its roots were allocated on
+        tree = build_tree(roots=3, depth=3, continuations=0, rate=0.0, seed=0)
+        tree.root.value = root_value
+        cands = tuple(n for n in tree.nodes if not n.is_root and not n.is_leaf)
+        values = {kind: {n.node_id: 0.3 for n in reads.expansion(kind, tree, cands)} for kind in ("predicted", "oracle")}
+        request = ExpansionRequest(tree=tree, budget=6, candidates=cands, root_exchange=2, prefix_cap=None,
+                                   rng=np.random.default_rng(0), values={k: v for k, v in values.items() if v})
+        strategy.allocate_continuations(request)
 
 
 class LowestFirst:
@@ -198,6 +211,7 @@ class LowestFirst:
 
     name = "lowest-first"
     branching = False
+    reads = Reads(prompts={"predicted"})
 
     def allocate_roots(self, request):
         v = request.predicted()
@@ -237,7 +251,7 @@ class OpaqueOpeningEnv(ResetCountingEnv):
 
 
 @pytest.mark.parametrize(("env_cls", "describe_resets"), [(ResetCountingEnv, 0), (OpaqueOpeningEnv, 2)])
-def test_prompt_values_reach_a_user_strategy_only_when_asked_and_prompt_contexts_are_kept(
+def test_prompt_values_reach_a_user_strategy_only_when_declared_and_prompt_contexts_are_kept(
         env_cls, describe_resets) -> None:
     policy, prompts = scripted_setup(4)
     budget = Budget(roots=4, continuations_per_root=2, group_size=2)

@@ -32,7 +32,7 @@ from trace_agent.integrations import verl as tv  # noqa: E402
 from trace_agent.integrations.rows import leaf_rows, token_advantages  # noqa: E402
 from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer, refresh_predictor  # noqa: E402
 from trace_agent.rollout import PromptSpec, RolloutConfig, TreeCollector  # noqa: E402
-from trace_agent.strategies import TRACE, Budget, PromptValues, RootRequest  # noqa: E402
+from trace_agent.strategies import TRACE, Budget, RootRequest  # noqa: E402
 
 ENV = "trace_envs/PythonMath-v0"
 TASKS = ["math-train-0000", "math-train-0001", "math-train-0002", "math-train-0003"]
@@ -139,15 +139,9 @@ def reference_trees(policy):
         config=RolloutConfig(max_new_tokens=MAX_NEW, temperature=1.0, top_p=1.0, seed=SEED, workers=1))
     specs = [PromptSpec(task_id=t, prompt_id=f"{t}#{i}") for i, t in enumerate(TASKS)]
     chunk = Budget(roots=N * len(TASKS), continuations_per_root=CONT, group_size=N)
-    values = {}
-
-    def predicted():
-        values["v"] = collector.predict_prompts(specs)
-        return values["v"]
-
+    values = {"v": collector.predict_prompts(specs)}
     request = RootRequest(prompt_ids=tuple(s.prompt_id for s in specs), budget=chunk, root_budget=chunk.roots,
-                          rng=np.random.default_rng([SEED, STEP, 5]),
-                          values=PromptValues(len(specs), predicted=predicted))
+                          rng=np.random.default_rng([SEED, STEP, 5]), values={"predicted": values["v"]})
     roots = TRACE().allocate_roots(request)
     one = Budget(roots=N, continuations_per_root=CONT, group_size=N)
     trees = {}

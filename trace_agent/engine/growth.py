@@ -10,11 +10,12 @@ shared :class:`~trace_agent.engine.scheduler.GenerationEngine`, the predictor, s
    live rollout to the engine (batched there with every other prompt's requests), then
    steps them on the prompt's env (restore the rollout's last save point, step, snapshot);
    on an async backend each rollout instead runs its turns on its own (:meth:`Growth._stream`);
-3. as soon as its own roots end, offer its visited prefixes to
-   ``Strategy.allocate_continuations`` (run on a thread of its own: a strategy may call the
-   predictor or, for the Oracle, Monte-Carlo rollouts, which come back through the loop),
-   restore each chosen node and sample the continuations to the end from the node's exact
-   token context (:func:`~trace_agent.engine.base.node_context`);
+3. as soon as its own roots end, compute the values the strategy reads of its visited
+   prefixes (:class:`~trace_agent.strategies.Reads`: the predictor's, on a thread of its own;
+   Monte-Carlo rollouts through the shared engine), offer the prefixes with those values to
+   ``Strategy.allocate_continuations`` (on a thread of its own), restore each chosen node and
+   sample the continuations to the end from the node's exact token context
+   (:func:`~trace_agent.engine.base.node_context`);
 4. release the tree's snapshots (when the config says so).
 
 :func:`run_prompts` runs many such tasks with a bound on the prompts alive at once (env
@@ -26,9 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from itertools import count
 from typing import Any, TypeVar
 
 import numpy as np
@@ -47,11 +47,19 @@ from trace_agent.engine.envs import EnvHost, EnvSession, StepItem, StepOutcome
 from trace_agent.engine.phases import PhaseTimer, timed
 from trace_agent.engine.scheduler import Agent, GenerationEngine, TurnRequest
 from trace_agent.policy.base import Generation, Policy, TokenContext
-from trace_agent.strategies import Budget, ExpansionRequest, RootRequest, Strategy
+from trace_agent.strategies import (
+    VALUE_KINDS,
+    Budget,
+    ExpansionRequest,
+    Strategy,
+    ValueKind,
+    check_continuations,
+    reads_of,
+)
 from trace_agent.success import success_mask
 from trace_agent.tree import Node, RolloutTree, ground_truth_of
 
-__all__ = ["Growth", "run_prompts", "in_thread", "on_loop", "check_roots", "check_continuations"]
+__all__ = ["Growth", "run_prompts", "in_thread"]
 
 T = TypeVar("T")
 
@@ -59,11 +67,9 @@ T = TypeVar("T")
 async def in_thread(fn: Callable[..., T], *args: Any) -> T:
     """Run ``fn(*args)`` on a fresh thread and await it.
 
-    A fresh thread (not a bounded pool) because the call may block on work that comes back
-    through the event loop (Monte-Carlo rollouts of a strategy): a pool could run out of
-    threads while the tasks it starves are the ones the barrier waits for. When the loop has
-    closed before ``fn`` returns (a Ctrl-C cancelled the awaiting task), the outcome is dropped
-    quietly: the thread does not die with a traceback on the closed loop.
+    Keeps the event loop free while ``fn`` runs (a strategy's allocation, the predictor). When
+    the loop has closed before ``fn`` returns (a Ctrl-C cancelled the awaiting task), the outcome
+    is dropped quietly: the thread does not die with a traceback on the closed loop.
     """
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
@@ -92,15 +98,6 @@ async def in_thread(fn: Callable[..., T], *args: Any) -> T:
 
     threading.Thread(target=run, name="trace-strategy", daemon=True).start()
     return await future
-
-
-def on_loop(loop: asyncio.AbstractEventLoop, work: Coroutine[Any, Any, T]) -> T:
-    """Run ``work`` on ``loop`` from another thread (a strategy's, see :func:`in_thread`) and wait for its result.
-
-    How a strategy's blocking request for values (contexts from the envs, Monte-Carlo
-    rollouts through the shared engine) reaches the event loop that owns those resources.
-    """
-    return asyncio.run_coroutine_threadsafe(work, loop).result()
 
 
 @dataclass(frozen=True)
@@ -356,7 +353,7 @@ class Growth:
                            rollout_id=tree.start_rollout()) for _ in range(roots)]
             await self._advance(agent, session, tree, lives, index=index, pid=pid, phase=Phase.ROOTS,
                                 session_id=prompt.prompt_id)
-            cont_budget = budget.prompt_continuations(roots) if strategy.branching else 0
+            cont_budget = budget.prompt_continuations(roots, branching=strategy.branching)
             if cont_budget > 0:
                 await self._expand(agent, session, tree, strategy, budget, cont_budget, index=index, pid=pid)
         finally:
@@ -369,34 +366,38 @@ class Growth:
                 await session.release(handles)
         return tree
 
-    async def _expand(self, agent: Agent, session: EnvSession, tree: RolloutTree, strategy: Strategy, budget: Budget,
-                      cont_budget: int, *, index: int, pid: int) -> None:
+    def _predict_nodes(self, tree: RolloutTree, nodes: Sequence[Node]) -> NDArray[np.float64]:
+        """The predictor's v-hat of ``nodes`` of ``tree`` (kept in ``node.value``), one predictor call at a time."""
         from trace_agent.predictor import score_nodes
 
+        if self.predictor is None:
+            raise CollectionError("this strategy reads predicted values but the collector has no predictor")
+        with self.predict_lock:
+            return np.asarray(score_nodes(self.predictor, tree, list(nodes)), dtype=np.float64)
+
+    async def _expand(self, agent: Agent, session: EnvSession, tree: RolloutTree, strategy: Strategy, budget: Budget,
+                      cont_budget: int, *, index: int, pid: int) -> None:
         candidates = tuple(n for n in tree.nodes if not n.is_root and not n.is_leaf and n.snapshot is not None)
         n_prompt = len(tree.root.messages)
-        calls = count()
-
-        def predict_nodes(nodes: Sequence[Node]) -> NDArray[np.float64]:
-            if self.predictor is None:
-                raise CollectionError("this strategy asks for predicted values but the collector has no predictor")
-            with self.predict_lock:
-                return score_nodes(self.predictor, tree, list(nodes))
-
-        def oracle_nodes(nodes: Sequence[Node]) -> NDArray[np.float64]:
-            anchors = [(n.snapshot, node_context(tree, n), n_prompt + len(n.history())) for n in nodes]
-            values = on_loop(self._loop, self._monte_carlo(agent, session, anchors, index=index, pid=pid,
-                                                           phase=Phase.ORACLE_NODES, call=next(calls),
-                                                           session_id=tree.prompt_id))
-            for n, v in zip(nodes, values, strict=True):
-                n.info["oracle_value"] = float(v)
-            return values
-
+        reads = reads_of(strategy)
+        values: dict[ValueKind, dict[int, float]] = {}
+        anchors_of = {kind: reads.expansion(kind, tree, candidates) for kind in VALUE_KINDS}  # before any scoring
+        for kind, nodes in anchors_of.items():
+            if not nodes:
+                continue
+            if kind == "predicted":
+                scores = await in_thread(self._predict_nodes, tree, nodes)
+            else:
+                anchors = [(n.snapshot, node_context(tree, n), n_prompt + len(n.history())) for n in nodes]
+                scores = await self._monte_carlo(agent, session, anchors, index=index, pid=pid,
+                                                 phase=Phase.ORACLE_NODES, call=0, session_id=tree.prompt_id)
+                for n, v in zip(nodes, scores, strict=True):
+                    n.info["oracle_value"] = float(v)
+            values[kind] = {n.node_id: float(v) for n, v in zip(nodes, scores, strict=True)}
         request = ExpansionRequest(
             tree=tree, budget=cont_budget, candidates=candidates, root_exchange=budget.root_exchange,
-            prefix_cap=budget.prefix_cap,
+            prefix_cap=budget.prefix_cap, values=values,
             rng=np.random.default_rng(request_seed(self.config_seed, self.collect_seed, pid, 4)),
-            predict_nodes=predict_nodes, oracle_nodes=oracle_nodes,
         )
         allocation = await in_thread(timed(self.timer, "allocation", strategy.allocate_continuations), request)
         lives = []
@@ -484,44 +485,3 @@ async def run_prompts(engine: GenerationEngine, host: EnvHost, count_: int,
     if errors:
         raise errors[0]
     return results
-
-
-# --------------------------------------------------------------------------------------------------
-# allocation checks
-
-
-def check_roots(roots: list[int], request: RootRequest) -> None:
-    """Raise :class:`CollectionError` unless ``roots`` honours the root budget rules."""
-    if len(roots) != len(request.prompt_ids):
-        raise CollectionError(f"{len(roots)} root counts for {len(request.prompt_ids)} candidate prompts")
-    if any(m < 0 for m in roots):
-        raise CollectionError("root counts must be >= 0")
-    if sum(roots) != request.root_budget:
-        raise CollectionError(f"root counts sum to {sum(roots)}, the root budget is {request.root_budget}")
-    active = sum(1 for m in roots if m > 0)
-    if active > request.budget.max_active:
-        raise CollectionError(f"{active} active prompts, at most {request.budget.max_active} allowed")
-
-
-def check_continuations(allocation: Any, request: ExpansionRequest) -> list[tuple[Node, int]]:
-    """The (node, count) pairs of a continuation allocation, in node order; raises when it breaks a rule."""
-    allowed = {n.node_id: n for n in request.candidates}
-    allowed[0] = request.tree.root
-    out: list[tuple[Node, int]] = []
-    cost = 0
-    for key, amount in dict(allocation).items():
-        node_id, k = int(key), int(amount)
-        if node_id not in allowed:
-            raise CollectionError(
-                f"continuation from node {node_id} of {request.tree.prompt_id!r}: only the root and visited "
-                f"non-leaf prefixes with a snapshot ({sorted(allowed)}) can be continued")
-        if k < 0:
-            raise CollectionError(f"negative continuation count {k} for node {node_id}")
-        if k:
-            out.append((allowed[node_id], k))
-            cost += k * (request.root_exchange if node_id == 0 else 1)
-    if cost > request.budget:
-        raise CollectionError(
-            f"continuations of {request.tree.prompt_id!r} cost {cost} units but its budget is {request.budget}")
-    out.sort(key=lambda item: item[0].node_id)
-    return out

@@ -63,7 +63,6 @@ from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
 from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 
-from trace_agent.engine.growth import check_roots
 from trace_agent.integrations.rows import TreeRowError, leaf_rows, rows_advantages
 from trace_agent.integrations.shared_predictor import (
     PREDICTOR_ACTOR,
@@ -81,10 +80,10 @@ from trace_agent.strategies import (
     GRPO,
     STRATEGY_NAMES,
     Budget,
-    PromptValues,
-    RootRequest,
     Strategy,
     make_strategy,
+    place_roots,
+    reads_of,
 )
 from trace_agent.tree import RolloutTree
 
@@ -265,10 +264,6 @@ def _key(text: str) -> int:
     return zlib.crc32(text.encode("utf-8"))
 
 
-def _no_oracle() -> np.ndarray:
-    raise PolicyError("the Oracle strategy needs Monte-Carlo values; it is a benchmark, not a verl strategy")
-
-
 def _scalar(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
@@ -347,20 +342,19 @@ class TraceTreeWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[na
     def allocate_roots(self, prompts: Sequence[Mapping[str, Any]]) -> list[int]:
         """Steps 1-2 on one chunk: the strategy's root counts (sum ``rollout.n`` x chunk size).
 
-        The predicted values the strategy asked for (if any) are kept per uid, for the roots of
+        The predicted values the strategy reads (if any) are kept per uid, for the roots of
         the trees :meth:`grow` builds.
         """
         specs = [self.prompt_spec(p) for p in prompts]
-        budget = self.budget(len(specs))
-        root_budget = budget.roots if self.strategy.branching else budget.flat_roots
-        values = PromptValues(len(specs), predicted=lambda: self.predict_prompts(specs), oracle=_no_oracle)
-        request = RootRequest(prompt_ids=tuple(s.prompt_id for _, s in specs), budget=budget, root_budget=root_budget,
-                              rng=np.random.default_rng([self.trace.seed, int(_scalar(prompts[0].get("global_steps", 0))), 5]),
-                              values=values)
-        roots = [int(m) for m in self.strategy.allocate_roots(request)]
-        check_roots(roots, request)
-        if values.last is not None:
-            for prompt, v in zip(prompts, values.last, strict=True):
+        kinds = reads_of(self.strategy).prompts
+        if "oracle" in kinds:
+            raise PolicyError("the Oracle strategy needs Monte-Carlo values; it is a benchmark, not a verl strategy")
+        values = {"predicted": self.predict_prompts(specs)} if "predicted" in kinds else {}
+        roots = place_roots(self.strategy, [s.prompt_id for _, s in specs], self.budget(len(specs)),
+                            rng=np.random.default_rng([self.trace.seed, int(_scalar(prompts[0].get("global_steps", 0))), 5]),
+                            values=values)
+        if "predicted" in values:
+            for prompt, v in zip(prompts, values["predicted"], strict=True):
                 self.root_values[str(prompt["uid"])] = float(v)
         return roots
 
@@ -396,7 +390,7 @@ class TraceTreeWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[na
         if not validate and "__rollout_n__" not in batch.keys() and len(batch) > 0:
             rows = [self._row(batch, i) for i in range(len(batch))]
             loop = asyncio.get_running_loop()
-            if getattr(self.strategy, "uses_predictor", True):
+            if reads_of(self.strategy).predictor:
                 await loop.run_in_executor(self._threads, self.predictor.refresh)  # step 4 of the last step
             roots = await loop.run_in_executor(self._threads, self.allocate_roots, rows)
             batch["__rollout_n__"] = torch.tensor(roots, dtype=torch.int64)
@@ -431,7 +425,7 @@ class TraceTreeWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[na
                 tree = await asyncio.get_running_loop().run_in_executor(
                     self._threads, lambda: self.grow(prompt, roots, validate=validate))
                 await self.put_leaves(tree, prompt, validate=validate, put=put)
-                if not validate and getattr(self.strategy, "uses_predictor", True):
+                if not validate and reads_of(self.strategy).predictor:
                     await asyncio.get_running_loop().run_in_executor(self._threads, self.predictor.add_trees, [tree])
             status = "finished"
         except Exception:

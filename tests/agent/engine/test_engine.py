@@ -35,10 +35,10 @@ from trace_agent.strategies import (
     TRACE,
     Budget,
     ExpansionRequest,
-    PromptValues,
     RootRequest,
     TreePO,
     make_strategy,
+    reads_of,
 )
 from trace_agent.tree import RolloutTree, ground_truth_of
 
@@ -90,18 +90,14 @@ def reference_collect(*, make_env, policy, predictor, strategy, budget: Budget, 
     def no_oracle():
         raise AssertionError("the reference has no Monte-Carlo oracle")
 
-    values: dict[str, Any] = {}
-
-    def predicted_once():
-        values["v"] = predicted()
-        return values["v"]
-
-    root_budget = budget.roots if strategy.branching else budget.flat_roots
-    request = RootRequest(prompt_ids=ids, budget=budget, root_budget=root_budget,
-                          rng=np.random.default_rng(request_seed(cfg_seed, seed, 5)),
-                          values=PromptValues(len(ids), predicted=predicted_once, oracle=no_oracle))
+    reads = reads_of(strategy)
+    if "oracle" in reads.prompts:
+        no_oracle()
+    offered = {"predicted": predicted()} if "predicted" in reads.prompts else {}
+    request = RootRequest(prompt_ids=ids, budget=budget, root_budget=budget.root_budget(strategy.branching),
+                          rng=np.random.default_rng(request_seed(cfg_seed, seed, 5)), values=offered)
     roots = [int(m) for m in strategy.allocate_roots(request)]
-    v = values.get("v")
+    v = offered.get("predicted")
     queue = [(i, p, m) for i, (p, m) in enumerate(zip(prompts, roots)) if m > 0]
     finished: dict[int, RolloutTree] = {}
 
@@ -124,16 +120,19 @@ def reference_collect(*, make_env, policy, predictor, strategy, budget: Budget, 
 
     def expand(p: _Prompt) -> None:
         tree = p.tree
-        cont = budget.prompt_continuations(p.roots) if strategy.branching else 0
+        cont = budget.prompt_continuations(p.roots, branching=strategy.branching)
         p.phase = Phase.CONTINUATIONS
         if cont <= 0:
             return
         cands = tuple(n for n in tree.nodes if not n.is_root and not n.is_leaf and n.snapshot is not None)
+        if reads.expansion("oracle", tree, cands):
+            no_oracle()
+        scored = reads.expansion("predicted", tree, cands)
+        values = ({"predicted": dict(zip((n.node_id for n in scored), score_nodes(predictor, tree, scored)))}
+                  if scored else {})
         req = ExpansionRequest(tree=tree, budget=cont, candidates=cands, root_exchange=budget.root_exchange,
-                               prefix_cap=budget.prefix_cap,
-                               rng=np.random.default_rng(request_seed(cfg_seed, seed, prompt_key(tree.prompt_id), 4)),
-                               predict_nodes=lambda nodes: score_nodes(predictor, tree, list(nodes)),
-                               oracle_nodes=lambda nodes: no_oracle())
+                               prefix_cap=budget.prefix_cap, values=values,
+                               rng=np.random.default_rng(request_seed(cfg_seed, seed, prompt_key(tree.prompt_id), 4)))
         alloc = strategy.allocate_continuations(req)
         n_prompt = len(tree.root.messages)
         for node_id, k in sorted((int(a), int(b)) for a, b in alloc.items() if int(b) > 0):
