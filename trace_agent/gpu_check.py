@@ -1,8 +1,9 @@
 """Exercise every CUDA path of the project on a machine with a GPU and no network; print what ran and how fast.
 
-Run: make gpu-check
-     (= .venv/bin/python scripts/gpu_check.py [--vllm-python .venv-vllm/bin/python]
-                                               [--verl-python .venv-verl/bin/python] [--budget-s 600])
+Run ``make gpu-check``, which is::
+
+    .venv/bin/python scripts/gpu_check.py [--vllm-python .venv-vllm/bin/python]
+                                          [--verl-python .venv-verl/bin/python] [--budget-s 600]
 
 The checks, in order (each row of the table printed at the end):
 
