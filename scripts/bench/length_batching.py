@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from trace_agent.policy.hf import length_grouped_chunks  # noqa: E402
+from trace_agent.policy.hf import prefill_padding  # noqa: E402
 
 
 def bfcl_contexts(policy: Any, n: int, *, category: str = "multi_turn_base") -> list[Any]:
@@ -58,13 +58,6 @@ def bfcl_contexts(policy: Any, n: int, *, category: str = "multi_turn_base") -> 
     return contexts
 
 
-def padding(lengths: list[int], rows: int, tokens: int, sort: bool) -> tuple[float, int]:
-    """(pad tokens / padded tokens, batches) of the prefill batches ``generate`` makes."""
-    chunks = length_grouped_chunks(lengths, max_rows=rows, max_tokens=tokens, sort=sort)
-    padded = sum(len(c) * max(lengths[i] for i in c) for c in chunks)
-    return 1 - sum(lengths) / padded, len(chunks)
-
-
 def measure(policy: Any, contexts: list[Any], *, rows: int, repeats: int, max_new_tokens: int) -> dict[str, Any]:
     seeds = [1000 + i for i in range(len(contexts))]
     policy.max_batch_size = rows
@@ -83,7 +76,8 @@ def measure(policy: Any, contexts: list[Any], *, rows: int, repeats: int, max_ne
     lengths = [len(c) for c in contexts]
     row: dict[str, Any] = {"rows": rows, "max_batch_tokens": policy.max_batch_tokens}
     for mode in ("unsorted", "grouped"):
-        pad, batches = padding(lengths, rows, policy.max_batch_tokens, mode == "grouped")
+        pad, batches = prefill_padding(lengths, max_rows=rows, max_tokens=policy.max_batch_tokens,
+                                       sort=mode == "grouped")
         row[mode] = {"tokens_per_s": statistics.median(runs[mode]), "all": runs[mode], "pad_share": pad,
                      "batches": batches, "tokens_per_cpu_s": statistics.median(cpu[mode]), "all_cpu": cpu[mode]}
     row["ratio"] = row["grouped"]["tokens_per_s"] / row["unsorted"]["tokens_per_s"]

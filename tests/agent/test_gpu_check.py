@@ -1,9 +1,8 @@
-"""scripts/gpu_check.py (`make gpu-check`) on a machine without CUDA: the table, the exit code, and that the
-checks it would run with CUDA build every model from config and reach no network."""
+"""scripts/gpu_check.py (`make gpu-check`, :mod:`trace_agent.gpu_check`) on a machine without CUDA: the table, the
+exit code, and that the checks it would run with CUDA build every model from config and reach no network."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 import subprocess
@@ -19,15 +18,12 @@ SCRIPT = ROOT / "scripts" / "gpu_check.py"
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
+    from trace_agent import gpu_check
+
     saved = dict(os.environ)
     try:
-        spec.loader.exec_module(module)  # sets the offline variables in os.environ
-        yield module
+        yield gpu_check  # its main() sets the offline variables in os.environ
     finally:
-        sys.modules.pop(spec.name, None)
         os.environ.clear()
         os.environ.update(saved)
 

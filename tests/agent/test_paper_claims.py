@@ -1,9 +1,9 @@
 """The paper's claims in miniature: the analyses against hand-computed and brute-force cases, the equal-budget
-comparison's summary, and every ``scripts/paper_claims.py`` subcommand in its ``--small`` mode on PythonMath-v0."""
+comparison's summary, and every ``scripts/paper_claims.py`` subcommand (:mod:`trace_agent.claims.cli`) in its
+``--small`` mode on PythonMath-v0."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import math
@@ -33,8 +33,6 @@ from trace_agent.compare import ComparisonResult
 from trace_agent.strategies import Budget
 
 from .conftest import build_tree
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _anchor(depth: int, predicted: float, truth: float, *, samples: int = 4, seed: int = 0, prompt_truth: float = 0.5,
@@ -407,25 +405,30 @@ def test_monte_carlo_probe_scores_and_estimates_every_anchor_without_adding_cont
 # the command, --small, on PythonMath-v0 with the shipped demo policy
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("paper_claims", ROOT / "scripts" / "paper_claims.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_every_subcommand_has_help(capsys) -> None:
-    module = _script()
-    for argv in (["--help"], *([c, "--help"] for c in module.RUNNERS)):
+    from trace_agent.claims import cli
+
+    for argv in (["--help"], *([c, "--help"] for c in cli.RUNNERS)):
         with pytest.raises(SystemExit) as exit_:
-            module.main(argv)
+            cli.main(argv)
         assert exit_.value.code == 0
     assert "contrast" in capsys.readouterr().out
 
 
+def test_the_script_is_the_command_line() -> None:
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "paper_claims.py"
+    proc = subprocess.run([sys.executable, str(script), "table", "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "--reference" in proc.stdout, proc.stderr[-2000:]
+
+
 @pytest.fixture(scope="module")
 def claims():
-    return _script()
+    from trace_agent.claims import cli
+
+    return cli
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,9 @@ verl or the vLLM venv's interpreter is missing."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,11 +21,10 @@ VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 def test_both_engines_play_the_same_prompts_on_one_server(tmp_path) -> None:
     if not VLLM_PYTHON.is_file():
         pytest.skip("no .venv-vllm (make setup-vllm): the bench starts its server with it")
-    spec = importlib.util.spec_from_file_location("verl_peer", ROOT / "scripts" / "bench" / "verl_peer.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     out = tmp_path / "peer.json"
-    assert bench.main(["--prompts", "3", "--repeats", "1", "--out", str(out)]) == 0
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "verl_peer.py"), "--prompts", "3",
+                           "--repeats", "1", "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(out.read_text())
     verl, grpo, trace = (data["rows"][arm][0] for arm in ("verl-grpo", "trace-gym-grpo", "trace-gym-trace"))
     assert data["summary"]["same_first_prompt"] == 1.0, "verl's prompt ids equal trace-gym's rendering"

@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["HFPolicy", "POLICY_SETTINGS_FILE", "DEFAULT_MAX_BATCH_TOKENS", "length_grouped_chunks",
-           "read_policy_settings"]
+           "prefill_padding", "read_policy_settings"]
 
 #: Name of the optional JSON file of :class:`HFPolicy` settings in a checkpoint directory.
 POLICY_SETTINGS_FILE = "trace_policy.json"
@@ -112,6 +112,15 @@ def length_grouped_chunks(lengths: Sequence[int], *, max_rows: int, max_tokens: 
     if current:
         chunks.append(sorted(current))
     return chunks
+
+
+def prefill_padding(lengths: Sequence[int], *, max_rows: int, max_tokens: int,
+                    sort: bool = True) -> tuple[float, int]:
+    """(pad tokens / padded tokens, number of chunks) of the prefill batches :func:`length_grouped_chunks`
+    cuts ``lengths`` into with the same bounds: each chunk is padded to its longest row."""
+    chunks = length_grouped_chunks(lengths, max_rows=max_rows, max_tokens=max_tokens, sort=sort)
+    padded = sum(len(c) * max(lengths[i] for i in c) for c in chunks)
+    return 1 - sum(lengths) / padded, len(chunks)
 
 
 class HFPolicy(ChatTemplated):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -236,30 +238,25 @@ def test_a_setting_is_read_as_data_never_run(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
-def _build_script():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[3] / "scripts" / "build_demo_policy.py"
-    spec = importlib.util.spec_from_file_location("build_demo_policy_script", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _build_script(*argv: str) -> subprocess.CompletedProcess:
+    """``scripts/build_demo_policy.py ARGV`` as a user runs it."""
+    script = Path(__file__).resolve().parents[3] / "scripts" / "build_demo_policy.py"
+    return subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, timeout=600)
 
 
 def test_the_build_script_applies_and_records_its_settings(tmp_path: Path) -> None:
     """``build_demo_policy.py --set`` reaches the build: the report records it and the saved tokenizer splits
     as it says; a bad setting stops the script before anything is built."""
-    script = _build_script()
     small = ["steps=2", "batch_size=2", "warmup_steps=1", "tasks_per_env=2", "demos_per_task=1",
              "model.vocab_size=400", "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
              "model.num_kv_heads=1", "model.head_dim=16", "model.intermediate_size=64", "model.split=copy"]
     argv = ["--out", str(tmp_path / "p"), "--env", "trace_envs/PythonMath-v0"]
-    assert script.main([*argv, *(a for s in small for a in ("--set", s))]) == 0
+    proc = _build_script(*argv, *(a for s in small for a in ("--set", s)))
+    assert proc.returncode == 0, proc.stderr[-2000:]
     config = json.loads((tmp_path / "p" / "build_report.json").read_text())["config"]
     assert config["steps"] == 2 and config["tasks_per_env"] == 2 and config["model"]["split"] == "copy"
     policy = demo_shipped.load_demo_policy(tmp_path / "p")
     pieces = policy.tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str("move notes.txt")
     assert [p for p, _ in pieces][:3] == ["move", "Ġ", "notes"]
-    with pytest.raises(SystemExit) as stop:
-        script.main(["--out", str(tmp_path / "q"), "--set", "model.width=3"])
-    assert stop.value.code == 2 and not (tmp_path / "q").exists()
+    stop = _build_script("--out", str(tmp_path / "q"), "--set", "model.width=3")
+    assert stop.returncode == 2 and not (tmp_path / "q").exists()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trace_agent.policy.hf import length_grouped_chunks
+from trace_agent.policy.hf import length_grouped_chunks, prefill_padding
 
 LENGTHS = (3, 60, 5, 50, 4, 41, 7, 58, 2, 33)
 
@@ -101,24 +101,23 @@ def test_length_grouping_is_a_constructor_setting(policy) -> None:
     assert HFPolicy(policy.model, policy.tokenizer, length_grouping=False).length_grouping is False
 
 
-def test_the_bfcl_length_batching_bench_runs(tmp_path, capsys) -> None:
-    import importlib.util
+def test_prefill_padding_is_the_pad_share_of_the_chunks() -> None:
+    assert prefill_padding([4, 8], max_rows=2, max_tokens=100, sort=True) == (0.25, 1)
+
+
+def test_the_bfcl_length_batching_bench_runs(tmp_path) -> None:
+    """scripts/bench/length_batching.py at its smallest, run as a user runs it."""
     import json
+    import subprocess
     import sys
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[3] / "scripts" / "bench" / "length_batching.py"
-    spec = importlib.util.spec_from_file_location("length_batching_bench", script)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench
-    try:
-        spec.loader.exec_module(bench)
-        assert bench.padding([4, 8], 2, 100, sort=True) == (0.25, 1)
-        out = tmp_path / "bench.json"
-        assert bench.main(["--contexts", "3", "--rows", "2", "--repeats", "1", "--max-new-tokens", "2",
-                           "--threads", "0", "--json", str(out)]) == 0
-    finally:
-        sys.modules.pop(spec.name, None)
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, str(script), "--contexts", "3", "--rows", "2", "--repeats", "1",
+                           "--max-new-tokens", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     (row,) = json.loads(out.read_text())["rows"]
     assert row["rows"] == 2 and row["same_ids"] is True and row["ratio"] > 0
-    assert "| max_batch_size |" in capsys.readouterr().out
+    assert "| max_batch_size |" in proc.stdout

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -122,12 +126,15 @@ def test_from_pretrained_loads_a_saved_policy(policy, tmp_path) -> None:  # type
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+def _predictor_features(*argv: str) -> subprocess.CompletedProcess:
+    """``scripts/bench/predictor_features.py ARGV`` as a user runs it."""
+    script = Path(__file__).resolve().parents[3] / "scripts" / "bench" / "predictor_features.py"
+    return subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, timeout=600)
+
+
 def test_predictor_features_bench_ranks_two_families_of_prompts(policy, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """scripts/bench/predictor_features.py end to end on saved trees: pooled rates, folds, the ratio column."""
     import json
-    import runpy
-    import sys
-    from pathlib import Path
 
     from tests.agent.conftest import build_tree
     from trace_agent.tree_io import save_jsonl
@@ -141,18 +148,15 @@ def test_predictor_features_bench_ranks_two_families_of_prompts(policy, tmp_path
     save_jsonl(trees, tmp_path / "trees.jsonl")
     policy.model.save_pretrained(tmp_path / "policy")
     policy.tokenizer.save_pretrained(tmp_path / "policy")
-    script = Path(__file__).resolve().parents[3] / "scripts" / "bench" / "predictor_features.py"
-    module = runpy.run_path(str(script))
-    contexts, rates, counts = module["prompt_rates"](trees)
-    assert len(contexts) == 32 and counts[sorted(t.prompt_id for t in trees[:-1]).index("e0")] == 16  # e0 pooled
-    argv = sys.argv
-    try:
-        assert module["main"]([str(tmp_path / "trees.jsonl"), "--policy", str(tmp_path / "policy"),
+    proc = _predictor_features(str(tmp_path / "trees.jsonl"), "--policy", str(tmp_path / "policy"),
                                "--featurizers", "hashed,policy-states", "--folds", "4", "--repeats", "2",
-                               "--train-sizes", "12,0", "--out", str(tmp_path / "out.json")]) == 0
-    finally:
-        sys.argv = argv
-    rows = json.loads((tmp_path / "out.json").read_text())["rows"]
+                               "--train-sizes", "12,0", "--out", str(tmp_path / "out.json"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # e0's two trees pool into one prompt: 32 prompts holding all 33 x 8 leaves (8.25 each)
+    assert proc.stdout.startswith("32 prompts, 8.2 leaves each")
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["prompts"] == 32
+    rows = out["rows"]
     assert [(r["featurizer"], r["train_size"]) for r in rows] == [("hashed", 12), ("policy-states", 12),
                                                                    ("hashed", 24), ("policy-states", 24)]
     assert rows[0]["ratio_to_first"] == 1.0 and rows[0]["paired_diff"] == 0.0
@@ -164,8 +168,6 @@ def test_predictor_features_bench_ranks_two_families_of_prompts(policy, tmp_path
 def test_predictor_features_by_seed_scores_roots_and_prefixes_of_held_out_seeds(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """--by-seed: the head learns from low seeds' trees, every node of the others is scored; an empty side is refused."""
     import json
-    import runpy
-    from pathlib import Path
 
     from tests.agent.conftest import build_tree
     from trace_agent.tree_io import save_jsonl
@@ -178,14 +180,14 @@ def test_predictor_features_by_seed_scores_roots_and_prefixes_of_held_out_seeds(
             t.metadata["seed"] = seed
             trees.append(t)
     save_jsonl(trees, tmp_path / "trees.jsonl")
-    module = runpy.run_path(str(Path(__file__).resolve().parents[3] / "scripts" / "bench" / "predictor_features.py"))
-    assert module["main"]([str(tmp_path / "trees.jsonl"), "--featurizers", "hashed", "--by-seed", "2",
-                           "--prefix-shares", "0.06,all", "--out", str(tmp_path / "o.json")]) == 0
+    proc = _predictor_features(str(tmp_path / "trees.jsonl"), "--featurizers", "hashed", "--by-seed", "2",
+                               "--prefix-shares", "0.06,all", "--out", str(tmp_path / "o.json"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads((tmp_path / "o.json").read_text())["rows"]
     assert [(r["prefix_share"], r["train_trees"], r["scored_trees"]) for r in rows] == [(0.06, 12, 12), ("all", 12, 12)]
     assert all(np.isfinite(r[k]) for r in rows for k in ("spearman_root", "mse_root", "spearman_prefix", "mse_prefix"))
-    with pytest.raises(SystemExit, match="both must be non-empty"):
-        module["main"]([str(tmp_path / "trees.jsonl"), "--featurizers", "hashed", "--by-seed", "9"])
+    refused = _predictor_features(str(tmp_path / "trees.jsonl"), "--featurizers", "hashed", "--by-seed", "9")
+    assert refused.returncode == 1 and "both must be non-empty" in refused.stderr
 
 
 def test_the_longest_cached_prefix_lookup_matches_a_brute_force() -> None:
