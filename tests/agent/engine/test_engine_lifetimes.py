@@ -193,6 +193,7 @@ def test_close_engine_leaves_a_learner_that_is_its_own_engine() -> None:
 
 
 def test_comparison_evaluates_the_start_on_the_engine_and_closes_it(monkeypatch, tmp_path) -> None:
+    import trace_agent.evaluation as evaluation
     import trace_agent.train_cli as train_cli
     import trace_agent.wiring as wiring
     from trace_agent.compare import compare_training
@@ -215,7 +216,7 @@ def test_comparison_evaluates_the_start_on_the_engine_and_closes_it(monkeypatch,
                                generated_tokens=1, predictor_share=0.0)
 
     monkeypatch.setattr(wiring, "build_policies", lambda *a, **k: (learner, engine))
-    monkeypatch.setattr(train_cli, "evaluate_heldout", evaluate)
+    monkeypatch.setattr(evaluation, "evaluate_heldout", evaluate)
     monkeypatch.setattr(train_cli, "run_training", train)
     out = compare_training(TrainConfig(out_dir=str(tmp_path / "ok")), ["trace"], [0], log=lambda _m: None)
     assert out.base["success"] == 0.5

@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from trace_agent.demo.model import tiny_policy  # noqa: E402
-from trace_agent.policy import Generation, HFPolicy, PolicyError, TokenContext, observation_messages  # noqa: E402
+from trace_agent.evaluation import observation_messages  # noqa: E402
+from trace_agent.policy import Generation, HFPolicy, PolicyError, TokenContext  # noqa: E402
 
 TOOLS = [{
     "type": "function",
