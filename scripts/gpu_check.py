@@ -70,6 +70,8 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 os.environ.update(OFFLINE_ENV)
 
+from trace_agent.policy.base import SamplingConfig  # noqa: E402
+
 #: Every row of the table, in order, with the interpreter that runs it.
 CHECKS: dict[str, str] = {
     "hf-generate": "main", "trace-step": "main", "lm-critic": "main",
@@ -124,7 +126,7 @@ def _prompts(policy: Any, n: int) -> list[Any]:
 
 def _timed_generate(policy: Any, contexts: list[Any], max_new_tokens: int, seeds: list[int]) -> tuple[list[Any], float]:
     t = time.perf_counter()
-    gens = policy.generate(contexts, max_new_tokens=max_new_tokens, temperature=1.0, seeds=seeds)
+    gens = policy.generate(contexts, SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0), seeds=seeds)
     return gens, time.perf_counter() - t
 
 
@@ -140,7 +142,7 @@ def check_hf_generate(device: str, quick: bool) -> Row:
     n, new = (8, 16) if quick else (64, 128)
     contexts = _prompts(policy, n)
     seeds = list(range(n))
-    policy.generate(contexts[:2], max_new_tokens=4, seeds=seeds[:2])  # warm-up (kernels, allocator)
+    policy.generate(contexts[:2], SamplingConfig(max_new_tokens=4), seeds=seeds[:2])  # warm-up (kernels, allocator)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     gens, seconds = _timed_generate(policy, contexts, new, seeds)
@@ -235,13 +237,13 @@ def check_vllm_engine(device: str, quick: bool) -> Row:
         n, new = (8, 16) if quick else (64, 128)
         with VLLMPolicy(path, tokenizer=hf.tokenizer, **_vllm_kwargs(eager=False)) as engine:
             contexts = _prompts(engine, n)
-            engine.generate(contexts[:2], max_new_tokens=4, seeds=[0, 1])
+            engine.generate(contexts[:2], SamplingConfig(max_new_tokens=4), seeds=[0, 1])
             gens, seconds = _timed_generate(engine, contexts, new, list(range(n)))
             ref = hf.logprobs(contexts[:4], [g.token_ids for g in gens[:4]])
             gap = max(_max_gap(g.logprobs, r) for g, r in zip(gens, ref))
             other = tiny_hf_policy("cpu", seed=1)
             engine.update_weights(other.model.state_dict())
-            (after,) = engine.generate(contexts[:1], max_new_tokens=8, seeds=[0])
+            (after,) = engine.generate(contexts[:1], SamplingConfig(max_new_tokens=8), seeds=[0])
             synced = _max_gap(after.logprobs, other.logprobs(contexts[:1], [after.token_ids])[0])
             held = free_before - torch.cuda.mem_get_info()[0]
         torch.cuda.synchronize()
@@ -266,11 +268,11 @@ def check_vllm_async(device: str, quick: bool) -> Row:
         n, new = (8, 16) if quick else (64, 128)
         with AsyncVLLMPolicy(path, tokenizer=hf.tokenizer, **_vllm_kwargs(eager=True)) as engine:
             contexts = _prompts(engine, n)
-            engine.generate(contexts[:2], max_new_tokens=4, seeds=[0, 1])
+            engine.generate(contexts[:2], SamplingConfig(max_new_tokens=4), seeds=[0, 1])
             gens, seconds = _timed_generate(engine, contexts, new, list(range(n)))
             engine.update_weights(tiny_hf_policy("cpu", seed=1).model.state_dict())
             weights = engine.weights_dir
-            engine.generate(contexts[:1], max_new_tokens=4, seeds=[0])
+            engine.generate(contexts[:1], SamplingConfig(max_new_tokens=4), seeds=[0])
         if weights is not None and Path(weights).exists():
             raise AssertionError(f"close() left the temporary weights dir {weights}")
     tokens = sum(g.num_tokens for g in gens)
@@ -304,10 +306,10 @@ def check_vllm_serve(device: str, quick: bool, *, deadline: float) -> Row:
             with VLLMServerPolicy(tokenizer=hf.tokenizer, settings=ServerSettings(urls=(server.url,), model="policy"),
                                   weights_dir=Path(tmp) / "weights") as client:
                 contexts = _prompts(client, n)
-                client.generate(contexts[:2], max_new_tokens=4, seeds=[0, 1])
+                client.generate(contexts[:2], SamplingConfig(max_new_tokens=4), seeds=[0, 1])
                 gens, seconds = _timed_generate(client, contexts, new, list(range(n)))
                 client.update_weights(tiny_hf_policy("cpu", seed=1).model.state_dict())
-                client.generate(contexts[:1], max_new_tokens=4, seeds=[0])
+                client.generate(contexts[:1], SamplingConfig(max_new_tokens=4), seeds=[0])
     tokens = sum(g.num_tokens for g in gens)
     return Row("vllm-serve", "ok", throughput=f"{tokens / seconds:,.0f} tokens/s",
                details=f"one server, {n} x {new} tokens over HTTP, update_weights",

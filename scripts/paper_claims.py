@@ -53,6 +53,7 @@ from trace_agent.analysis import (  # noqa: E402
     spread,
 )
 from trace_agent.bench import BENCH_PREDICTORS, BenchConfig, BenchResult, prefix_share_arg, run_bench  # noqa: E402
+from trace_agent.policy.base import SamplingConfig  # noqa: E402
 from trace_agent.preregistered import (  # noqa: E402
     PLAN_PAIRS,
     RunTableError,
@@ -192,7 +193,8 @@ def bench_config(args: argparse.Namespace, *, strategies: Sequence[str], budget:
         prompts=prompts if prompts is not None else _setting(args, "prompts"),
         budget=budget if budget is not None else _budget(_setting(args, "budget"), group),
         warmup_prompts=_setting(args, "warmup_prompts"), prefix_share=args.prefix_share,
-        rollout=RolloutConfig(max_new_tokens=_setting(args, "max_new_tokens"), temperature=args.temperature,
+        rollout=RolloutConfig(sampling=SamplingConfig(max_new_tokens=_setting(args, "max_new_tokens"),
+                                                      temperature=args.temperature),
                               workers=args.workers, oracle_samples=_setting(args, "oracle_samples")),
         predictor=args.predictor,
         command=args.command_line,
@@ -210,12 +212,15 @@ def load_bench(path: str | Path, strategies: Sequence[str]) -> BenchResult:
     data = json.loads(Path(path).read_text())
     cfg = dict(data["config"])
     rollout = {k: v for k, v in cfg.pop("rollout").items() if k != "ray"}
+    # the sampling settings: one "sampling" object, or (a file written before RolloutConfig carried one) flat fields
+    flat = {k: rollout.pop(k) for k in ("max_new_tokens", "temperature", "top_p") if k in rollout}
+    sampling = rollout.pop("sampling", None) or flat
     chosen = [s for s in strategies if s in cfg["strategies"]]
     if not chosen:
         raise SystemExit(f"paper_claims: {path} holds none of {', '.join(strategies)} (it has "
                          f"{', '.join(cfg['strategies'])})")
     config = BenchConfig(**{**cfg, "strategies": tuple(chosen), "budget": Budget(**cfg["budget"]),
-                            "rollout": RolloutConfig(**rollout)})
+                            "rollout": RolloutConfig(**rollout, sampling=SamplingConfig(**sampling))})
     rows = tuple(r for name in chosen for r in data["rows"] if r["strategy"] == name)
     rows = tuple(sorted(rows, key=lambda r: (r["seed"], chosen.index(r["strategy"]))))
     return BenchResult(config=config, rows=rows, summary=summarize(rows), predictor=data.get("predictor", {}))
@@ -249,7 +254,8 @@ def _header(claim: str, args: argparse.Namespace, config: BenchConfig | None) ->
                   f"{config.prompts} candidate prompts, budget (M, N) = ({b.roots}, {b.continuations_per_root}), group "
                   f"{b.group_size} (at most {b.max_active} active prompts), {b.paper_units:g} paper units per batch; "
                   f"predictor warmed up on {config.warmup_prompts} other tasks; max {config.max_turns} turns, "
-                  f"{config.rollout.max_new_tokens} new tokens, temperature {config.rollout.temperature:g}. "
+                  f"{config.rollout.sampling.max_new_tokens} new tokens, "
+                  f"temperature {config.rollout.sampling.temperature:g}. "
                   "Mean ± sample sd over seeds [min, max].", ""]
     return lines
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -106,9 +106,8 @@ class PolicyActor:
         self._contexts[j] = self.policy.render(env.messages, env.tools)
 
     def act(self, alive: Sequence[int], turn: int) -> list[str]:
-        s = self.sampling
-        gens = self.policy.generate([self._contexts[j] for j in alive], max_new_tokens=s.max_new_tokens,
-                                    temperature=s.temperature, top_p=s.top_p, seed=self.turn_seed(turn))
+        sampling = replace(self.sampling, seed=self.turn_seed(turn))
+        gens = self.policy.generate([self._contexts[j] for j in alive], sampling)
         self._last.update(zip(alive, gens, strict=True))
         return [gen.text for gen in gens]
 
@@ -317,7 +316,7 @@ def evaluate_heldout(policy: Any, config: TrainConfig, *, seed: int = 12345,
         ids = stratified_ids(env.tasks, e.tasks)
     finally:
         env.close()
-    sampling = SamplingConfig(max_new_tokens=s.max_new_tokens, temperature=e.temperature, top_p=s.top_p)
+    sampling = replace(s.params, temperature=e.temperature)
     rewards = evaluate(policy, make, ids, samples=e.samples, sampling=sampling, seed=seed, on_episode=on_episode,
                        progress=progress)
     return EvalResult.of(rewards, samples=e.samples, seconds=time.perf_counter() - t0)

@@ -25,10 +25,10 @@ class Recording:
     def extend(self, context, generation, observation):  # type: ignore[no-untyped-def]
         return self.policy.extend(context, generation, observation)
 
-    def generate(self, contexts, **kwargs):  # type: ignore[no-untyped-def]
-        gens = self.policy.generate(contexts, **kwargs)
+    def generate(self, contexts, sampling, **kwargs):  # type: ignore[no-untyped-def]
+        gens = self.policy.generate(contexts, sampling, **kwargs)
         self.calls.append([g.text for g in gens])
-        self.seeds.append(kwargs.get("seed"))
+        self.seeds.append(sampling.seed)
         return gens
 
 
@@ -45,7 +45,8 @@ def _play(policy, n: int = 3, seed: int = 5):  # type: ignore[no-untyped-def]
     rec = Recording(policy)
     try:
         rewards = play_episodes(rec, envs, starts, turn_seed=lambda t: 100 + t,
-                                sampling=SamplingConfig(max_new_tokens=8, temperature=1.0, top_p=1.0), on_end=lambda j, r, env: ended.append((j, r, [dict(m) for m in env.messages])))
+                                sampling=SamplingConfig(max_new_tokens=8, temperature=1.0, top_p=1.0),
+                                on_end=lambda j, r, env: ended.append((j, r, [dict(m) for m in env.messages])))
     finally:
         for env in envs:
             env.close()

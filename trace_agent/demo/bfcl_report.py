@@ -223,6 +223,7 @@ def first_steps(policy_path: str | Path | None = None, *, checkpoint: str | Path
                 tasks: int = 50, max_new_tokens: int = 96) -> dict[str, Any]:
     """The policy's greedy first steps on the first ``tasks`` entries of ``split``, graded (see the module docstring)."""
     from trace_agent.demo.demonstrators.bfcl import call_string_arguments
+    from trace_agent.policy.base import SamplingConfig
     from trace_envs.actions import parse_call_list
     from trace_envs.function_calling.env import render_calls
 
@@ -234,7 +235,7 @@ def first_steps(policy_path: str | Path | None = None, *, checkpoint: str | Path
         question, calls = _first_turn(env, task_id)
         contexts.append(policy.render(env.messages, env.tools))
         truths.append((question, _keyword_sources(env, calls), call_string_arguments(render_calls(calls))))
-    gens = policy.generate(contexts, max_new_tokens=max_new_tokens, temperature=0.0)
+    gens = policy.generate(contexts, SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0))
     for task_id, g, (question, truth, truth_args) in zip(ids, gens, truths):
         env.reset(options={"task_id": task_id})  # its backends read the generated calls' arguments
         parsed = parse_call_list(g.text)

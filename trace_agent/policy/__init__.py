@@ -5,9 +5,10 @@ The offline demo policies are in :mod:`trace_agent.demo`::
 
     from trace_agent.demo import load_demo_policy
     from trace_agent.evaluation import observation_messages
+    from trace_agent.policy import SamplingConfig
     policy = load_demo_policy()  # the shipped demo policy, an HFPolicy
     ctx = policy.render(env.messages, env.tools)
-    (gen,) = policy.generate([ctx], max_new_tokens=128, temperature=1.0, seed=0)
+    (gen,) = policy.generate([ctx], SamplingConfig(max_new_tokens=128, temperature=1.0, seed=0))
     obs, reward, terminated, truncated, info = env.step(gen.text)
     ctx = policy.extend(ctx, gen, observation_messages(env.messages))
 """

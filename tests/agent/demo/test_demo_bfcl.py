@@ -19,7 +19,7 @@ from trace_agent.demo.demonstrators.bfcl import (
     flawed_turns,
     wrong_value,
 )
-from trace_agent.policy.base import PolicyError, TokenContext
+from trace_agent.policy.base import PolicyError, SamplingConfig, TokenContext
 from trace_agent.policy.hf import POLICY_SETTINGS_FILE, length_grouped_chunks, read_policy_settings
 
 needs_bfcl = pytest.mark.skipif(importlib.util.find_spec("bfcl_eval") is None, reason="bfcl-eval not installed")
@@ -449,11 +449,12 @@ def test_generation_is_grouped_by_length_and_independent_of_the_grouping() -> No
     policy = tiny_policy(seed=0)
     contexts = [policy.render([{"role": "user", "content": "x " * n}]) for n in (3, 60, 5, 50, 4)]
     seeds = [11, 12, 13, 14, 15]
-    together = policy.generate(contexts, max_new_tokens=4, temperature=0.0, seeds=seeds)
-    one_by_one = [policy.generate([c], max_new_tokens=4, temperature=0.0, seeds=[s])[0] for c, s in zip(contexts, seeds)]
+    together = policy.generate(contexts, SamplingConfig(max_new_tokens=4, temperature=0.0), seeds=seeds)
+    one_by_one = [policy.generate([c], SamplingConfig(max_new_tokens=4, temperature=0.0),
+                                  seeds=[s])[0] for c, s in zip(contexts, seeds)]
     assert [g.token_ids for g in together] == [g.token_ids for g in one_by_one]
     policy.max_batch_tokens = 100  # every long context alone, the short ones together
-    small = policy.generate(contexts, max_new_tokens=4, temperature=0.0, seeds=seeds)
+    small = policy.generate(contexts, SamplingConfig(max_new_tokens=4, temperature=0.0), seeds=seeds)
     assert [g.token_ids for g in small] == [g.token_ids for g in together]
 
 
@@ -467,7 +468,7 @@ def test_a_context_at_the_cap_is_cut_with_a_clear_warning() -> None:
     long = TokenContext.from_prompt(tuple(short.token_ids) * 3)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        gens = policy.generate([long, short], max_new_tokens=50, temperature=1.0, seed=0)
+        gens = policy.generate([long, short], SamplingConfig(max_new_tokens=50, temperature=1.0, seed=0))
     assert gens[0].token_ids == () and gens[0].finish_reason == "length" and gens[0].text == ""
     assert 1 <= len(gens[1].token_ids) <= 3  # prompt + turn stay within the cap
     assert policy.context_cuts == 1
@@ -553,7 +554,7 @@ def test_the_shipped_policy_acts_in_the_env() -> None:
             env.reset(options={"task_id": task_id})
             wanted.append(demonstrator.script(env, FlawPlan())[0])
             contexts.append(policy.render(env.messages, env.tools))
-        gens = policy.generate(contexts, max_new_tokens=96, temperature=0.0, seed=0)
+        gens = policy.generate(contexts, SamplingConfig(max_new_tokens=96, temperature=0.0, seed=0))
         infos = [env.step(g.text)[4] for env, g in zip(envs, gens)]
     finally:
         for env in envs:
@@ -573,7 +574,6 @@ def test_the_shipped_policy_solves_some_demonstrated_episodes_and_fails_others()
     from trace_agent.demo.shipped import load_demo_policy
     from trace_agent.env_factory import make_env_factory
     from trace_agent.evaluation import evaluate, success_histogram
-    from trace_agent.policy.base import SamplingConfig
 
     policy = load_demo_policy(SHIPPED)
     ids = BFCLDemonstrator().demonstration_tasks().ids()[:SUCCESS_TASKS]
