@@ -109,8 +109,7 @@ class BenchConfig:
     budget: Budget = field(default_factory=lambda: Budget(roots=32, continuations_per_root=2, group_size=4))
     warmup_prompts: int = 48
     prefix_share: float | None = PredictorSettings.prefix_share
-    rollout: RolloutConfig = field(
-        default_factory=lambda: RolloutConfig(sampling=SamplingConfig(max_new_tokens=160)))
+    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(sampling=SamplingConfig(max_new_tokens=160)))
     predictor: str = "embedding"
     command: str = ""
 
@@ -575,8 +574,7 @@ def _cli(args: argparse.Namespace) -> int:
         env_id=args.env, env_kwargs=json.loads(args.env_kwargs), max_turns=args.max_turns,
         strategies=tuple(s.strip() for s in args.strategies.split(",") if s.strip()), seeds=args.seeds,
         prompts=args.prompts, budget=budget, warmup_prompts=args.warmup_prompts, prefix_share=args.prefix_share,
-        rollout=RolloutConfig(sampling=SamplingConfig(max_new_tokens=args.max_new_tokens,
-                                                      temperature=args.temperature),
+        rollout=RolloutConfig(sampling=SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature),
                               workers=args.workers, oracle_samples=args.oracle_samples),
         predictor=args.predictor,
         command=" ".join(["trace-gym bench", *(shlex.quote(a) for a in args.argv)]),

@@ -177,8 +177,9 @@ class SamplingConfig:
         max_new_tokens: the most tokens one turn may have (the stop token included).
         temperature: softmax temperature; 0 decodes greedily.
         top_p: nucleus mass kept when sampling (1.0: the full distribution).
-        seed: seeds the sampler when a call has no per-request ``seeds`` (request ``i``: ``seed + i``);
-            the same seed, contexts and backend give the same turns. None: unseeded.
+        seed: seeds a call that has no per-request ``seeds`` (the transformers backend: one generator
+            for the call; the vLLM backends: request ``i`` gets ``seed + i``); the same seed, contexts
+            and backend give the same turns. None: unseeded.
     """
 
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
