@@ -10,7 +10,8 @@ same syntax as ``trace-gym train --set``: the value is YAML data, converted to t
 ``build_report.json`` records the settings the build ran with.
 
 With ``--eval-tasks N`` it then plays ``--eval-samples`` episodes on each of the first N test tasks of
-each env and prints the per-task success-rate histogram (the spread that makes groups mixed).
+each env (at most 4 turns each; :func:`trace_agent.evaluation.evaluate`, its seeds from ``--seed``) and prints
+the per-task success-rate histogram (the spread that makes groups mixed).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from trace_agent.demo.build import (  # noqa: E402
     with_settings,
 )
 from trace_agent.demo.shipped import load_demo_policy  # noqa: E402
-from trace_agent.policy.episodes import evaluate_policy, success_histogram  # noqa: E402
+from trace_agent.env_factory import make_env_factory  # noqa: E402
+from trace_agent.evaluation import evaluate, success_histogram  # noqa: E402
+from trace_agent.policy.base import SamplingConfig  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,19 +68,15 @@ def main(argv: list[str] | None = None) -> int:
               f"{report.total_seconds:.0f}s (demonstrations {report.demonstration_seconds:.0f}s, "
               f"tokenizer {report.tokenizer_seconds:.0f}s, training {report.train_seconds:.0f}s)")
     if args.eval_tasks:
-        import gymnasium as gym
-
-        import trace_envs  # noqa: F401
-
         policy = load_demo_policy(args.out)
         for env_id in envs:
-            env_kwargs = {"tasks": "test"}  # every env names its held-out split "test"
-            env = gym.make(env_id, **env_kwargs).unwrapped
+            make = make_env_factory(env_id, None, max_turns=4, env_kwargs={"tasks": "test"})  # every env's held-out split
+            env = make()
             task_ids = env.tasks.ids()[:args.eval_tasks]
             env.close()
             t0 = time.perf_counter()
-            results = evaluate_policy(policy, env_id, task_ids, samples=args.eval_samples,
-                                      temperature=args.temperature, seed=args.seed, env_kwargs=env_kwargs)
+            results = evaluate(policy, make, task_ids, samples=args.eval_samples,
+                               sampling=SamplingConfig(temperature=args.temperature), seed=args.seed)
             summary = success_histogram(results)
             summary["seconds"] = round(time.perf_counter() - t0, 1)
             summary["rates"] = {t: r for t, r in zip(task_ids, summary["rates"])}

@@ -25,6 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trace_agent.demo.demonstrators import misconception_program, short_program  # noqa: E402
+from trace_agent.success import is_success  # noqa: E402
 from trace_envs.actions import parse_action  # noqa: E402
 
 CLASSES = ("right_program", "wrong_method", "other")
@@ -66,7 +67,7 @@ def habits(episodes: Iterable[Mapping[str, Any]], tasks: Mapping[str, Any]) -> d
             counts = out.setdefault(key, Counter())
             counts["episodes"] += 1
             counts[kind] += 1
-            counts["success"] += float(episode["reward"]) > 0
+            counts["success"] += is_success(float(episode["reward"]))
     return out
 
 

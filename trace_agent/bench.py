@@ -48,6 +48,7 @@ from numpy.typing import NDArray
 from trace_agent.bench_plots import plot_result
 from trace_agent.config import PredictorSettings
 from trace_agent.env_factory import make_env_factory, task_ids
+from trace_agent.policy.base import SamplingConfig
 from trace_agent.rollout import Collection, PromptSpec, RolloutConfig, TreeCollector
 from trace_agent.strategies import STRATEGY_NAMES, Budget, Strategy, TreePO
 from trace_agent.wiring import resolve_strategy
@@ -91,7 +92,7 @@ class BenchConfig:
             predictor is refreshed on each batch's trees as it returns (as in training).
         prefix_share: the most share of prefix examples in each warm-up refresh, as the trainer's
             ``predictor.prefix_share`` (default the same, the paper's 0.06); None: every prefix.
-        rollout: sampling settings (max_new_tokens, temperature, workers, oracle_samples...).
+        rollout: the collector's settings (``sampling``, workers, oracle_samples...).
         predictor: the success predictor's kind when :func:`run_bench` builds it
             (:func:`~trace_agent.wiring.build_predictor`): ``embedding`` (MiniLM + logistic head),
             ``hashed`` or ``policy-states`` (the same head on a frozen copy of the benched policy's
@@ -108,7 +109,7 @@ class BenchConfig:
     budget: Budget = field(default_factory=lambda: Budget(roots=32, continuations_per_root=2, group_size=4))
     warmup_prompts: int = 48
     prefix_share: float | None = PredictorSettings.prefix_share
-    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(max_new_tokens=160))
+    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(sampling=SamplingConfig(max_new_tokens=160)))
     predictor: str = "embedding"
     command: str = ""
 
@@ -486,7 +487,7 @@ def _cli(args: argparse.Namespace) -> int:
         env_id=args.env, env_kwargs=json.loads(args.env_kwargs), max_turns=args.max_turns,
         strategies=tuple(s.strip() for s in args.strategies.split(",") if s.strip()), seeds=args.seeds,
         prompts=args.prompts, budget=budget, warmup_prompts=args.warmup_prompts, prefix_share=args.prefix_share,
-        rollout=RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+        rollout=RolloutConfig(sampling=SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature),
                               workers=args.workers, oracle_samples=args.oracle_samples),
         predictor=args.predictor,
         command=" ".join(["trace-gym bench", *(shlex.quote(a) for a in args.argv)]),

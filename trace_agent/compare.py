@@ -14,7 +14,7 @@ which is evaluated once, on the generation engine the runs evaluate on, closed b
 run builds its own). Equal budget is the config's (M, N) for all: a branching strategy
 spends M roots and N continuations per root, a flat one (GRPO, PCL) the same paper units as
 M + M*N/2 root rollouts (:class:`~trace_agent.strategies.Budget`). Held-out success is
-:func:`~trace_agent.train_cli.evaluate_heldout` on the first ``eval.tasks`` tasks of the
+:func:`~trace_agent.evaluation.evaluate_heldout` on the first ``eval.tasks`` tasks of the
 held-out split, ``eval.samples`` episodes each, with the same episode seeds for every run.
 
 The summary per strategy: held-out success after training (mean, sample std over seeds, min,
@@ -210,8 +210,9 @@ def compare_training(config: TrainConfig, strategies: Sequence[str], seeds: Sequ
 
     Raises ValueError when no strategy or no seed is given, or a strategy is named twice.
     """
+    from trace_agent.evaluation import evaluate_heldout
     from trace_agent.policy.base import close_engine
-    from trace_agent.train_cli import evaluate_heldout, run_training
+    from trace_agent.train_cli import run_training
     from trace_agent.wiring import build_policies
 
     if not strategies or not seeds:

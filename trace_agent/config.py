@@ -55,7 +55,7 @@ from trace_agent.options import (
     Singleton,
     either,
 )
-from trace_agent.policy.base import DEFAULT_MAX_NEW_TOKENS
+from trace_agent.policy.base import SamplingConfig
 from trace_agent.strategies import STRATEGY_NAMES
 
 __all__ = [
@@ -139,29 +139,45 @@ class PolicyConfig:
             raise ConfigError("policy.engine_kwargs must be a mapping of vLLM engine arguments")
 
 
+#: :class:`SamplingConfig`'s defaults, the defaults of :class:`SamplingSettings`' sampling fields.
+_SAMPLING = SamplingConfig()
+
+
 @dataclass(frozen=True, kw_only=True)
 class SamplingSettings:
-    """How turns are sampled during training.
+    """How turns are sampled during training: the section's sampling fields make the one
+    :class:`~trace_agent.policy.base.SamplingConfig` (:attr:`params`) that the collector, the engine,
+    the backend and the held-out evaluation use; its defaults and checks are that class's.
 
     Attributes:
         max_new_tokens: most tokens per assistant turn.
-        temperature: sampling temperature (> 0: the loss's importance ratios need a distribution).
+        temperature: sampling temperature; training needs > 0 (the loss's importance ratios need a
+            distribution), the one rule this section adds.
         top_p: nucleus mass (1.0 keeps behaviour log-probs exact).
         max_turns: the env's turn limit.
     """
 
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    temperature: float = 1.0
-    top_p: float = 1.0
+    max_new_tokens: int = _SAMPLING.max_new_tokens
+    temperature: float = _SAMPLING.temperature
+    top_p: float = _SAMPLING.top_p
     max_turns: int = 4
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1 or self.max_turns < 1:
-            raise ConfigError("sampling.max_new_tokens and sampling.max_turns must be >= 1")
-        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+        if self.max_turns < 1:
+            raise ConfigError(f"sampling.max_turns must be >= 1, got {self.max_turns}")
+        try:
+            _ = self.params  # SamplingConfig validates each field
+        except ValueError as exc:
+            raise ConfigError(f"sampling.{exc}") from None
+        if not self.temperature > 0:
             raise ConfigError("sampling.temperature must be > 0 for training")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError("sampling.top_p must be in (0, 1]")
+
+    @property
+    def params(self) -> SamplingConfig:
+        """The :class:`~trace_agent.policy.base.SamplingConfig` of these settings (no seed: every request
+        carries its own)."""
+        return SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                              top_p=self.top_p)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -437,7 +453,7 @@ class EvalConfig:
     split: str = "test"
     tasks: int | None = 30
     samples: int = 4
-    temperature: float = 1.0
+    temperature: float = _SAMPLING.temperature
     every: int = 0
 
     def __post_init__(self) -> None:

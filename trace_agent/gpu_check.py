@@ -62,6 +62,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trace_agent.policy.base import SamplingConfig
+
 #: The checkout: put on the children's ``PYTHONPATH``; the verl check runs its test file.
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -123,7 +125,7 @@ def _prompts(policy: Any, n: int) -> list[Any]:
 
 def _timed_generate(policy: Any, contexts: list[Any], max_new_tokens: int, seeds: list[int]) -> tuple[list[Any], float]:
     t = time.perf_counter()
-    gens = policy.generate(contexts, max_new_tokens=max_new_tokens, temperature=1.0, seeds=seeds)
+    gens = policy.generate(contexts, SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0), seeds=seeds)
     return gens, time.perf_counter() - t
 
 
@@ -140,7 +142,7 @@ def check_hf_generate(device: str, quick: bool) -> Row:
     n, new = (8, 16) if quick else (64, 128)
     contexts = _prompts(policy, n)
     seeds = list(range(n))
-    policy.generate(contexts[:2], max_new_tokens=4, seeds=seeds[:2])  # warm-up (kernels, allocator)
+    policy.generate(contexts[:2], SamplingConfig(max_new_tokens=4), seeds=seeds[:2])  # warm-up (kernels, allocator)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     gens, seconds = _timed_generate(policy, contexts, new, seeds)
@@ -238,13 +240,13 @@ def check_vllm_engine(device: str, quick: bool) -> Row:
         n, new = (8, 16) if quick else (64, 128)
         with VLLMPolicy(path, tokenizer=hf.tokenizer, **_vllm_kwargs(eager=False)) as engine:
             contexts = _prompts(engine, n)
-            engine.generate(contexts[:2], max_new_tokens=4, seeds=[0, 1])
+            engine.generate(contexts[:2], SamplingConfig(max_new_tokens=4), seeds=[0, 1])
             gens, seconds = _timed_generate(engine, contexts, new, list(range(n)))
             ref = hf.logprobs(contexts[:4], [g.token_ids for g in gens[:4]])
             gap = max(_max_gap(g.logprobs, r) for g, r in zip(gens, ref))
             other = tiny_hf_policy("cpu", seed=1)
             engine.update_weights(other.model.state_dict())
-            (after,) = engine.generate(contexts[:1], max_new_tokens=8, seeds=[0])
+            (after,) = engine.generate(contexts[:1], SamplingConfig(max_new_tokens=8), seeds=[0])
             synced = _max_gap(after.logprobs, other.logprobs(contexts[:1], [after.token_ids])[0])
             held = free_before - torch.cuda.mem_get_info()[0]
         torch.cuda.synchronize()
@@ -270,11 +272,11 @@ def check_vllm_async(device: str, quick: bool) -> Row:
         n, new = (8, 16) if quick else (64, 128)
         with AsyncVLLMPolicy(path, tokenizer=hf.tokenizer, **_vllm_kwargs(eager=True)) as engine:
             contexts = _prompts(engine, n)
-            engine.generate(contexts[:2], max_new_tokens=4, seeds=[0, 1])
+            engine.generate(contexts[:2], SamplingConfig(max_new_tokens=4), seeds=[0, 1])
             gens, seconds = _timed_generate(engine, contexts, new, list(range(n)))
             engine.update_weights(tiny_hf_policy("cpu", seed=1).model.state_dict())
             weights = engine.weights_dir
-            engine.generate(contexts[:1], max_new_tokens=4, seeds=[0])
+            engine.generate(contexts[:1], SamplingConfig(max_new_tokens=4), seeds=[0])
         if weights is not None and Path(weights).exists():
             raise AssertionError(f"close() left the temporary weights dir {weights}")
     tokens = sum(g.num_tokens for g in gens)
@@ -309,10 +311,10 @@ def check_vllm_serve(device: str, quick: bool, *, deadline: float) -> Row:
             with VLLMServerPolicy(tokenizer=hf.tokenizer, settings=ServerSettings(urls=(server.url,), model="policy"),
                                   weights_dir=Path(tmp) / "weights") as client:
                 contexts = _prompts(client, n)
-                client.generate(contexts[:2], max_new_tokens=4, seeds=[0, 1])
+                client.generate(contexts[:2], SamplingConfig(max_new_tokens=4), seeds=[0, 1])
                 gens, seconds = _timed_generate(client, contexts, new, list(range(n)))
                 client.update_weights(tiny_hf_policy("cpu", seed=1).model.state_dict())
-                client.generate(contexts[:1], max_new_tokens=4, seeds=[0])
+                client.generate(contexts[:1], SamplingConfig(max_new_tokens=4), seeds=[0])
     tokens = sum(g.num_tokens for g in gens)
     return Row("vllm-serve", "ok", throughput=f"{tokens / seconds:,.0f} tokens/s",
                details=f"one server, {n} x {new} tokens over HTTP, update_weights",

@@ -3,7 +3,8 @@
 Public API::
 
     collector = TreeCollector(make_env=lambda: gym.make("trace_envs/PythonMath-v0", max_turns=4).unwrapped,
-                              policy=policy, predictor=predictor, config=RolloutConfig(max_new_tokens=128))
+                              policy=policy, predictor=predictor,
+                              config=RolloutConfig(sampling=SamplingConfig(max_new_tokens=128)))
     with collector:
         batch = collector.collect(prompts, TRACE(), Budget(roots=32, continuations_per_root=2, group_size=4))
     batch.trees          # one RolloutTree per active prompt (snapshots released)
@@ -71,7 +72,7 @@ from trace_agent.engine.phases import PhaseBreakdown, PhaseTimer, timed
 from trace_agent.engine.ray_envs import RayConfig
 from trace_agent.engine.scheduler import EngineConfig, EngineStats, GenerationEngine
 from trace_agent.options import ENV_BACKENDS, Batching, EnvBackend, either
-from trace_agent.policy.base import DEFAULT_MAX_NEW_TOKENS, Policy
+from trace_agent.policy.base import Policy, SamplingConfig
 from trace_agent.predictor import SuccessPredictor
 from trace_agent.strategies import Budget, Strategy, ValueKind, place_roots, reads_of, recorded_values
 from trace_agent.tree import RolloutTree
@@ -149,9 +150,8 @@ class RolloutConfig:
     """How the collector samples, batches and where its envs live.
 
     Attributes:
-        max_new_tokens: most tokens of one assistant turn.
-        temperature: sampling temperature.
-        top_p: nucleus mass.
+        sampling: how every turn is sampled (the engine hands it to the backend as is); its
+            ``seed`` must be None: ``seed`` below seeds every request.
         seed: base seed of every request seed and strategy RNG.
         workers: local backend: threads that run env calls (resets, steps, snapshots) at once.
         concurrent_prompts: env slots: prompts whose trees grow at once (each holds one env
@@ -169,9 +169,7 @@ class RolloutConfig:
             to inspect or branch further by hand; PythonMath-v0 snapshots hold processes).
     """
 
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    temperature: float = 1.0
-    top_p: float = 1.0
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
     seed: int = 0
     workers: int = 2
     concurrent_prompts: int = 64
@@ -185,17 +183,15 @@ class RolloutConfig:
     release_snapshots: bool = True
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1 or self.workers < 1 or self.oracle_samples < 1 or self.concurrent_prompts < 1:
-            raise ValueError("max_new_tokens, workers, concurrent_prompts and oracle_samples must be >= 1")
-        if not (self.temperature >= 0.0 and 0.0 < self.top_p <= 1.0):
-            raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+        if self.workers < 1 or self.oracle_samples < 1 or self.concurrent_prompts < 1:
+            raise ValueError("workers, concurrent_prompts and oracle_samples must be >= 1")
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 or None, got {self.max_batch_size}")
         if self.env_retries < 0:
             raise ValueError(f"env_retries must be >= 0, got {self.env_retries}")
         if self.backend not in ENV_BACKENDS:
             raise ValueError(f"backend must be {either(ENV_BACKENDS)}, got {self.backend!r}")
-        EngineConfig(max_wait_s=self.max_wait_s, batching=self.batching)  # validates both
+        EngineConfig(sampling=self.sampling, max_wait_s=self.max_wait_s, batching=self.batching)  # validates these
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -357,8 +353,7 @@ class TreeCollector:
         """The shared engine's settings for this collector."""
         c = self.config
         size = c.max_batch_size or int(getattr(self.policy, "max_batch_size", 64) or 64)
-        return EngineConfig(max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
-                            max_batch_size=size, max_wait_s=c.max_wait_s, batching=c.batching)
+        return EngineConfig(sampling=c.sampling, max_batch_size=size, max_wait_s=c.max_wait_s, batching=c.batching)
 
     # ---------------------------------------------------------------- running the loop
     def _run(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:

@@ -3,10 +3,10 @@
 Everything that splits outcomes in two uses this module: a tree's mixed / contrast counts
 (:attr:`~trace_agent.tree.Node.is_success`), the allocators' repeat probability
 (:func:`~trace_agent.allocation.repeat_probability`), the Oracle's Monte-Carlo rates, and the
-evaluation of a policy (:func:`~trace_agent.policy.episodes.success_histogram`,
-:func:`~trace_agent.train_cli.evaluate_heldout`).
+evaluation of a policy (:func:`~trace_agent.evaluation.evaluate`, :func:`~trace_agent.evaluation.success_histogram`,
+:func:`~trace_agent.evaluation.evaluate_heldout`).
 
-Why 0.5 and not ``reward > 0`` (which evaluation used before): the suite's graders give 0 or 1
+Why 0.5 and not ``reward > 0``: the suite's graders give 0 or 1
 (PythonMath-v0 ``float(correct)``, WikiQA-v0 exact match, BFCL-v0 ``float(valid)``), so the
 two agree on every reward the shipped envs produce; they differ only for a reward in
 (0, 0.5), which only a shaped reward (e.g. a partial F1) can give. There the threshold is

@@ -1,4 +1,5 @@
-"""``trace-gym train`` and ``trace-gym eval``; :func:`run_training` and :func:`evaluate_heldout` behind them.
+"""``trace-gym train`` and ``trace-gym eval``; :func:`run_training` and
+:func:`~trace_agent.evaluation.evaluate_heldout` behind them.
 
 ::
 
@@ -41,16 +42,14 @@ from typing import Any, Literal
 
 from trace_agent.config import TrainConfig
 from trace_agent.config_io import config_to_dict, load_config
+from trace_agent.evaluation import EvalResult, evaluate_heldout
 from trace_agent.options import BATCHING, ENV_BACKENDS, OBJECTIVES, POLICY_KINDS
 from trace_agent.strategies import STRATEGY_NAMES
-from trace_agent.success import success_rate
 
 __all__ = [
     "CONFIG_DIR",
     "DEMO_CONFIGS",
-    "EvalResult",
     "TrainReport",
-    "evaluate_heldout",
     "run_training",
     "config_from_args",
     "add_train_parser",
@@ -68,27 +67,6 @@ DEMO_CONFIGS: dict[str, str] = {
 
 #: Where :data:`DEMO_CONFIGS` are read from (the source tree's ``docs/configs``).
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "docs" / "configs"
-
-
-@dataclass(frozen=True, kw_only=True)
-class EvalResult:
-    """Held-out success: mean reward over ``tasks`` x ``samples`` episodes, and per-task rates.
-
-    ``success_se`` is the standard error of ``success`` with tasks as clusters: the standard
-    deviation of the per-task success rates over sqrt(tasks) (episodes of one task are not
-    independent draws; with equal samples per task the overall rate is the mean of the
-    per-task rates; e.g. Cameron & Miller 2015, "A Practitioner's Guide to Cluster-Robust
-    Inference"). 0 with one task.
-    """
-
-    success: float
-    success_se: float
-    tasks: int
-    samples: int
-    episodes: int
-    solved_tasks: int
-    seconds: float
-    per_task: dict[str, float]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,78 +88,6 @@ class TrainReport:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, default=float)
-
-
-def evaluate_heldout(policy: Any, config: TrainConfig, *, seed: int = 12345,
-                     on_episode: Callable[[str, int, float, list[dict[str, Any]]], None] | None = None,
-                     progress: bool = False) -> EvalResult:
-    """Play ``config.eval.samples`` episodes on each of ``config.eval.tasks`` held-out tasks.
-
-    The tasks are a deterministic sample of the ``config.eval.split`` split stratified over the
-    tasks' kinds (:func:`trace_envs.tasks.splits.stratified_ids`: WikiQA's question kinds,
-    PythonMath's families; round robin over the kinds, each kind's tasks in split order), so a
-    sample smaller than the split covers every kind it can; ``eval.tasks`` null plays every task.
-
-    Episodes run in waves of ``policy.max_batch_size`` side by side (one env each, reused across
-    waves): one batched ``policy.generate`` per turn over the wave's live episodes, whatever
-    task they belong to (:func:`~trace_agent.policy.episodes.play_episodes`). An episode
-    succeeds when :func:`~trace_agent.success.is_success` says so (reward >= 0.5).
-    The draw is fixed by ``seed`` (same seed, same weights: same episodes).
-    ``on_episode(task_id, sample, reward, messages)`` is called as each episode ends, with a copy
-    of the env's chat messages (e.g. to keep transcripts). ``progress`` shows a bar over the
-    episodes (with ETA) on stderr.
-    """
-    from tqdm import tqdm
-
-    from trace_agent.env_factory import make_env_factory
-    from trace_agent.policy.episodes import EpisodeStart, play_episodes
-    from trace_envs.tasks.splits import stratified_ids
-
-    e, s = config.eval, config.sampling
-    t0 = time.perf_counter()
-    make = make_env_factory(config.env_id, e.split, max_turns=s.max_turns, env_kwargs=config.env_kwargs)
-    envs = [make()]
-    try:
-        ids = stratified_ids(envs[0].tasks, e.tasks)
-        episodes = [(t, k) for t in range(len(ids)) for k in range(e.samples)]
-        wave = max(1, min(len(episodes), getattr(policy, "max_batch_size", 32)))
-        envs += [make() for _ in range(wave - 1)]
-    except BaseException:
-        for env in envs:
-            env.close()
-        raise
-    rewards = [0.0] * len(episodes)
-    bar = tqdm(total=len(episodes), desc="eval", unit="episode", disable=not progress, dynamic_ncols=True,
-               leave=False)
-    try:
-        for w0 in range(0, len(episodes), wave):
-            batch = episodes[w0:w0 + wave]
-
-            def ended(j: int, reward: float, env: Any, batch: list[tuple[int, int]] = batch) -> None:
-                bar.update(1)
-                if on_episode is not None:
-                    t, k = batch[j]
-                    on_episode(ids[t], k, reward, [dict(m) for m in env.messages])
-
-            starts = [EpisodeStart(task_id=ids[t], seed=seed + 1000 * t + k) for t, k in batch]
-            rewards[w0:w0 + len(batch)] = play_episodes(
-                policy, envs, starts, turn_seed=lambda turn, w0=w0: seed + 7919 * turn + w0,
-                max_new_tokens=s.max_new_tokens, temperature=e.temperature, top_p=s.top_p, on_end=ended)
-    finally:
-        bar.close()
-        for env in envs:
-            env.close()
-    per: dict[str, list[float]] = {}
-    for (t, _), r in zip(episodes, rewards):
-        per.setdefault(ids[t], []).append(r)
-    per_task = {k: success_rate(v) for k, v in per.items()}
-    rates = list(per_task.values())
-    se = (math.sqrt(sum((r - sum(rates) / len(rates)) ** 2 for r in rates) / (len(rates) - 1) / len(rates))
-          if len(rates) > 1 else 0.0)
-    return EvalResult(success=success_rate(rewards) if rewards else 0.0, success_se=se,
-                      tasks=len(ids),
-                      samples=e.samples, episodes=len(rewards), solved_tasks=sum(v > 0 for v in per_task.values()),
-                      seconds=time.perf_counter() - t0, per_task=per_task)
 
 
 def _eval_metrics(result: EvalResult) -> dict[str, float]:

@@ -58,7 +58,7 @@ import numpy as np  # noqa: E402
 
 from trace_agent.engine.phases import PHASES, PhaseTimer  # noqa: E402
 from trace_agent.env_factory import make_env_factory, task_ids  # noqa: E402
-from trace_agent.policy.base import Generation, TokenContext  # noqa: E402
+from trace_agent.policy.base import Generation, SamplingConfig, TokenContext  # noqa: E402
 from trace_agent.rollout import PromptSpec, RolloutConfig, TreeCollector  # noqa: E402
 from trace_agent.strategies import Budget, make_strategy  # noqa: E402
 
@@ -86,9 +86,9 @@ class _Recording:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def generate(self, contexts, *, seeds=None, **kw):
+    def generate(self, contexts, sampling=None, *, seeds=None, **kw):
         self.requests.extend(zip(contexts, seeds or [0] * len(contexts)))
-        return self.inner.generate(contexts, seeds=seeds, **kw)
+        return self.inner.generate(contexts, sampling, seeds=seeds, **kw)
 
 
 def _collector(policy: Any, *, concurrent: int, max_new_tokens: int, max_turns: int, boot: Sequence[PromptSpec],
@@ -107,8 +107,8 @@ def _collector(policy: Any, *, concurrent: int, max_new_tokens: int, max_turns: 
             env.unwrapped.opening_messages = lambda *a, **k: None
         return env
 
-    config = RolloutConfig(max_new_tokens=max_new_tokens, temperature=1.0, seed=0, workers=2,
-                           concurrent_prompts=concurrent, batching=batching)
+    config = RolloutConfig(sampling=SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0),
+                           seed=0, workers=2, concurrent_prompts=concurrent, batching=batching)
     c = TreeCollector(make_env=make_env, policy=policy, predictor=EmbeddingPredictor(), config=config)
     host = c._local_host()
     envs = [host.lease() for _ in boot]
@@ -138,8 +138,9 @@ def _flat(policy: Any, requests: Sequence[tuple[TokenContext, int]], *, max_new_
     tokens = 0
     for i in range(0, len(requests), batch):
         chunk = requests[i:i + batch]
-        gens = policy.generate([c for c, _ in chunk], seeds=[s for _, s in chunk], max_new_tokens=max_new_tokens,
-                               temperature=1.0)
+        gens = policy.generate([c for c, _ in chunk],
+                               SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0),
+                               seeds=[s for _, s in chunk])
         tokens += sum(len(g.token_ids) for g in gens)
     wall, cpu = time.perf_counter() - t, time.process_time() - cpu
     calls = math.ceil(len(requests) / batch)
@@ -156,7 +157,7 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
     budget = Budget(roots=args.roots, continuations_per_root=1, group_size=4)
     rows: list[dict[str, Any]] = []
     warm = [policy.render([{"role": "user", "content": f"warm-up {k}"}]) for k in range(48)]
-    policy.generate(warm, seeds=list(range(48)), max_new_tokens=8)  # first forward passes are slow
+    policy.generate(warm, SamplingConfig(max_new_tokens=8), seeds=list(range(48)))  # first forward passes are slow
     rec = _Recording(policy)
     boot = [PromptSpec(task_id=t, reset_seed=0) for t in ids[:budget.max_active]]
     engine_c = _collector(rec, concurrent=64, max_new_tokens=args.max_new_tokens, max_turns=3, boot=boot,
@@ -294,8 +295,7 @@ class BusyScripted:
     def decode(self, token_ids: Sequence[int]) -> str:
         return bytes(t for t in token_ids if t < 256).decode()
 
-    def generate(self, contexts, *, max_new_tokens=256, temperature=1.0, top_p=1.0, seed=None, seeds=None,
-                 sessions=None) -> list[Generation]:
+    def generate(self, contexts, sampling=None, *, seeds=None, sessions=None) -> list[Generation]:
         out = []
         for ctx, s in zip(contexts, seeds or [0] * len(contexts)):
             messages = [json.loads(x) for x in self.decode(ctx.token_ids).splitlines() if x]

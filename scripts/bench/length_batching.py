@@ -34,6 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from trace_agent.policy.base import SamplingConfig  # noqa: E402
 from trace_agent.policy.hf import prefill_padding  # noqa: E402
 
 
@@ -68,7 +69,8 @@ def measure(policy: Any, contexts: list[Any], *, rows: int, repeats: int, max_ne
         for mode in ("unsorted", "grouped"):
             policy.length_grouping = mode == "grouped"
             t, c = time.perf_counter(), time.process_time()
-            gens = policy.generate(contexts, max_new_tokens=max_new_tokens, temperature=1.0, seeds=seeds)
+            gens = policy.generate(contexts, SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0),
+                                   seeds=seeds)
             seconds, cpu_seconds = time.perf_counter() - t, time.process_time() - c
             runs[mode].append(sum(g.num_tokens for g in gens) / seconds)
             cpu[mode].append(sum(g.num_tokens for g in gens) / cpu_seconds)

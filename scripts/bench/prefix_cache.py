@@ -56,9 +56,9 @@ class SessionPolicy:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.base, name)
 
-    def generate(self, contexts: Any, **kwargs: Any) -> Any:
+    def generate(self, contexts: Any, *args: Any, **kwargs: Any) -> Any:
         sessions = None if self.session is None else [self.session] * len(contexts)
-        return self.base.generate(contexts, sessions=sessions, **kwargs)
+        return self.base.generate(contexts, *args, sessions=sessions, **kwargs)
 
 
 def _make_env(max_turns: int) -> Any:
@@ -71,12 +71,14 @@ def _make_env(max_turns: int) -> Any:
 
 def grow_trees(policy: Any, args: argparse.Namespace, *, routed: bool) -> int:
     """Grow ``args.prompts`` trees through ``policy``; the number of generate requests sent."""
+    from trace_agent.policy.base import SamplingConfig
     from trace_agent.rollout import RolloutConfig, TreeCollector, prompt_pool
     from trace_agent.strategies import Budget, TreePO
 
     prompts = prompt_pool([f"math-train-{i:04d}" for i in range(args.prompts)])
     budget = Budget(roots=args.roots, continuations_per_root=args.continuations, group_size=args.roots)
-    config = RolloutConfig(workers=1, max_new_tokens=args.max_new_tokens, temperature=1.0, seed=11)
+    config = RolloutConfig(workers=1, sampling=SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=1.0),
+                           seed=11)
 
     def one(prompt: Any) -> int:
         view = SessionPolicy(policy, prompt.prompt_id if routed else None)

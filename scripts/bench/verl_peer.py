@@ -84,13 +84,13 @@ class CountingPolicy:
             self.requests += len(gens)
             self.tokens += sum(len(g.token_ids) for g in gens)
 
-    def generate(self, contexts: Any, **kwargs: Any) -> Any:
-        gens = self.inner.generate(contexts, **kwargs)
+    def generate(self, contexts: Any, *args: Any, **kwargs: Any) -> Any:
+        gens = self.inner.generate(contexts, *args, **kwargs)
         self._count(gens)
         return gens
 
-    async def agenerate(self, contexts: Any, **kwargs: Any) -> Any:
-        gens = await self.inner.agenerate(contexts, **kwargs)
+    async def agenerate(self, contexts: Any, *args: Any, **kwargs: Any) -> Any:
+        gens = await self.inner.agenerate(contexts, *args, **kwargs)
         self._count(gens)
         return gens
 
@@ -115,13 +115,14 @@ class ForwardingClient:
                        **kwargs: Any) -> Any:
         from verl.workers.rollout.replica import TokenOutput
 
-        from trace_agent.policy.base import TokenContext
+        from trace_agent.policy.base import SamplingConfig, TokenContext
 
         self.calls += 1
         self.first_prompt.setdefault(str(request_id), [int(t) for t in prompt_ids])
+        given = {k: float(sampling_params[k]) for k in ("temperature", "top_p") if k in sampling_params}
+        sampling = SamplingConfig(max_new_tokens=self.max_new_tokens, **given)
         gen = (await self.policy.agenerate(
-            [TokenContext.from_prompt([int(t) for t in prompt_ids])], max_new_tokens=self.max_new_tokens,
-            temperature=float(sampling_params.get("temperature", 1.0)), top_p=float(sampling_params.get("top_p", 1.0)),
+            [TokenContext.from_prompt([int(t) for t in prompt_ids])], sampling,
             seeds=[self.seed * 1_000_003 + self.calls], sessions=[str(request_id)]))[0]
         self.last_text[str(request_id)] = gen.text
         return TokenOutput(token_ids=list(gen.token_ids), log_probs=list(gen.logprobs), stop_reason="completed")
@@ -229,10 +230,12 @@ def run_verl(args: argparse.Namespace, policy: CountingPolicy, pool: list[Any], 
 
 def make_collector(args: argparse.Namespace, policy: CountingPolicy, prompts: Sequence[Any]) -> Any:
     from trace_agent.env_factory import make_env_factory
+    from trace_agent.policy.base import SamplingConfig
     from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer
     from trace_agent.rollout import RolloutConfig, TreeCollector
 
-    config = RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=1.0, seed=0, workers=args.env_threads)
+    config = RolloutConfig(sampling=SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=1.0), seed=0,
+                           workers=args.env_threads)
     c = TreeCollector(make_env=make_env_factory(ENV_ID, "train", max_turns=args.max_turns), policy=policy,
                       predictor=EmbeddingPredictor(HashedNGramFeaturizer()), config=config)
     host = c._local_host()  # boot one sandbox per root of the batch before any timing

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from trace_agent.bench import BenchConfig, add_bench_parser, resolve_strategy, run_bench, summarize
+from trace_agent.policy.base import SamplingConfig
 from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer
 from trace_agent.rollout import RolloutConfig
 from trace_agent.strategies import Budget, Strategy
@@ -130,7 +131,8 @@ def test_bench_builds_the_policy_states_predictor_from_the_benched_policy(tmp_pa
 
     budget = Budget(roots=4, continuations_per_root=1, group_size=2)
     config = BenchConfig(strategies=("trace",), seeds=1, prompts=2, budget=budget, warmup_prompts=2, max_turns=2,
-                         rollout=RolloutConfig(workers=1, max_new_tokens=8), predictor="policy-states")
+                         rollout=RolloutConfig(workers=1, sampling=SamplingConfig(max_new_tokens=8)),
+                         predictor="policy-states")
     result = run_bench(config, policy=tiny_policy(seed=1), make_env=make_math_env, log=lambda _m: None)
     assert result.predictor["warmup_refresh"]["update_buffer"] > 0  # the head learned from the warm-up trees
     values = [p["value"] for p in result.rows[0]["prompts"]]

@@ -258,12 +258,13 @@ def test_collected_trees_re_render_to_their_exact_ids(tmp_path: Path) -> None:
 
     import trace_envs  # noqa: F401
     from trace_agent.demo.model import tiny_policy
+    from trace_agent.policy.base import SamplingConfig
     from trace_agent.rollout import RolloutConfig, TreeCollector, prompt_pool
     from trace_agent.strategies import Budget, TreePO
 
     policy = tiny_policy()
     with TreeCollector(make_env=lambda: gym.make("trace_envs/PythonMath-v0", max_turns=2), policy=policy,
-                       config=RolloutConfig(max_new_tokens=8)) as collector:
+                       config=RolloutConfig(sampling=SamplingConfig(max_new_tokens=8))) as collector:
         batch = collector.collect(prompt_pool(["math-train-0000"]), TreePO(),
                                   Budget(roots=2, continuations_per_root=1, group_size=2))
     save_jsonl(batch.trees, tmp_path / "trees.jsonl")

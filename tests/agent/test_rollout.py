@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import trace_envs  # noqa: F401
-from trace_agent.policy.base import Generation, TokenContext
+from trace_agent.policy.base import Generation, SamplingConfig, TokenContext
 from trace_agent.rollout import (
     Collection,
     CollectionError,
@@ -74,12 +74,11 @@ class ScriptedPolicy:
     def _messages(self, context: TokenContext) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.decode(context.token_ids).splitlines() if line]
 
-    def generate(self, contexts: Sequence[TokenContext], *, max_new_tokens: int = 256, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int | None = None, seeds: Sequence[int] | None = None,
-                 sessions: Sequence[str] | None = None) -> list[Generation]:
+    def generate(self, contexts: Sequence[TokenContext], sampling: SamplingConfig | None = None, *,
+                 seeds: Sequence[int] | None = None, sessions: Sequence[str] | None = None) -> list[Generation]:
         with self._lock:
             self.calls.append([c.token_ids for c in contexts])
-        shared = np.random.default_rng(seed)
+        shared = np.random.default_rng(None if sampling is None else sampling.seed)
         out = []
         for i, ctx in enumerate(contexts):
             rng = shared if seeds is None else np.random.default_rng(seeds[i])
@@ -337,7 +336,8 @@ def test_hf_tiny_policy_collects_on_every_env(env_id, tiny_hf_policy) -> None:
 
     budget = Budget(roots=4, continuations_per_root=1, group_size=2)
     with TreeCollector(make_env=factory, policy=tiny_hf_policy,
-                       config=RolloutConfig(workers=2, max_new_tokens=6, seed=0)) as collector:
+                       config=RolloutConfig(workers=2, sampling=SamplingConfig(max_new_tokens=6),
+                                            seed=0)) as collector:
         batch = collector.collect(prompt_pool(task_ids), TreePO(), budget)
     _check_budget(batch, budget, True)
     for tree in batch.trees:

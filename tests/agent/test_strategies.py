@@ -9,6 +9,7 @@ import pytest
 import trace_envs
 from trace_agent.allocation import allocate_prefixes, allocate_roots, repeat_probability
 from trace_agent.contexts import format_messages, make_context
+from trace_agent.policy.base import SamplingConfig
 from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer, PredictionError
 from trace_agent.rollout import RolloutConfig, TreeCollector, prompt_pool
 from trace_agent.strategies import (
@@ -329,7 +330,7 @@ def test_every_strategy_runs_on_every_env_with_the_hf_policy(env_id, tiny_hf_pol
     task_ids = probe.tasks.ids()[:4]
     probe.close()
     budget = Budget(roots=4, continuations_per_root=1, group_size=2)
-    config = RolloutConfig(workers=2, max_new_tokens=4, oracle_samples=2, seed=0)
+    config = RolloutConfig(workers=2, sampling=SamplingConfig(max_new_tokens=4), oracle_samples=2, seed=0)
     with TreeCollector(make_env=lambda: gym.make(env_id, max_turns=2).unwrapped, policy=tiny_hf_policy,
                        predictor=EmbeddingPredictor(HashedNGramFeaturizer(dim=64)), config=config) as collector:
         for name in STRATEGY_NAMES:

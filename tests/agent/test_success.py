@@ -12,7 +12,7 @@ from trace_agent.allocation import repeat_probability
 from trace_agent.budget import Budget, paper_budget, spent_units
 from trace_agent.config import RolloutSettings
 from trace_agent.errors import ConfigError
-from trace_agent.policy.episodes import success_histogram
+from trace_agent.evaluation import success_histogram
 from trace_agent.success import SUCCESS_THRESHOLD, is_success, success_mask, success_rate
 from trace_agent.success import SUCCESS_THRESHOLD as TREE_THRESHOLD
 from trace_agent.tree import Node

@@ -365,7 +365,7 @@ def test_shipped_yaml_configs_load_and_demo_yaml_matches_make_demo() -> None:
 def test_eval_transcripts_hold_every_episode_with_its_reward(tmp_path: Path) -> None:
     """`trace-gym eval --transcripts`: one JSONL line per held-out episode, rewards agreeing with the result."""
     from trace_agent.config import EvalConfig
-    from trace_agent.train_cli import evaluate_heldout
+    from trace_agent.evaluation import evaluate_heldout
     from trace_agent.wiring import build_policies
 
     cfg = tiny_config(tmp_path / "run", eval=EvalConfig(tasks=3, samples=2))

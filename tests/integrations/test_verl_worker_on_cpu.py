@@ -12,6 +12,7 @@ same policy generating each request alone, ``leaf_rows`` / ``token_advantages`` 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from trace_agent.demo.shipped import SHIPPED_DEMO_POLICY, load_demo_policy  # no
 from trace_agent.env_factory import make_env_factory  # noqa: E402
 from trace_agent.integrations import verl as tv  # noqa: E402
 from trace_agent.integrations.rows import leaf_rows, token_advantages  # noqa: E402
+from trace_agent.policy.base import SamplingConfig  # noqa: E402
 from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer, refresh_predictor  # noqa: E402
 from trace_agent.rollout import PromptSpec, RolloutConfig, TreeCollector  # noqa: E402
 from trace_agent.strategies import TRACE, Budget, RootRequest  # noqa: E402
@@ -46,11 +48,10 @@ class PerRequestPolicy:
     def __init__(self, policy):
         self.policy = policy
 
-    def generate(self, contexts, *, max_new_tokens=256, temperature=1.0, top_p=1.0, seed=None, seeds=None,
-                 sessions=None):
-        seeds = seeds or [tv.request_seed(seed, i) for i in range(len(contexts))]
-        return [self.policy.generate([c], max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                     seed=s)[0] for c, s in zip(contexts, seeds)]
+    def generate(self, contexts, sampling=None, *, seeds=None, sessions=None):
+        sampling = sampling or SamplingConfig()
+        seeds = seeds or [tv.request_seed(sampling.seed, i) for i in range(len(contexts))]
+        return [self.policy.generate([c], replace(sampling, seed=s))[0] for c, s in zip(contexts, seeds)]
 
     def __getattr__(self, name):
         return getattr(self.policy, name)
@@ -136,7 +137,8 @@ def reference_trees(policy):
     collector = TreeCollector(
         make_env=make_env_factory(ENV, "train", max_turns=MAX_TURNS), policy=PerRequestPolicy(policy),
         predictor=EmbeddingPredictor(HashedNGramFeaturizer()),
-        config=RolloutConfig(max_new_tokens=MAX_NEW, temperature=1.0, top_p=1.0, seed=SEED, workers=1))
+        config=RolloutConfig(sampling=SamplingConfig(max_new_tokens=MAX_NEW, temperature=1.0, top_p=1.0),
+                             seed=SEED, workers=1))
     specs = [PromptSpec(task_id=t, prompt_id=f"{t}#{i}") for i, t in enumerate(TASKS)]
     chunk = Budget(roots=N * len(TASKS), continuations_per_root=CONT, group_size=N)
     values = {"v": collector.predict_prompts(specs)}

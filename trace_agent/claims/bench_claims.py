@@ -29,6 +29,7 @@ from trace_agent.claims.report import (
     write_claim,
 )
 from trace_agent.claims.settings import STAGES, bench_config, parse_budget, setting, strategy_names
+from trace_agent.policy.base import SamplingConfig
 from trace_agent.preregistered import fmt
 from trace_agent.rollout import RolloutConfig
 from trace_agent.strategies import Budget
@@ -39,12 +40,15 @@ def load_bench(path: str | Path, strategies: Sequence[str]) -> BenchResult:
     data = json.loads(Path(path).read_text())
     cfg = dict(data["config"])
     rollout = {k: v for k, v in cfg.pop("rollout").items() if k != "ray"}
+    # the sampling settings: one "sampling" object, or (files that hold them as flat rollout fields) flat fields
+    flat = {k: rollout.pop(k) for k in ("max_new_tokens", "temperature", "top_p") if k in rollout}
+    sampling = rollout.pop("sampling", None) or flat
     chosen = [s for s in strategies if s in cfg["strategies"]]
     if not chosen:
         raise SystemExit(f"paper_claims: {path} holds none of {', '.join(strategies)} (it has "
                          f"{', '.join(cfg['strategies'])})")
     config = BenchConfig(**{**cfg, "strategies": tuple(chosen), "budget": Budget(**cfg["budget"]),
-                            "rollout": RolloutConfig(**rollout)})
+                            "rollout": RolloutConfig(**rollout, sampling=SamplingConfig(**sampling))})
     rows = tuple(r for name in chosen for r in data["rows"] if r["strategy"] == name)
     rows = tuple(sorted(rows, key=lambda r: (r["seed"], chosen.index(r["strategy"]))))
     return BenchResult(config=config, rows=rows, summary=summarize(rows), predictor=data.get("predictor", {}))

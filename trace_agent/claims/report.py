@@ -33,7 +33,8 @@ def claim_header(claim: str, args: argparse.Namespace, config: BenchConfig | Non
                   f"{config.prompts} candidate prompts, budget (M, N) = ({b.roots}, {b.continuations_per_root}), group "
                   f"{b.group_size} (at most {b.max_active} active prompts), {b.paper_units:g} paper units per batch; "
                   f"predictor warmed up on {config.warmup_prompts} other tasks; max {config.max_turns} turns, "
-                  f"{config.rollout.max_new_tokens} new tokens, temperature {config.rollout.temperature:g}. "
+                  f"{config.rollout.sampling.max_new_tokens} new tokens, "
+                  f"temperature {config.rollout.sampling.temperature:g}. "
                   "Mean ± sample sd over seeds [min, max].", ""]
     return lines
 

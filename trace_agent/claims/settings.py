@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trace_agent.bench import BenchConfig
+from trace_agent.policy.base import SamplingConfig
 from trace_agent.rollout import RolloutConfig
 from trace_agent.strategies import Budget
 
@@ -72,7 +73,8 @@ def bench_config(args: argparse.Namespace, *, strategies: Sequence[str], budget:
         prompts=prompts if prompts is not None else setting(args, "prompts"),
         budget=budget if budget is not None else parse_budget(setting(args, "budget"), group),
         warmup_prompts=setting(args, "warmup_prompts"), prefix_share=args.prefix_share,
-        rollout=RolloutConfig(max_new_tokens=setting(args, "max_new_tokens"), temperature=args.temperature,
+        rollout=RolloutConfig(sampling=SamplingConfig(max_new_tokens=setting(args, "max_new_tokens"),
+                                                      temperature=args.temperature),
                               workers=args.workers, oracle_samples=setting(args, "oracle_samples")),
         predictor=args.predictor,
         command=args.command_line,

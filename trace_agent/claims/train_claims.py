@@ -89,8 +89,9 @@ def _base_key(config: Any) -> dict[str, Any]:
 def run_arms(args: argparse.Namespace) -> dict[str, Any]:
     """``train --runs DIR``: every (arm, seed), seed-major, from one start; one compact JSON per finished run."""
     from trace_agent.config_io import config_to_dict
+    from trace_agent.evaluation import evaluate_heldout
     from trace_agent.metrics import read_metrics
-    from trace_agent.train_cli import evaluate_heldout, run_training
+    from trace_agent.train_cli import run_training
     from trace_agent.wiring import build_policies
 
     config = train_config(args)

@@ -6,7 +6,8 @@
   :class:`Demonstrator` registered per env id (:func:`register_demonstrator` adds one);
 * :mod:`trace_agent.demo.build`: :func:`build_demo_policy` and its settings (:class:`DemoTrainConfig`);
 * :mod:`trace_agent.demo.shipped`: the policies shipped in ``trace_agent/demo/assets/`` and
-  :func:`load_demo_policy`.
+  :func:`load_demo_policy`;
+* :mod:`trace_agent.demo.bfcl_report`: measurements of the BFCL-v0 policy (``scripts/bfcl_demo_report.py``).
 
 Importing this package imports neither torch nor transformers.
 """

@@ -9,7 +9,7 @@ briefly, on a mix where ``flawed_fraction`` of the demonstrations make a plausib
 or an off-by-one range; :func:`~trace_agent.demo.demonstrators.misconception_program`), and so box
 a wrong answer. Per-task success rates then spread between 0 and 1, and part of the failures come
 from habits that reinforcement learning can remove and that transfer to held-out problems
-(:func:`~trace_agent.policy.episodes.evaluate_policy` measures that spread through the env).
+(:func:`~trace_agent.evaluation.evaluate` measures that spread through the env).
 
 :func:`demo_train_config` gives an env's preset; :func:`with_settings` applies ``field=value``
 settings to it (``scripts/build_demo_policy.py --set``).

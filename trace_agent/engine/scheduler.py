@@ -3,7 +3,8 @@
 Every prompt's tree grows as its own asyncio task (:mod:`trace_agent.engine.growth`). A
 task that needs its rollouts' next turns submits them here as :class:`TurnRequest` values
 and awaits the results; the scheduler gathers the pending requests of *all* tasks into one
-``policy.generate(contexts, seeds=[...], sessions=[...])`` call, run on ONE dedicated engine
+``policy.generate(contexts, sampling, seeds=[...], sessions=[...])`` call (``sampling``: the
+engine's one :class:`~trace_agent.policy.base.SamplingConfig`), run on ONE dedicated engine
 thread (so a synchronous backend such as ``vllm.LLM`` is only ever called from one thread).
 Batch size never depends on a group size: it is bounded by ``max_batch_size`` only.
 
@@ -28,7 +29,8 @@ Two batching modes (docs/engine.md, "Reproducibility"):
 
 A policy that implements :class:`~trace_agent.policy.base.AsyncPolicy` batches continuously
 by itself (vLLM's async engine, ``vllm serve`` servers): the engine then awaits
-``policy.agenerate`` per request group and does no batching of its own.
+``policy.agenerate(contexts, sampling, seeds=[...], sessions=[...])`` per request group and does
+no batching of its own.
 """
 
 from __future__ import annotations
@@ -39,12 +41,12 @@ import math
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trace_agent.engine.phases import PhaseTimer
 from trace_agent.options import BATCHING, Batching, either
-from trace_agent.policy.base import DEFAULT_MAX_NEW_TOKENS, AsyncPolicy, Generation, Policy, TokenContext
+from trace_agent.policy.base import AsyncPolicy, Generation, Policy, SamplingConfig, TokenContext
 
 __all__ = ["Batching", "EngineConfig", "EngineStats", "TurnRequest", "Agent", "GenerationEngine"]
 
@@ -55,24 +57,26 @@ class EngineConfig:
     """How the shared engine samples and batches.
 
     Attributes:
-        max_new_tokens: most tokens of one assistant turn.
-        temperature: sampling temperature.
-        top_p: nucleus mass.
+        sampling: how every turn is sampled, handed to the backend as is with the requests' own
+            seeds; its ``seed`` must be None (each request carries its seed).
         max_batch_size: most requests in one ``policy.generate`` call.
         max_wait_s: dynamic mode: the longest a pending request waits for a fuller batch.
         batching: ``deterministic`` (barrier rounds; bit-identical) or ``dynamic`` (continuous).
     """
 
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    temperature: float = 1.0
-    top_p: float = 1.0
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
     max_batch_size: int = 64
     max_wait_s: float = 0.05
     batching: Batching = "deterministic"
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1 or self.max_batch_size < 1:
-            raise ValueError("max_new_tokens and max_batch_size must be >= 1")
+        if not isinstance(self.sampling, SamplingConfig):
+            raise TypeError(f"sampling must be a SamplingConfig, got {type(self.sampling).__name__}")
+        if self.sampling.seed is not None:
+            raise ValueError(f"sampling.seed must be None (every request carries its own seed), "
+                             f"got {self.sampling.seed}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if not (math.isfinite(self.max_wait_s) and self.max_wait_s >= 0):
             raise ValueError(f"max_wait_s must be a finite number >= 0, got {self.max_wait_s}")
         if self.batching not in BATCHING:
@@ -231,8 +235,8 @@ class GenerationEngine:
         cfg = self.config
         t, mono = time.perf_counter(), time.monotonic()
         gens = await self.policy.agenerate(  # type: ignore[attr-defined]
-            [r.context for r in requests], max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-            top_p=cfg.top_p, seeds=[r.seed for r in requests], sessions=[r.session for r in requests])
+            [r.context for r in requests], cfg.sampling, seeds=[r.seed for r in requests],
+            sessions=[r.session for r in requests])
         self._record(len(requests), gens, time.perf_counter() - t)
         if self.timer is not None:
             self.timer.add("generation", mono, time.monotonic())
@@ -316,20 +320,19 @@ class GenerationEngine:
 
     def _generate(self, items: list[_Item]) -> tuple[list[Generation], float]:
         """Runs on the engine thread: one backend call for ``items``."""
-        cfg = self.config
-        kwargs: dict[str, Any] = {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
-                                  "top_p": cfg.top_p}
+        sampling = self.config.sampling
+        kwargs: dict[str, Any] = {}
         seeds = [i.request.seed for i in items]
         if self._takes_seeds:
             kwargs["seeds"] = seeds
         else:  # a legacy backend: one seed for the call (its turns then depend on the batch)
             from trace_agent.engine.base import request_seed
 
-            kwargs["seed"] = request_seed(*seeds)
+            sampling = replace(sampling, seed=request_seed(*seeds))
         if self._takes_sessions:
             kwargs["sessions"] = [i.request.session for i in items]
         t, mono = time.perf_counter(), time.monotonic()
-        gens = self.policy.generate([i.request.context for i in items], **kwargs)
+        gens = self.policy.generate([i.request.context for i in items], sampling, **kwargs)
         seconds = time.perf_counter() - t
         if self.timer is not None:
             self.timer.add("generation", mono, time.monotonic())

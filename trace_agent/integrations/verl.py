@@ -74,7 +74,7 @@ from trace_agent.integrations.shared_predictor import (
 )
 from trace_agent.integrations.verl_server import PolicyServerClient, VerlServerPolicy, request_seed
 from trace_agent.options import PREDICTOR_PREFIXES
-from trace_agent.policy.base import PolicyError
+from trace_agent.policy.base import PolicyError, SamplingConfig
 from trace_agent.rollout import PromptSpec, RolloutConfig, TreeCollector
 from trace_agent.strategies import (
     GRPO,
@@ -317,9 +317,10 @@ class TraceTreeWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[na
                 make_env=make_env_factory(env_id, self.trace.split, max_turns=self.trace.max_turns,
                                           env_kwargs=self.trace.env_kwargs),
                 policy=self.policy, predictor=self.predictor,
-                config=RolloutConfig(max_new_tokens=self.trace.max_new_tokens or self.response_length,
-                                     temperature=float(rollout.temperature), top_p=float(rollout.top_p),
-                                     seed=self.trace.seed, workers=1, release_snapshots=True))
+                config=RolloutConfig(
+                    sampling=SamplingConfig(max_new_tokens=self.trace.max_new_tokens or self.response_length,
+                                            temperature=float(rollout.temperature), top_p=float(rollout.top_p)),
+                    seed=self.trace.seed, workers=1, release_snapshots=True))
         return self.collectors[env_id]
 
     def budget(self, prompts: int) -> Budget:

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from trace_agent.policy.base import (
-    DEFAULT_MAX_NEW_TOKENS,
     Generation,
     PolicyError,
+    SamplingConfig,
     TokenContext,
     check_contexts,
 )
@@ -38,7 +38,7 @@ __all__ = ["request_seed", "VerlServerPolicy", "PolicyServerClient"]
 
 
 def request_seed(seed: int | None, index: int) -> int:
-    """The per-request seed of request ``index`` of a ``generate(..., seed=seed)`` call (31 bits)."""
+    """The per-request seed of request ``index`` of a ``generate`` call with ``sampling.seed`` ``seed`` (31 bits)."""
     base = 0 if seed is None else int(seed)
     return int(np.random.SeedSequence([base & 0xFFFFFFFF, base >> 32 & 0xFFFFFFFF, index]).generate_state(1)[0]
                & 0x7FFFFFFF)
@@ -88,26 +88,24 @@ class VerlServerPolicy(ChatTemplated):
         finally:
             self._local.session = previous
 
-    async def agenerate(self, contexts: Sequence[TokenContext], *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-                        temperature: float = 1.0, top_p: float = 1.0, seeds: Sequence[int],
-                        sessions: Sequence[str]) -> list[Generation]:
+    async def agenerate(self, contexts: Sequence[TokenContext], sampling: SamplingConfig | None = None, *,
+                        seeds: Sequence[int], sessions: Sequence[str]) -> list[Generation]:
         """One turn per context, requests in flight together (see the class docstring)."""
         if not (len(seeds) == len(sessions) == len(contexts)):
             raise PolicyError(f"{len(contexts)} contexts need as many seeds and sessions "
                               f"(got {len(seeds)} and {len(sessions)})")
         check_contexts(contexts)
-        return list(await asyncio.gather(*(
-            self._one(c, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=s, session=r)
-            for c, s, r in zip(contexts, seeds, sessions))))
+        config = SamplingConfig() if sampling is None else sampling
+        return list(await asyncio.gather(*(self._one(c, config, seed=s, session=r)
+                                           for c, s, r in zip(contexts, seeds, sessions))))
 
-    async def _one(self, context: TokenContext, *, max_new_tokens: int, temperature: float, top_p: float,
-                   seed: int, session: str) -> Generation:
-        params = {"temperature": float(temperature), "top_p": float(top_p), "top_k": self.top_k,
-                  "repetition_penalty": 1.0, "logprobs": True, "max_tokens": int(max_new_tokens),
+    async def _one(self, context: TokenContext, sampling: SamplingConfig, *, seed: int, session: str) -> Generation:
+        params = {"temperature": float(sampling.temperature), "top_p": float(sampling.top_p), "top_k": self.top_k,
+                  "repetition_penalty": 1.0, "logprobs": True, "max_tokens": int(sampling.max_new_tokens),
                   "seed": int(seed), "stop_token_ids": list(self.stop_token_ids)}
         out = await self.client.generate(request_id=session, prompt_ids=list(context.token_ids),
                                          sampling_params=params)
-        return self._generation(out, max_new_tokens)
+        return self._generation(out, sampling.max_new_tokens)
 
     def _generation(self, out: Any, max_new_tokens: int) -> Generation:
         if getattr(out, "stop_reason", None) == "aborted":
@@ -124,9 +122,8 @@ class VerlServerPolicy(ChatTemplated):
         return Generation(token_ids=tuple(ids), logprobs=tuple(logps), text=self.chat.turn_text(ids),
                           finish_reason=finish)
 
-    def generate(self, contexts: Sequence[TokenContext], *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int | None = None, seeds: Sequence[int] | None = None,
-                 sessions: Sequence[str] | None = None) -> list[Generation]:
+    def generate(self, contexts: Sequence[TokenContext], sampling: SamplingConfig | None = None, *,
+                 seeds: Sequence[int] | None = None, sessions: Sequence[str] | None = None) -> list[Generation]:
         """Synchronous :meth:`agenerate` for a thread other than the loop's (see the class docstring)."""
         loop = self.loop
         if loop is None:
@@ -135,13 +132,13 @@ class VerlServerPolicy(ChatTemplated):
             if asyncio.get_running_loop() is loop:
                 raise PolicyError("VerlServerPolicy.generate would block its own event loop; await agenerate()")
         if seeds is None:
+            seed = None if sampling is None else sampling.seed
             seeds = [request_seed(seed, i) for i in range(len(contexts))]
         if sessions is None:
             name = getattr(self._local, "session", None) or "trace-gym"
             sessions = [name] * len(contexts)
         future = asyncio.run_coroutine_threadsafe(
-            self.agenerate(contexts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                           seeds=seeds, sessions=sessions), loop)
+            self.agenerate(contexts, sampling, seeds=seeds, sessions=sessions), loop)
         return future.result(timeout=self.timeout_s)
 
     def logprobs(self, contexts: Sequence[TokenContext], targets: Sequence[Sequence[int]], *,
@@ -153,8 +150,9 @@ class PolicyServerClient:
     """verl's ``LLMServerClient.generate`` contract served by a trace-gym Policy in this process.
 
     ``generate(request_id, *, prompt_ids, sampling_params) -> TokenOutput``: one request,
-    generated alone with ``policy.generate([context], seed=sampling_params["seed"])``
-    (``max_tokens``, ``temperature``, ``top_p`` honoured; ``top_k`` must be off), so a
+    generated alone with ``policy.generate([context], sampling)``, ``sampling`` read from verl's
+    ``sampling_params`` (``max_tokens``, ``temperature``, ``top_p``, ``seed`` honoured, a key left out keeps
+    :class:`~trace_agent.policy.base.SamplingConfig`'s default; ``top_k`` must be off), so a
     request's turn never depends on the others in flight. Requests run one at a time in
     a thread. ``request_ids`` records every request id seen (in order). Use it to run
     :class:`TraceTreeWorker` on a CPU without verl's vLLM servers.
@@ -182,13 +180,14 @@ class PolicyServerClient:
             raise PolicyError(f"stop ids {stops} are not the policy's end-of-turn ids {self.policy.stop_token_ids}")
         self.request_ids.append(str(request_id))
         context = TokenContext.from_prompt([int(t) for t in prompt_ids])
+        given = {"max_new_tokens": ("max_tokens", int), "temperature": ("temperature", float),
+                 "top_p": ("top_p", float), "seed": ("seed", int)}
+        sampling = SamplingConfig(**{name: cast(params[key]) for name, (key, cast) in given.items()
+                                     if params.get(key) is not None})
 
         def run() -> Generation:
             with self._lock:
-                return self.policy.generate(
-                    [context], max_new_tokens=int(params.get("max_tokens", 256)),
-                    temperature=float(params.get("temperature", 1.0)), top_p=float(params.get("top_p", 1.0)),
-                    seed=params.get("seed"))[0]
+                return self.policy.generate([context], sampling)[0]
 
         from verl.workers.rollout.replica import TokenOutput
 

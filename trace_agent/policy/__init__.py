@@ -1,13 +1,14 @@
-"""Policies: the Policy protocol, the transformers and vLLM backends, the episode player.
+"""Policies: the Policy protocol and the generation backends (transformers, vLLM).
 
 Importing this package imports no torch, transformers or vLLM; the backends load them when used.
 The offline demo policies are in :mod:`trace_agent.demo`::
 
     from trace_agent.demo import load_demo_policy
-    from trace_agent.policy import observation_messages
+    from trace_agent.evaluation import observation_messages
+    from trace_agent.policy import SamplingConfig
     policy = load_demo_policy()  # the shipped demo policy, an HFPolicy
     ctx = policy.render(env.messages, env.tools)
-    (gen,) = policy.generate([ctx], max_new_tokens=128, temperature=1.0, seed=0)
+    (gen,) = policy.generate([ctx], SamplingConfig(max_new_tokens=128, temperature=1.0, seed=0))
     obs, reward, terminated, truncated, info = env.step(gen.text)
     ctx = policy.extend(ctx, gen, observation_messages(env.messages))
 """
@@ -28,13 +29,6 @@ from trace_agent.policy.base import (
 
 if TYPE_CHECKING:
     from trace_agent.policy.chat import QWEN3_CHAT_TEMPLATE, ChatRenderer
-    from trace_agent.policy.episodes import (
-        EpisodeStart,
-        evaluate_policy,
-        observation_messages,
-        play_episodes,
-        success_histogram,
-    )
     from trace_agent.policy.hf import HFPolicy
     from trace_agent.policy.vllm_async import AsyncVLLMPolicy
     from trace_agent.policy.vllm_backend import VLLMPolicy
@@ -54,11 +48,6 @@ __all__ = [
     "VLLMPolicy",
     "AsyncVLLMPolicy",
     "VLLMServerPolicy",
-    "evaluate_policy",
-    "observation_messages",
-    "EpisodeStart",
-    "play_episodes",
-    "success_histogram",
 ]
 
 _LAZY = {
@@ -68,8 +57,6 @@ _LAZY = {
     "VLLMPolicy": "trace_agent.policy.vllm_backend",
     "AsyncVLLMPolicy": "trace_agent.policy.vllm_async",
     "VLLMServerPolicy": "trace_agent.policy.vllm_server",
-    **{name: "trace_agent.policy.episodes" for name in (
-        "EpisodeStart", "observation_messages", "play_episodes", "evaluate_policy", "success_histogram")},
 }
 
 

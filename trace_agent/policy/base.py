@@ -169,13 +169,17 @@ class Generation:
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingConfig:
-    """How one assistant turn is sampled.
+    """How one assistant turn is sampled: the one sampling object, carried unchanged from a run's config
+    (:attr:`~trace_agent.config.SamplingSettings.params`) through the collector and the engine to the
+    backend's ``generate``. Each field has its one default here and is validated here, once.
 
     Attributes:
         max_new_tokens: the most tokens one turn may have (the stop token included).
         temperature: softmax temperature; 0 decodes greedily.
         top_p: nucleus mass kept when sampling (1.0: the full distribution).
-        seed: seeds the sampler; the same seed, contexts and backend give the same turns.
+        seed: seeds a call that has no per-request ``seeds`` (the transformers backend: one generator
+            for the call; the vLLM backends: request ``i`` gets ``seed + i``); the same seed, contexts
+            and backend give the same turns. None: unseeded.
     """
 
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
@@ -203,11 +207,12 @@ class Policy(Protocol):
     Contract:
         * ``render(messages, tools)`` applies the chat template once, with the generation
           prompt, and encodes it: the root context of an episode.
-        * ``generate(contexts, ...)`` samples one assistant turn per context, stopping at the
-          end-of-turn token (or ``max_new_tokens``); results are in input order. ``seeds`` (one
-          per context) seeds each request on its own, so a request's turn does not depend on
-          which other requests share its batch (up to the backend's numerics; see
-          docs/engine.md); without it, ``seed`` seeds the call. ``sessions`` (one per context,
+        * ``generate(contexts, sampling, seeds=..., sessions=...)`` samples one assistant turn per
+          context as ``sampling`` (a :class:`SamplingConfig`; None: its defaults) says, stopping at
+          the end-of-turn token (or ``sampling.max_new_tokens``); results are in input order.
+          ``seeds`` (one per context) seeds each request on its own, so a request's turn does not
+          depend on which other requests share its batch (up to the backend's numerics; see
+          docs/engine.md); without it, ``sampling.seed`` seeds the call. ``sessions`` (one per context,
           e.g. the tree id) is a routing hint: backends with several servers send every
           request of one session to the same server so its prefix cache is reused; in-process
           backends ignore it.
@@ -229,11 +234,8 @@ class Policy(Protocol):
     def generate(
         self,
         contexts: Sequence[TokenContext],
+        sampling: SamplingConfig | None = None,
         *,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
         seeds: Sequence[int] | None = None,
         sessions: Sequence[str] | None = None,
     ) -> list[Generation]:
@@ -269,10 +271,8 @@ class AsyncPolicy(Protocol):
     async def agenerate(
         self,
         contexts: Sequence[TokenContext],
+        sampling: SamplingConfig | None = None,
         *,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
         seeds: Sequence[int],
         sessions: Sequence[str],
     ) -> list[Generation]:
@@ -315,24 +315,28 @@ def check_sessions(n: int, sessions: Sequence[str] | None) -> list[str]:
 @dataclass(frozen=True)
 class GenerateCall:
     """One ``generate`` call's arguments, checked: its :class:`SamplingConfig`, the per-request seeds of
-    :func:`request_seeds` (``seeds[i]``, else ``seed + i``, else None; 63 bits) and the sessions of
+    :func:`request_seeds` (``seeds[i]``, else ``sampling.seed + i``, else None; 63 bits) and the sessions of
     :func:`check_sessions`."""
 
-    config: SamplingConfig
+    sampling: SamplingConfig
     seeds: list[int | None]
     sessions: list[str]
 
 
-def check_call(contexts: Sequence[TokenContext], *, max_new_tokens: int, temperature: float, top_p: float,
-               seed: int | None, seeds: Sequence[int] | None, sessions: Sequence[str] | None) -> GenerateCall:
-    """What every backend's ``generate`` opens with: build the :class:`SamplingConfig` (its one validation
-    of the sampling values), check the contexts (:func:`check_contexts`), one seed and one session per
-    context. Raises ValueError for a bad sampling value and :class:`PolicyError` for the rest."""
-    config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
-    per_request = request_seeds(len(contexts), seed=seed, seeds=seeds)
+def check_call(contexts: Sequence[TokenContext], sampling: SamplingConfig | None, *, seeds: Sequence[int] | None,
+               sessions: Sequence[str] | None) -> GenerateCall:
+    """What every backend's ``generate`` opens with: the :class:`SamplingConfig` (None: its defaults; its
+    values were validated when it was built), the contexts (:func:`check_contexts`), one seed and one
+    session per context. Raises TypeError when ``sampling`` is not a SamplingConfig and
+    :class:`PolicyError` for the rest."""
+    if sampling is None:
+        sampling = SamplingConfig()
+    elif not isinstance(sampling, SamplingConfig):
+        raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
+    per_request = request_seeds(len(contexts), seed=sampling.seed, seeds=seeds)
     routed = check_sessions(len(contexts), sessions)
     check_contexts(contexts)
-    return GenerateCall(config=config, seeds=per_request, sessions=routed)
+    return GenerateCall(sampling=sampling, seeds=per_request, sessions=routed)
 
 
 class EngineLifetime:

@@ -12,7 +12,7 @@ Seeds. With ``seeds=`` (one per context) every request samples from its own
 logits only, not on which requests share its batch; the logits themselves can
 differ in the last bits with the batch's padding and size (bit-identical results
 need the same batch composition: the engine's deterministic mode, docs/engine.md).
-With only ``seed`` one generator serves the whole call (reproducible for the same
+With only ``sampling.seed`` one generator serves the whole call (reproducible for the same
 contexts, batch composition and device).
 
 Bounded, length-grouped batches. ``generate`` sorts its contexts by length (stable) and
@@ -29,7 +29,7 @@ request's turn depends on:
   models, where grouped, unsorted and one-at-a-time decoding give the same ids);
 * ``seeds=`` (one per context, what the rollout engine passes): its own ``torch.Generator``
   draws, in its own order, whatever batch it lands in, so the same holds at any temperature;
-* a shared ``seed`` only: one generator consumed batch after batch, in the grouping's order,
+* a shared ``sampling.seed`` only: one generator consumed batch after batch, in the grouping's order,
   so a request's tokens depend on the grouping (and so on the other contexts' lengths),
   reproducibly for the same contexts.
 
@@ -64,7 +64,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trace_agent.policy.base import (
-    DEFAULT_MAX_NEW_TOKENS,
     Generation,
     PolicyError,
     SamplingConfig,
@@ -247,22 +246,19 @@ class HFPolicy(ChatTemplated):
     def generate(
         self,
         contexts: Sequence[TokenContext],
+        sampling: SamplingConfig | None = None,
         *,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
         seeds: Sequence[int] | None = None,
         sessions: Sequence[str] | None = None,
     ) -> list[Generation]:
         """One assistant turn per context, in order (see the module docstring; ``sessions`` is ignored)."""
         import torch
 
-        config = check_call(contexts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                            seed=seed, seeds=seeds, sessions=sessions).config
+        config = check_call(contexts, sampling, seeds=seeds, sessions=sessions).sampling
         shared: torch.Generator | None = None
         if seeds is None:
             shared = torch.Generator(device=self.device)
+            seed = config.seed
             shared.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
         results: list[Generation | None] = [None] * len(contexts)
         cap = self.max_context_tokens

@@ -21,7 +21,7 @@ from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from trace_agent.policy.base import DEFAULT_MAX_NEW_TOKENS, Generation, PolicyError, TokenContext
+from trace_agent.policy.base import Generation, PolicyError, SamplingConfig, TokenContext
 from trace_agent.policy.weights import save_safetensors
 
 __all__ = ["LoopThread", "LoopBackedPolicy"]
@@ -98,9 +98,9 @@ class LoopBackedPolicy:
 
     A subclass sets ``_loop`` (its :class:`LoopThread`) and, optionally, ``request_timeout_s``
     (the most seconds a synchronous ``generate`` or ``logprobs`` waits; None: no limit), and
-    implements the coroutines ``_generate(contexts, max_new_tokens, temperature, top_p, seed,
-    seeds, sessions)``, ``_logprobs(contexts, targets)`` (prompt log-probs, temperature 1) and
-    ``_reload(weights_path)``, and ``_weights_dir()`` (where :meth:`update_weights` writes).
+    implements the coroutines ``_generate(contexts, sampling, seeds, sessions)``,
+    ``_logprobs(contexts, targets)`` (prompt log-probs, temperature 1) and ``_reload(weights_path)``,
+    and ``_weights_dir()`` (where :meth:`update_weights` writes).
     """
 
     _loop: LoopThread
@@ -109,31 +109,24 @@ class LoopBackedPolicy:
     def generate(
         self,
         contexts: Sequence[TokenContext],
+        sampling: SamplingConfig | None = None,
         *,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
         seeds: Sequence[int] | None = None,
         sessions: Sequence[str] | None = None,
     ) -> list[Generation]:
         """One assistant turn per context, in order; callable from any thread (requests join one scheduler)."""
-        coro = self._generate(contexts, max_new_tokens, temperature, top_p, seed, seeds, sessions)
-        return self._loop.run(coro, timeout=self.request_timeout_s)
+        return self._loop.run(self._generate(contexts, sampling, seeds, sessions), timeout=self.request_timeout_s)
 
     async def agenerate(
         self,
         contexts: Sequence[TokenContext],
+        sampling: SamplingConfig | None = None,
         *,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
         seeds: Sequence[int],
         sessions: Sequence[str],
     ) -> list[Generation]:
         """:meth:`generate`, awaited from any event loop."""
-        return await self._loop.wrap(self._generate(contexts, max_new_tokens, temperature, top_p, None, seeds,
-                                                    sessions))
+        return await self._loop.wrap(self._generate(contexts, sampling, seeds, sessions))
 
     def logprobs(
         self,
@@ -159,9 +152,8 @@ class LoopBackedPolicy:
     def _weights_dir(self) -> Path:
         raise NotImplementedError
 
-    async def _generate(self, contexts: Sequence[TokenContext], max_new_tokens: int, temperature: float,
-                        top_p: float, seed: int | None, seeds: Sequence[int] | None,
-                        sessions: Sequence[str] | None) -> list[Generation]:
+    async def _generate(self, contexts: Sequence[TokenContext], sampling: SamplingConfig | None,
+                        seeds: Sequence[int] | None, sessions: Sequence[str] | None) -> list[Generation]:
         raise NotImplementedError
 
     async def _logprobs(self, contexts: Sequence[TokenContext], targets: Sequence[Sequence[int]]

@@ -38,7 +38,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trace_agent.policy.base import EngineLifetime, Generation, PolicyError, TokenContext, check_call
+from trace_agent.policy.base import (
+    EngineLifetime,
+    Generation,
+    PolicyError,
+    SamplingConfig,
+    TokenContext,
+    check_call,
+)
 from trace_agent.policy.chat import ChatTemplated
 from trace_agent.policy.loop_thread import LoopBackedPolicy, LoopThread
 from trace_agent.policy.vllm_common import (
@@ -169,16 +176,14 @@ class AsyncVLLMPolicy(EngineLifetime, LoopBackedPolicy, ChatTemplated):
             raise PolicyError("vLLM's async engine ended a request without a finished output")
         return final
 
-    async def _generate(self, contexts: Sequence[TokenContext], max_new_tokens: int, temperature: float,
-                        top_p: float, seed: int | None, seeds: Sequence[int] | None,
-                        sessions: Sequence[str] | None) -> list[Generation]:
+    async def _generate(self, contexts: Sequence[TokenContext], sampling: SamplingConfig | None,
+                        seeds: Sequence[int] | None, sessions: Sequence[str] | None) -> list[Generation]:
         from vllm.inputs import TokensPrompt
 
-        call = check_call(contexts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                          seeds=seeds, sessions=sessions)
+        call = check_call(contexts, sampling, seeds=seeds, sessions=sessions)
         outputs = await asyncio.gather(*(
             self._one(TokensPrompt(prompt_token_ids=list(ctx.token_ids)),
-                      sampling_params(call.config, seed=s, stop_token_ids=self.stop_token_ids))
+                      sampling_params(call.sampling, seed=s, stop_token_ids=self.stop_token_ids))
             for ctx, s in zip(contexts, call.seeds)))
         return [completion_to_generation(out.outputs[0], self.chat) for out in outputs]
 

@@ -21,7 +21,7 @@ continuous batching across callers use :class:`~trace_agent.policy.vllm_async.As
 
 Seeds. ``generate(..., seeds=[...])`` gives request i the seed ``seeds[i]`` (vLLM
 then samples it from its own generator, whatever shares its batch); without
-``seeds``, request i gets ``seed + i``; with neither, vLLM's random state.
+``seeds``, request i gets ``sampling.seed + i``; with neither, vLLM's random state.
 ``sessions`` (routing hints for multi-server backends) are accepted and ignored.
 
 Log-probs: the engine is built with ``logprobs_mode="processed_logprobs"``
@@ -57,10 +57,10 @@ from pathlib import Path
 from typing import Any
 
 from trace_agent.policy.base import (
-    DEFAULT_MAX_NEW_TOKENS,
     EngineLifetime,
     Generation,
     PolicyError,
+    SamplingConfig,
     TokenContext,
     check_call,
 )
@@ -188,26 +188,22 @@ class VLLMPolicy(EngineLifetime, ChatTemplated):
     def generate(
         self,
         contexts: Sequence[TokenContext],
+        sampling: SamplingConfig | None = None,
         *,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
         seeds: Sequence[int] | None = None,
         sessions: Sequence[str] | None = None,
     ) -> list[Generation]:
-        """One assistant turn per context, in order; request i is seeded with ``seeds[i]`` (or ``seed + i``).
+        """One assistant turn per context, in order; request i is seeded with ``seeds[i]`` (else ``sampling.seed + i``).
 
         Safe to call from several threads at once: calls are served one at a time (see the module docstring).
         """
         from vllm.inputs import TokensPrompt
 
-        call = check_call(contexts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                          seeds=seeds, sessions=sessions)
+        call = check_call(contexts, sampling, seeds=seeds, sessions=sessions)
         if not contexts:
             return []
         prompts = [TokensPrompt(prompt_token_ids=list(ctx.token_ids)) for ctx in contexts]
-        params = [sampling_params(call.config, seed=s, stop_token_ids=self.stop_token_ids) for s in call.seeds]
+        params = [sampling_params(call.sampling, seed=s, stop_token_ids=self.stop_token_ids) for s in call.seeds]
         with self._engine_lock:
             outputs = self._engine().generate(prompts, params, use_tqdm=False)
         return [completion_to_generation(out.outputs[0], self.chat) for out in outputs]

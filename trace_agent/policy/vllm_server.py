@@ -45,7 +45,7 @@ in-place reload), ``POST /reset_prefix_cache`` (its blocks used the old weights)
 ``POST /resume``. Those endpoints exist only on servers started with
 ``VLLM_SERVER_DEV_MODE=1``; keep such servers on a private network.
 
-Seeds: request i gets ``seeds[i]`` (or ``seed + i``) as its per-request ``seed``, so its
+Seeds: request i gets ``seeds[i]`` (or ``sampling.seed + i``) as its per-request ``seed``, so its
 turn does not depend on the server's batch (up to the backend's numerics).
 
 ``httpx`` is imported lazily (``pip install httpx``; the ``vllm`` extra); no vLLM is needed here.
@@ -244,15 +244,13 @@ class VLLMServerPolicy(EngineLifetime, LoopBackedPolicy, ChatTemplated):
             body["seed"] = seed
         return body
 
-    async def _generate(self, contexts: Sequence[TokenContext], max_new_tokens: int, temperature: float,
-                        top_p: float, seed: int | None, seeds: Sequence[int] | None,
-                        sessions: Sequence[str] | None) -> list[Generation]:
-        call = check_call(contexts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                          seeds=seeds, sessions=sessions)
+    async def _generate(self, contexts: Sequence[TokenContext], sampling: SamplingConfig | None,
+                        seeds: Sequence[int] | None, sessions: Sequence[str] | None) -> list[Generation]:
+        call = check_call(contexts, sampling, seeds=seeds, sessions=sessions)
         keys = [s or f"seed:{call.seeds[i]}:{i}" for i, s in enumerate(call.sessions)]
 
         async def one(i: int) -> Generation:
-            body = {**self._base(call.config, call.seeds[i]), "prompt": list(contexts[i].token_ids)}
+            body = {**self._base(call.sampling, call.seeds[i]), "prompt": list(contexts[i].token_ids)}
             data = await self._post_routed("/v1/completions", body, keys[i])
             return self._to_generation(data)
 

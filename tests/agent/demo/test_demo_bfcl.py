@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trace_agent.demo import bfcl_report
 from trace_agent.demo.demonstrators.bfcl import (
     FLAW_KINDS,
     BFCLDemonstrator,
@@ -18,7 +19,7 @@ from trace_agent.demo.demonstrators.bfcl import (
     flawed_turns,
     wrong_value,
 )
-from trace_agent.policy.base import PolicyError, TokenContext
+from trace_agent.policy.base import PolicyError, SamplingConfig, TokenContext
 from trace_agent.policy.hf import POLICY_SETTINGS_FILE, length_grouped_chunks, read_policy_settings
 
 needs_bfcl = pytest.mark.skipif(importlib.util.find_spec("bfcl_eval") is None, reason="bfcl-eval not installed")
@@ -448,11 +449,12 @@ def test_generation_is_grouped_by_length_and_independent_of_the_grouping() -> No
     policy = tiny_policy(seed=0)
     contexts = [policy.render([{"role": "user", "content": "x " * n}]) for n in (3, 60, 5, 50, 4)]
     seeds = [11, 12, 13, 14, 15]
-    together = policy.generate(contexts, max_new_tokens=4, temperature=0.0, seeds=seeds)
-    one_by_one = [policy.generate([c], max_new_tokens=4, temperature=0.0, seeds=[s])[0] for c, s in zip(contexts, seeds)]
+    together = policy.generate(contexts, SamplingConfig(max_new_tokens=4, temperature=0.0), seeds=seeds)
+    one_by_one = [policy.generate([c], SamplingConfig(max_new_tokens=4, temperature=0.0),
+                                  seeds=[s])[0] for c, s in zip(contexts, seeds)]
     assert [g.token_ids for g in together] == [g.token_ids for g in one_by_one]
     policy.max_batch_tokens = 100  # every long context alone, the short ones together
-    small = policy.generate(contexts, max_new_tokens=4, temperature=0.0, seeds=seeds)
+    small = policy.generate(contexts, SamplingConfig(max_new_tokens=4, temperature=0.0), seeds=seeds)
     assert [g.token_ids for g in small] == [g.token_ids for g in together]
 
 
@@ -466,7 +468,7 @@ def test_a_context_at_the_cap_is_cut_with_a_clear_warning() -> None:
     long = TokenContext.from_prompt(tuple(short.token_ids) * 3)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        gens = policy.generate([long, short], max_new_tokens=50, temperature=1.0, seed=0)
+        gens = policy.generate([long, short], SamplingConfig(max_new_tokens=50, temperature=1.0, seed=0))
     assert gens[0].token_ids == () and gens[0].finish_reason == "length" and gens[0].text == ""
     assert 1 <= len(gens[1].token_ids) <= 3  # prompt + turn stay within the cap
     assert policy.context_cuts == 1
@@ -552,7 +554,7 @@ def test_the_shipped_policy_acts_in_the_env() -> None:
             env.reset(options={"task_id": task_id})
             wanted.append(demonstrator.script(env, FlawPlan())[0])
             contexts.append(policy.render(env.messages, env.tools))
-        gens = policy.generate(contexts, max_new_tokens=96, temperature=0.0, seed=0)
+        gens = policy.generate(contexts, SamplingConfig(max_new_tokens=96, temperature=0.0, seed=0))
         infos = [env.step(g.text)[4] for env, g in zip(envs, gens)]
     finally:
         for env in envs:
@@ -570,12 +572,14 @@ def test_the_shipped_policy_solves_some_demonstrated_episodes_and_fails_others()
     mean 0.67, 22 mixed; the first 8: 0.72, 4 mixed). Held-out entries it does not solve (0 of 80 episodes on
     20 entries: it memorises its 40 entries, docs/paper/bfcl/README.md), so the floor is checked where it acts."""
     from trace_agent.demo.shipped import load_demo_policy
-    from trace_agent.policy.episodes import evaluate_policy, success_histogram
+    from trace_agent.env_factory import make_env_factory
+    from trace_agent.evaluation import evaluate, success_histogram
 
     policy = load_demo_policy(SHIPPED)
     ids = BFCLDemonstrator().demonstration_tasks().ids()[:SUCCESS_TASKS]
-    results = evaluate_policy(policy, ENV_ID, ids, samples=SUCCESS_SAMPLES, temperature=1.0, max_new_tokens=96,
-                              max_turns=16, seed=0, env_kwargs={"tasks": "train", "tool_detail": "names"})
+    make = make_env_factory(ENV_ID, None, max_turns=16, env_kwargs={"tasks": "train", "tool_detail": "names"})
+    results = evaluate(policy, make, ids, samples=SUCCESS_SAMPLES, seed=0,
+                       sampling=SamplingConfig(max_new_tokens=96, temperature=1.0))
     summary = success_histogram(results)
     assert 0.3 <= summary["mean_success"] <= 0.95, summary
     assert summary["mixed"] >= 2, summary
@@ -597,20 +601,11 @@ def test_bfcl_demo_config_trains_a_step(tmp_path: Path) -> None:
     assert (run / "checkpoints" / "step_000001" / "manifest.json").is_file()
 
 
-def _report_script():
-    spec = importlib.util.spec_from_file_location("bfcl_demo_report", ROOT / "scripts" / "bfcl_demo_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @needs_bfcl
-def test_the_copy_split_spells_the_users_names_as_calls_do(tmp_path: Path) -> None:
+def test_the_copy_split_spells_the_users_names_as_calls_do() -> None:
     """``bfcl_demo_report.py spelling``: of the held-out names a first call must copy from the question, Qwen's
     split spells fewer than half alike in the question and the call; the copy split nearly all."""
-    out = tmp_path / "spelling.json"
-    assert _report_script().main(["spelling", "--split", "test", "--out", str(out)]) == 0
-    report = json.loads(out.read_text())
+    report = bfcl_report.spelling(split="test")
     names = report["names_in_question"]
     assert names > 20 and report["qwen"]["spelled_alike"] < names / 2 and report["copy"]["spelled_alike"] >= 0.9 * names
     assert len(report["copy"]["examples_not_alike"]) == min(5, names - report["copy"]["spelled_alike"])
@@ -618,12 +613,10 @@ def test_the_copy_split_spells_the_users_names_as_calls_do(tmp_path: Path) -> No
 
 @needs_bfcl
 @pytest.mark.slow
-def test_the_first_step_probe_grades_against_the_ground_truth(tmp_path: Path) -> None:
+def test_the_first_step_probe_grades_against_the_ground_truth() -> None:
     """``bfcl_demo_report.py first-steps`` on demonstrated entries: the shipped policy's greedy first steps are
     mostly the ground truth's (as ``test_the_shipped_policy_acts_in_the_env`` finds), and the counts add up."""
-    out = tmp_path / "first.json"
-    assert _report_script().main(["first-steps", "--split", "train", "--tasks", "4", "--out", str(out)]) == 0
-    report = json.loads(out.read_text())
+    report = bfcl_report.first_steps(split="train", tasks=4)
     rows = report["rows"]
     assert report["entries"] == len(rows) == 4 and report["exact"] >= 2
     assert all(r["parses"] for r in rows if r["exact"]) and report["exact"] == sum(r["exact"] for r in rows)
@@ -633,13 +626,11 @@ def test_the_first_step_probe_grades_against_the_ground_truth(tmp_path: Path) ->
 
 @needs_bfcl
 @pytest.mark.slow
-def test_the_copying_probe_splits_name_tokens_from_the_rest(tmp_path: Path) -> None:
+def test_the_copying_probe_splits_name_tokens_from_the_rest() -> None:
     """``bfcl_demo_report.py copying``: teacher-forced on the ground truth, the shipped policy predicts every token
     of its demonstrated entries' first calls (it memorised them), names included; the three kinds of token
     partition the call."""
-    out = tmp_path / "copying.json"
-    assert _report_script().main(["copying", "--split", "train", "--tasks", "3", "--out", str(out)]) == 0
-    report = json.loads(out.read_text())
+    report = bfcl_report.copying(split="train", tasks=3)
     assert report["first"]["tokens"] > 0 and report["later"]["tokens"] > 0
     assert all(report[k]["share"] >= 0.9 for k in ("first", "later", "other"))
     env = _env(tasks="train", tool_detail="names")
@@ -665,29 +656,21 @@ def test_the_copying_probe_measures_made_up_names_drills_and_checkpoints(tmp_pat
     from trace_agent.checkpoint import write_checkpoint
     from trace_agent.demo.shipped import load_demo_policy
 
-    cases = "real,made_up,bare,list,any_order"
-    out = tmp_path / "copying.json"
-    assert _report_script().main(["copying", "--split", "test", "--tasks", "3", "--cases", cases,
-                                  "--out", str(out)]) == 0
-    report = json.loads(out.read_text())
+    cases = bfcl_report.COPY_CASES
+    report = bfcl_report.copying(split="test", tasks=3, cases=cases)
     assert report["first"]["tokens"] > 0
-    for kind in cases.split(",")[1:]:
+    for kind in cases[1:]:
         assert report[kind]["calls"] > 0 and report[kind]["first"]["tokens"] > 0 and report[kind]["later"]["tokens"] > 0
     assert report["made_up"]["first"]["tokens"] == report["bare"]["first"]["tokens"]  # the same calls, two contexts
     model = load_demo_policy(SHIPPED).model
     write_checkpoint(tmp_path / "own", {"step": 1, "model": model.state_dict()})
     write_checkpoint(tmp_path / "zero", {"step": 1, "model": {k: torch.zeros_like(v) for k, v in model.state_dict().items()}})
-    for name in ("own", "zero"):
-        assert _report_script().main(["copying", "--split", "test", "--tasks", "3", "--cases", cases, "--checkpoint",
-                                      str(tmp_path / name), "--out", str(tmp_path / f"{name}.json")]) == 0
-    same = json.loads((tmp_path / "own.json").read_text())
-    zero = json.loads((tmp_path / "zero.json").read_text())
+    same, zero = (bfcl_report.copying(split="test", tasks=3, cases=cases, checkpoint=tmp_path / name)
+                  for name in ("own", "zero"))
     strip = lambda r: {k: v for k, v in r.items() if k != "checkpoint"}  # noqa: E731
     assert strip(same) == strip(report) and strip(zero) != strip(report)
-    steps = [tmp_path / f"first_{name}.json" for name in ("plain", "own")]
-    assert _report_script().main(["first-steps", "--split", "test", "--tasks", "2", "--out", str(steps[0])]) == 0
-    assert _report_script().main(["first-steps", "--split", "test", "--tasks", "2", "--checkpoint", str(tmp_path / "own"),
-                                  "--out", str(steps[1])]) == 0
-    assert json.loads(steps[0].read_text())["rows"] == json.loads(steps[1].read_text())["rows"]
-    with pytest.raises(SystemExit):
-        _report_script().main(["copying", "--cases", "real,nope", "--out", str(tmp_path / "bad.json")])
+    steps = [bfcl_report.first_steps(split="test", tasks=2, checkpoint=checkpoint)
+             for checkpoint in (None, tmp_path / "own")]
+    assert steps[0]["rows"] == steps[1]["rows"]
+    with pytest.raises(ValueError):
+        bfcl_report.copying(cases=["real", "nope"])

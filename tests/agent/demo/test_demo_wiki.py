@@ -14,7 +14,7 @@ import trace_envs  # noqa: F401  (registers the suite)
 from trace_agent.demo.build import demo_train_config
 from trace_agent.demo.demonstrators.wiki import FLAWS, WikiQADemonstrator, parse_passages, query_entity
 from trace_agent.demo.shipped import SHIPPED_DEMO_POLICIES, load_demo_policy
-from trace_agent.policy.episodes import success_histogram
+from trace_agent.evaluation import success_histogram
 from trace_envs.tasks.wiki import (
     default_wiki_tasks,
     generate_encyclopedia,
@@ -185,7 +185,8 @@ def test_shipped_policy_acts_on_held_out_questions() -> None:
     queries, and succeeds on some held-out questions but not all (measured at build: first search right 0.88,
     held-out success 0.14 on all 105 test questions; here, 84 episodes: 0.87 and 0.08)."""
     from trace_agent.env_factory import make_env_factory
-    from trace_agent.policy.episodes import EpisodeStart, play_episodes
+    from trace_agent.evaluation import EpisodeStart, play_episodes
+    from trace_agent.policy.base import SamplingConfig
 
     policy = load_demo_policy(SHIPPED)
     make = make_env_factory(ENV_ID, None, max_turns=5, env_kwargs={"tasks": "test"})
@@ -196,7 +197,7 @@ def test_shipped_policy_acts_on_held_out_questions() -> None:
             starts = [EpisodeStart(task_id=task_id, seed=1000 * t + k) for k in range(4)]
             finished: dict[int, list] = {}
             rewards = play_episodes(policy, envs, starts, turn_seed=lambda turn, t=t: 7919 * t + turn,
-                                    max_new_tokens=64, temperature=1.0, top_p=1.0,
+                                    sampling=SamplingConfig(max_new_tokens=64, temperature=1.0, top_p=1.0),
                                     on_end=lambda j, _r, env, done=finished: done.__setitem__(j, list(env.messages)))
             rows += [{"task_id": task_id, "reward": r, "messages": finished[j]} for j, r in enumerate(rewards)]
     finally:

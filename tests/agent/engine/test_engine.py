@@ -26,7 +26,7 @@ import pytest
 from trace_agent.contexts import format_messages, make_context
 from trace_agent.engine.base import EnvWorkerError, Phase, prompt_key, request_seed
 from trace_agent.engine.scheduler import EngineConfig, GenerationEngine, TurnRequest
-from trace_agent.policy.base import Generation, TokenContext
+from trace_agent.policy.base import Generation, SamplingConfig, TokenContext
 from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer, score_nodes
 from trace_agent.rollout import Collection, PromptSpec, RolloutConfig, TreeCollector, node_context
 from trace_agent.strategies import (
@@ -158,9 +158,9 @@ def reference_collect(*, make_env, policy, predictor, strategy, budget: Budget, 
             chunk = requests[c:c + max_batch]
             seeds = [request_seed(cfg_seed, seed, prompt_key(p.spec.prompt_id), k[1], 0, r.rid, r.turn)
                      for k, p, r in chunk]
-            out = policy.generate([r.context for _, _, r in chunk], max_new_tokens=max_new_tokens,
-                                  temperature=temperature, top_p=top_p, seeds=seeds,
-                                  sessions=[p.spec.prompt_id for _, p, _ in chunk])
+            out = policy.generate([r.context for _, _, r in chunk],
+                                  SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p),
+                                  seeds=seeds, sessions=[p.spec.prompt_id for _, p, _ in chunk])
             for (_, _, r), g in zip(chunk, out):
                 gens[id(r)] = g
         still_live = []
@@ -224,7 +224,8 @@ def _collect(policy, prompts, strategy, budget, *, slots, max_batch, batching="d
              make_env=make_math_env, max_new_tokens=256, backend="local", ray=None, workers=2) -> Collection:
     kwargs = {} if ray is None else {"ray": ray}
     config = RolloutConfig(seed=1, workers=workers, concurrent_prompts=slots, max_batch_size=max_batch,
-                           batching=batching, max_new_tokens=max_new_tokens, backend=backend, **kwargs)
+                           batching=batching, sampling=SamplingConfig(max_new_tokens=max_new_tokens),
+                           backend=backend, **kwargs)
     with TreeCollector(make_env=make_env, policy=policy, predictor=_predictor(), config=config) as collector:
         return collector.collect(prompts, strategy, budget, seed=seed)
 
@@ -322,8 +323,7 @@ class _Recorder:
         self.delay = delay
         self.fail_on = fail_on
 
-    def generate(self, contexts, *, max_new_tokens=256, temperature=1.0, top_p=1.0, seed=None, seeds=None,
-                 sessions=None):
+    def generate(self, contexts, sampling=None, *, seeds=None, sessions=None):
         self.threads.add(threading.current_thread().name)
         self.calls.append(list(seeds))
         if self.fail_on is not None and len(self.calls) == self.fail_on:
@@ -420,10 +420,10 @@ class _AsyncScripted:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    async def agenerate(self, contexts, *, max_new_tokens=256, temperature=1.0, top_p=1.0, seeds, sessions):
+    async def agenerate(self, contexts, sampling=None, *, seeds, sessions):
         self.async_calls += 1
         await asyncio.sleep(0)
-        return self.inner.generate(contexts, max_new_tokens=max_new_tokens, seeds=seeds, sessions=sessions)
+        return self.inner.generate(contexts, sampling, seeds=seeds, sessions=sessions)
 
 
 def test_an_async_policy_is_awaited_directly_and_gives_the_same_trees() -> None:
@@ -452,7 +452,7 @@ class _HoldingAsync(_AsyncScripted):
         self.held: dict[str, tuple[int, asyncio.Event]] = {}
         self.released: dict[str, bool] = {}
 
-    async def agenerate(self, contexts, *, max_new_tokens=256, temperature=1.0, top_p=1.0, seeds, sessions):
+    async def agenerate(self, contexts, sampling=None, *, seeds, sessions):
         for session, context in zip(sessions, contexts, strict=True):
             held = self.held.get(session)
             if held is not None and len(context) > held[0]:
@@ -466,8 +466,7 @@ class _HoldingAsync(_AsyncScripted):
                 self.released[session] = True
             except asyncio.TimeoutError:
                 self.released[session] = False
-        return await super().agenerate(contexts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                       top_p=top_p, seeds=seeds, sessions=sessions)
+        return await super().agenerate(contexts, sampling, seeds=seeds, sessions=sessions)
 
 
 def test_on_an_async_policy_a_rollout_does_not_wait_for_its_siblings_and_the_trees_are_unchanged() -> None:

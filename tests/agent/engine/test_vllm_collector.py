@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from trace_agent.policy.base import SamplingConfig
 from trace_agent.policy.vllm_common import vllm_available
 
 pytestmark = [
@@ -79,7 +80,7 @@ def _collect(engine, workers: int, seed: int):
     from trace_agent.strategies import TRACE, Budget
 
     ids = [f"math-train-{i:04d}" for i in range(6)]
-    config = RolloutConfig(workers=workers, max_new_tokens=12, temperature=1.0, seed=7)
+    config = RolloutConfig(workers=workers, sampling=SamplingConfig(max_new_tokens=12, temperature=1.0), seed=7)
     with TreeCollector(make_env=_make_env, policy=engine, predictor=EmbeddingPredictor(HashedNGramFeaturizer()),
                        config=config) as collector:
         return collector.collect(prompt_pool(ids), TRACE(), Budget(roots=8, continuations_per_root=1, group_size=2),
@@ -90,14 +91,14 @@ def test_concurrent_generate_calls_share_one_engine(engine) -> None:
     """Several threads calling generate at once (what failed 32/32 in issue 19) get what serial calls get."""
     ctx = engine.render([{"role": "user", "content": "What is 6 * 7?"}])
     jobs = [([ctx] * 3, [100 * j + i for i in range(3)]) for j in range(6)]
-    serial = [engine.generate(c, max_new_tokens=10, seeds=s) for c, s in jobs]
+    serial = [engine.generate(c, SamplingConfig(max_new_tokens=10), seeds=s) for c, s in jobs]
     results: dict[int, list] = {}
     errors: list[BaseException] = []
 
     def work(j: int) -> None:
         try:
-            results[j] = engine.generate(jobs[j][0], max_new_tokens=10, seeds=jobs[j][1],
-                                         sessions=[f"tree-{j}"] * 3)
+            results[j] = engine.generate(jobs[j][0], SamplingConfig(max_new_tokens=10),
+                                         seeds=jobs[j][1], sessions=[f"tree-{j}"] * 3)
         except BaseException as exc:  # collected and re-raised below
             errors.append(exc)
 
@@ -112,8 +113,8 @@ def test_concurrent_generate_calls_share_one_engine(engine) -> None:
         for got, want in zip(results[j], serial[j]):
             assert max((abs(a - b) for a, b in zip(got.logprobs, want.logprobs)), default=0.0) < 1e-4
     # a request's turn follows its own seed, not its position: the same seed first or last gives the same turn
-    a = engine.generate([ctx, ctx], max_new_tokens=10, seeds=[5, 6])
-    b = engine.generate([ctx, ctx], max_new_tokens=10, seeds=[6, 5])
+    a = engine.generate([ctx, ctx], SamplingConfig(max_new_tokens=10), seeds=[5, 6])
+    b = engine.generate([ctx, ctx], SamplingConfig(max_new_tokens=10), seeds=[6, 5])
     assert a[0].token_ids == b[1].token_ids and a[1].token_ids == b[0].token_ids
     with pytest.raises(Exception, match="one seed per context"):
         engine.generate([ctx], seeds=[1, 2])
@@ -147,10 +148,11 @@ def test_agenerate_from_concurrent_tasks_of_another_loop(engine, model_dir) -> N
         pytest.skip("the synchronous VLLMPolicy has no agenerate")
     ctx = engine.render([{"role": "user", "content": "What is 6 * 7?"}])
     groups = [([ctx] * 3, [10 * j + i for i in range(3)]) for j in range(6)]
-    serial = [engine.generate(c, max_new_tokens=10, seeds=s) for c, s in groups]
+    serial = [engine.generate(c, SamplingConfig(max_new_tokens=10), seeds=s) for c, s in groups]
 
     async def main():
-        return await asyncio.gather(*(engine.agenerate(c, max_new_tokens=10, seeds=s, sessions=[f"t{j}"] * 3)
+        return await asyncio.gather(*(engine.agenerate(c, SamplingConfig(max_new_tokens=10),
+                                                       seeds=s, sessions=[f"t{j}"] * 3)
                                       for j, (c, s) in enumerate(groups)))
 
     together = asyncio.run(main())
@@ -163,7 +165,7 @@ def test_agenerate_from_concurrent_tasks_of_another_loop(engine, model_dir) -> N
     other = tiny_policy(seed=1)
     engine.update_weights(other.model.state_dict())
     try:
-        (gen,) = engine.generate([ctx], max_new_tokens=8, seeds=[0])
+        (gen,) = engine.generate([ctx], SamplingConfig(max_new_tokens=8), seeds=[0])
         ref = other.logprobs([ctx], [gen.token_ids])[0]
         assert max(abs(a - b) for a, b in zip(gen.logprobs, ref)) < 1e-3
     finally:
@@ -184,6 +186,7 @@ def test_a_batch_of_long_seeded_prompts_does_not_kill_the_cpu_engine(engine) -> 
         env.close()
     assert sum(len(c) for c in contexts) > 4096 and len({c.token_ids for c in contexts}) == 8
     engine.reset_prefix_cache() if hasattr(engine, "reset_prefix_cache") else engine.llm.reset_prefix_cache()
-    gens = engine.generate(contexts, max_new_tokens=6, seeds=list(range(8)))
+    gens = engine.generate(contexts, SamplingConfig(max_new_tokens=6), seeds=list(range(8)))
     assert [g.num_tokens >= 1 for g in gens] == [True] * 8
-    assert engine.generate(contexts[:1], max_new_tokens=6, seeds=[0])[0].token_ids == gens[0].token_ids
+    assert engine.generate(contexts[:1], SamplingConfig(max_new_tokens=6),
+                           seeds=[0])[0].token_ids == gens[0].token_ids

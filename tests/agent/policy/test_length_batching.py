@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from trace_agent.policy.base import SamplingConfig
 from trace_agent.policy.hf import length_grouped_chunks, prefill_padding
 
 LENGTHS = (3, 60, 5, 50, 4, 41, 7, 58, 2, 33)
@@ -22,11 +23,11 @@ def _contexts(policy, lengths=LENGTHS):
     return [policy.render([{"role": "user", "content": "x " * n}]) for n in lengths]
 
 
-def _turns(policy, contexts, *, grouping: bool, rows: int, **kwargs):
+def _turns(policy, contexts, *, grouping: bool, rows: int, seeds=None, **sampling):
     before = (policy.length_grouping, policy.max_batch_size)
     policy.length_grouping, policy.max_batch_size = grouping, rows
     try:
-        return policy.generate(contexts, max_new_tokens=6, **kwargs)
+        return policy.generate(contexts, SamplingConfig(max_new_tokens=6, **sampling), seeds=seeds)
     finally:
         policy.length_grouping, policy.max_batch_size = before
 

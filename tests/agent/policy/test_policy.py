@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from trace_agent.demo.model import tiny_policy  # noqa: E402
-from trace_agent.policy import Generation, HFPolicy, PolicyError, TokenContext, observation_messages  # noqa: E402
+from trace_agent.evaluation import observation_messages  # noqa: E402
+from trace_agent.policy import Generation, HFPolicy, PolicyError, SamplingConfig, TokenContext  # noqa: E402
 
 TOOLS = [{
     "type": "function",
@@ -57,7 +58,7 @@ def test_generation_ids_decode_to_text_and_logprobs_match_teacher_forcing(policy
     assert policy.decode(ctx.token_ids) == policy.chat.render_text(MESSAGES, TOOLS)
     assert policy.decode(ctx.token_ids).endswith("<|im_start|>assistant\n")
     short = policy.render(MESSAGES[1:])
-    gens = policy.generate([ctx, short, ctx], max_new_tokens=24, temperature=1.0, seed=3)
+    gens = policy.generate([ctx, short, ctx], SamplingConfig(max_new_tokens=24, temperature=1.0, seed=3))
     assert len(gens) == 3
     for g in gens:
         assert isinstance(g, Generation) and 1 <= g.num_tokens <= 24
@@ -70,20 +71,21 @@ def test_generation_ids_decode_to_text_and_logprobs_match_teacher_forcing(policy
     for g, lp in zip(gens, rescored):
         assert max(abs(a - b) for a, b in zip(g.logprobs, lp)) < 1e-4
     # temperature is part of the behaviour distribution
-    hot = policy.generate([ctx], max_new_tokens=8, temperature=1.7, seed=1)[0]
+    hot = policy.generate([ctx], SamplingConfig(max_new_tokens=8, temperature=1.7, seed=1))[0]
     again = policy.logprobs([ctx], [hot.token_ids], temperature=1.7)[0]
     assert max(abs(a - b) for a, b in zip(hot.logprobs, again)) < 1e-4
 
 
 def test_generation_is_seeded(policy: HFPolicy) -> None:
     ctx = policy.render(MESSAGES, TOOLS)
-    a = policy.generate([ctx, ctx], max_new_tokens=12, seed=11)
-    b = policy.generate([ctx, ctx], max_new_tokens=12, seed=11)
-    c = policy.generate([ctx, ctx], max_new_tokens=12, seed=12)
+    a = policy.generate([ctx, ctx], SamplingConfig(max_new_tokens=12, seed=11))
+    b = policy.generate([ctx, ctx], SamplingConfig(max_new_tokens=12, seed=11))
+    c = policy.generate([ctx, ctx], SamplingConfig(max_new_tokens=12, seed=12))
     assert [g.token_ids for g in a] == [g.token_ids for g in b]
     assert [g.token_ids for g in a] != [g.token_ids for g in c]
-    greedy = policy.generate([ctx], max_new_tokens=6, temperature=0.0)
-    assert greedy[0].token_ids == policy.generate([ctx], max_new_tokens=6, temperature=0.0)[0].token_ids
+    greedy = policy.generate([ctx], SamplingConfig(max_new_tokens=6, temperature=0.0))
+    assert greedy[0].token_ids == policy.generate([ctx],
+                                                  SamplingConfig(max_new_tokens=6, temperature=0.0))[0].token_ids
 
 
 def test_generation_stops_at_end_of_turn_row_by_row(policy: HFPolicy) -> None:
@@ -101,7 +103,7 @@ def test_generation_stops_at_end_of_turn_row_by_row(policy: HFPolicy) -> None:
     handle = policy.model.lm_head.register_forward_hook(raise_eot)
     try:
         ctxs = [policy.render(MESSAGES, TOOLS), policy.render(MESSAGES[1:])]
-        gens = policy.generate(ctxs, max_new_tokens=16, seed=0)
+        gens = policy.generate(ctxs, SamplingConfig(max_new_tokens=16, seed=0))
     finally:
         handle.remove()
     assert [g.num_tokens for g in gens] == [2, 4]
@@ -115,7 +117,7 @@ def test_generation_stops_at_end_of_turn_row_by_row(policy: HFPolicy) -> None:
 
 def test_batched_sampling_logprobs_are_exact(policy: HFPolicy) -> None:
     ctx = policy.render(MESSAGES, TOOLS)
-    gens = policy.generate([ctx] * 6, max_new_tokens=40, temperature=1.5, seed=5)
+    gens = policy.generate([ctx] * 6, SamplingConfig(max_new_tokens=40, temperature=1.5, seed=5))
     for g, lp in zip(gens, policy.logprobs([ctx] * 6, [g.token_ids for g in gens], temperature=1.5)):
         assert max(abs(a - b) for a, b in zip(g.logprobs, lp)) < 1e-4
 
@@ -131,7 +133,7 @@ def test_extend_never_reencodes_and_matches_the_template(policy: HFPolicy) -> No
         [{"role": "user", "content": "Incorrect."}],
     ]
     for turn, obs in enumerate(observations):
-        (gen,) = policy.generate([ctx], max_new_tokens=10 + 5 * turn, seed=turn)
+        (gen,) = policy.generate([ctx], SamplingConfig(max_new_tokens=10 + 5 * turn, seed=turn))
         new = policy.extend(ctx, gen, obs)
         assert new.token_ids[:len(ctx)] == ctx.token_ids  # earlier ids untouched
         assert new.generated[:len(ctx)] == ctx.generated
@@ -164,7 +166,7 @@ def test_extend_with_canonical_turns_equals_encoding_the_transcript(policy: HFPo
 
 def test_length_cut_turn_is_closed_with_a_template_token(policy: HFPolicy) -> None:
     ctx = policy.render(MESSAGES, TOOLS)
-    (gen,) = policy.generate([ctx], max_new_tokens=3, seed=0)
+    (gen,) = policy.generate([ctx], SamplingConfig(max_new_tokens=3, seed=0))
     if gen.finish_reason == "stop":
         pytest.skip("sampled the end-of-turn token within 3 tokens")
     new = policy.extend(ctx, gen, {"role": "tool", "content": "x"})
@@ -176,7 +178,7 @@ def test_length_cut_turn_is_closed_with_a_template_token(policy: HFPolicy) -> No
 
 def test_score_has_gradients_for_training(policy: HFPolicy) -> None:
     ctx = policy.render(MESSAGES, TOOLS)
-    (gen,) = policy.generate([ctx], max_new_tokens=8, seed=2)
+    (gen,) = policy.generate([ctx], SamplingConfig(max_new_tokens=8, seed=2))
     full = policy.extend(ctx, gen, {"role": "tool", "content": "ok"})
     first = full.generated.index(True)
     (lp,) = policy.score([full.token_ids], [len(full) - first])
@@ -192,7 +194,9 @@ def test_bad_inputs_raise_clear_errors(policy: HFPolicy) -> None:
     with pytest.raises(PolicyError):
         policy.generate([TokenContext(token_ids=())])
     with pytest.raises(ValueError):
-        policy.generate([policy.render(MESSAGES)], temperature=-1.0)
+        policy.generate([policy.render(MESSAGES)], SamplingConfig(temperature=-1.0))
+    with pytest.raises(TypeError, match="SamplingConfig"):
+        policy.generate([policy.render(MESSAGES)], {"max_new_tokens": 2})  # type: ignore[arg-type]
     with pytest.raises(PolicyError):
         policy.extend(policy.render(MESSAGES), Generation((1,), (0.0,), "x", "stop"), {"role": "tool"})
 
@@ -203,8 +207,8 @@ def test_from_pretrained_round_trip(policy: HFPolicy, tmp_path) -> None:
     loaded = HFPolicy.from_pretrained(tmp_path, device="cpu")
     ctx = policy.render(MESSAGES, TOOLS)
     assert loaded.render(MESSAGES, TOOLS).token_ids == ctx.token_ids
-    a = policy.generate([ctx], max_new_tokens=10, seed=4)[0]
-    b = loaded.generate([ctx], max_new_tokens=10, seed=4)[0]
+    a = policy.generate([ctx], SamplingConfig(max_new_tokens=10, seed=4))[0]
+    b = loaded.generate([ctx], SamplingConfig(max_new_tokens=10, seed=4))[0]
     assert a.token_ids == b.token_ids and a.text == b.text
     assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
 
@@ -219,7 +223,7 @@ def test_full_python_math_episode_with_the_tiny_policy(policy: HFPolicy) -> None
         ctx = policy.render(env.messages, env.tools)
         done, turns = False, 0
         while not done:
-            (gen,) = policy.generate([ctx], max_new_tokens=24, seed=turns)
+            (gen,) = policy.generate([ctx], SamplingConfig(max_new_tokens=24, seed=turns))
             _, reward, terminated, truncated, _ = env.step(gen.text)
             done = terminated or truncated
             turns += 1

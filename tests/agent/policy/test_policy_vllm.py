@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from trace_agent.policy.base import SamplingConfig
 from trace_agent.policy.vllm_common import vllm_available
 
 pytestmark = [
@@ -48,8 +49,8 @@ def test_vllm_matches_transformers_and_extends_like_it(models, engine) -> None:
     hf = models[0][1]
     ctx = engine.render(MESSAGES, TOOLS)
     assert ctx.token_ids == hf.render(MESSAGES, TOOLS).token_ids
-    gens = engine.generate([ctx, ctx, ctx], max_new_tokens=16, temperature=1.0, seed=3)
-    again = engine.generate([ctx, ctx, ctx], max_new_tokens=16, temperature=1.0, seed=3)
+    gens = engine.generate([ctx, ctx, ctx], SamplingConfig(max_new_tokens=16, temperature=1.0, seed=3))
+    again = engine.generate([ctx, ctx, ctx], SamplingConfig(max_new_tokens=16, temperature=1.0, seed=3))
     assert [g.token_ids for g in gens] == [g.token_ids for g in again]  # per-request seeds
     assert len({g.token_ids for g in gens}) > 1  # requests of one batch differ
     reference = hf.logprobs([ctx] * 3, [g.token_ids for g in gens])
@@ -59,12 +60,13 @@ def test_vllm_matches_transformers_and_extends_like_it(models, engine) -> None:
         assert g.text == engine.decode(body)
         assert max(abs(a - b) for a, b in zip(g.logprobs, ref)) < 1e-3
     assert max(abs(a - b) for a, b in zip(engine.logprobs([ctx], [gens[0].token_ids])[0], reference[0])) < 1e-3
-    hot = engine.generate([ctx], max_new_tokens=8, temperature=1.6, seed=0)[0]
+    hot = engine.generate([ctx], SamplingConfig(max_new_tokens=8, temperature=1.6, seed=0))[0]
     hot_ref = hf.logprobs([ctx], [hot.token_ids], temperature=1.6)[0]
     assert max(abs(a - b) for a, b in zip(hot.logprobs, hot_ref)) < 1e-3
     new = engine.extend(ctx, gens[0], {"role": "tool", "content": "42"})
     assert new.token_ids == hf.extend(ctx, gens[0], {"role": "tool", "content": "42"}).token_ids
-    cont = engine.generate([new], max_new_tokens=4, seed=1)[0]  # a continuation reusing the cached prefix
+    cont = engine.generate([new],
+                           SamplingConfig(max_new_tokens=4, seed=1))[0]  # a continuation reusing the cached prefix
     assert cont.num_tokens >= 1
 
 
@@ -72,7 +74,7 @@ def test_vllm_update_weights_syncs_trained_weights(models, engine) -> None:
     other = models[1][1]
     ctx = engine.render(MESSAGES, TOOLS)
     engine.update_weights(other.model.state_dict())
-    (gen,) = engine.generate([ctx], max_new_tokens=8, seed=0)
+    (gen,) = engine.generate([ctx], SamplingConfig(max_new_tokens=8, seed=0))
     ref = other.logprobs([ctx], [gen.token_ids])[0]
     assert max(abs(a - b) for a, b in zip(gen.logprobs, ref)) < 1e-3
     engine.update_weights(models[0][1].model.state_dict())  # back, for other tests

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from trace_agent.policy.base import SamplingConfig
 from trace_agent.policy.vllm_common import vllm_available
 
 pytestmark = [
@@ -86,8 +87,9 @@ def test_token_in_token_out_matches_transformers_and_routes_sessions(models, cli
     ctx = client.render(MESSAGES)
     assert ctx.token_ids == hf.render(MESSAGES).token_ids
     sessions = [f"tree-{i % 4}" for i in range(12)]
-    gens = client.generate([ctx] * 12, max_new_tokens=12, seeds=list(range(12)), sessions=sessions)
-    again = client.generate([ctx] * 12, max_new_tokens=12, seeds=list(range(12)), sessions=sessions[::-1])
+    gens = client.generate([ctx] * 12, SamplingConfig(max_new_tokens=12), seeds=list(range(12)), sessions=sessions)
+    again = client.generate([ctx] * 12, SamplingConfig(max_new_tokens=12),
+                            seeds=list(range(12)), sessions=sessions[::-1])
     assert [g.token_ids for g in gens] == [g.token_ids for g in again]  # per-request seeds, whatever server
     assert len({g.token_ids for g in gens}) > 6
     reference = hf.logprobs([ctx] * 12, [g.token_ids for g in gens])
@@ -103,16 +105,17 @@ def test_token_in_token_out_matches_transformers_and_routes_sessions(models, cli
 
     before = dict(client.requests_per_server)
     home = rank_servers("tree-x", client.settings.urls)[0]
-    client.generate([ctx] * 5, max_new_tokens=2, seeds=[1, 2, 3, 4, 5], sessions=["tree-x"] * 5)
+    client.generate([ctx] * 5, SamplingConfig(max_new_tokens=2), seeds=[1, 2, 3, 4, 5], sessions=["tree-x"] * 5)
     moved = {u: client.requests_per_server[u] - before.get(u, 0) for u in client.settings.urls}
     assert moved[home] == 5 and sum(moved.values()) == 5
 
     async def from_another_loop():
-        return await client.agenerate([ctx, ctx], max_new_tokens=12, seeds=[0, 1], sessions=["a", "b"])
+        return await client.agenerate([ctx, ctx], SamplingConfig(max_new_tokens=12),
+                                      seeds=[0, 1], sessions=["a", "b"])
 
     assert [g.token_ids for g in asyncio.run(from_another_loop())] == [g.token_ids for g in gens[:2]]
     with pytest.raises(Exception, match="refused the request"):
-        client.generate([ctx.append([5] * 2100, generated=False)], max_new_tokens=2, seeds=[0])
+        client.generate([ctx.append([5] * 2100, generated=False)], SamplingConfig(max_new_tokens=2), seeds=[0])
 
 
 def test_update_weights_reloads_every_server(models, client) -> None:
@@ -121,12 +124,12 @@ def test_update_weights_reloads_every_server(models, client) -> None:
     client.update_weights(other.model.state_dict())
     try:
         for session in ("s-a", "s-b", "s-c", "s-d"):  # both servers are hit
-            (gen,) = client.generate([ctx], max_new_tokens=8, seeds=[0], sessions=[session])
+            (gen,) = client.generate([ctx], SamplingConfig(max_new_tokens=8), seeds=[0], sessions=[session])
             ref = other.logprobs([ctx], [gen.token_ids])[0]
             assert max(abs(a - b) for a, b in zip(gen.logprobs, ref)) < 1e-3
     finally:
         client.update_weights(models[0][1].model.state_dict())
-    (gen,) = client.generate([ctx], max_new_tokens=8, seeds=[0])
+    (gen,) = client.generate([ctx], SamplingConfig(max_new_tokens=8), seeds=[0])
     ref = models[0][1].logprobs([ctx], [gen.token_ids])[0]
     assert max(abs(a - b) for a, b in zip(gen.logprobs, ref)) < 1e-3
 
@@ -136,15 +139,15 @@ def test_a_killed_server_is_retried_elsewhere_then_all_dead_is_a_clear_error(mod
     from trace_agent.policy.vllm_server import rank_servers
 
     ctx = client.render(MESSAGES)
-    expected = client.generate([ctx] * 16, max_new_tokens=64, seeds=list(range(16)),
-                               sessions=[f"t{i}" for i in range(16)])
+    expected = client.generate([ctx] * 16, SamplingConfig(max_new_tokens=64),
+                               seeds=list(range(16)), sessions=[f"t{i}" for i in range(16)])
     victim = next(s for s in servers if s.url == rank_servers("t0", client.settings.urls)[0])
     result: dict[str, object] = {}
 
     def run() -> None:
         try:
-            result["gens"] = client.generate([ctx] * 16, max_new_tokens=64, seeds=list(range(16)),
-                                             sessions=[f"t{i}" for i in range(16)])
+            result["gens"] = client.generate([ctx] * 16, SamplingConfig(max_new_tokens=64),
+                                             seeds=list(range(16)), sessions=[f"t{i}" for i in range(16)])
         except BaseException as exc:  # reported below
             result["error"] = exc
 
@@ -162,7 +165,7 @@ def test_a_killed_server_is_retried_elsewhere_then_all_dead_is_a_clear_error(mod
     survivor.kill()
     t0 = time.monotonic()
     with pytest.raises(PolicyError, match="no vLLM server answered") as err:
-        client.generate([ctx], max_new_tokens=4, seeds=[0], sessions=["t0"])
+        client.generate([ctx], SamplingConfig(max_new_tokens=4), seeds=[0], sessions=["t0"])
     assert time.monotonic() - t0 < 30
     assert victim.url in str(err.value) and survivor.url in str(err.value)
     assert all(math.isfinite(x) for g in expected for x in g.logprobs)

@@ -20,7 +20,7 @@ pytest.importorskip("httpx")
 
 from trace_agent.config import PolicyConfig  # noqa: E402
 from trace_agent.errors import ConfigError  # noqa: E402
-from trace_agent.policy.base import PolicyError, TokenContext  # noqa: E402
+from trace_agent.policy.base import PolicyError, SamplingConfig, TokenContext  # noqa: E402
 from trace_agent.policy.vllm_server import (  # noqa: E402
     ServerSettings,
     VLLMServerPolicy,
@@ -172,19 +172,19 @@ def test_each_hostile_answer_is_a_clear_policy_error(hostile, tokenizer) -> None
     ctx = TokenContext.from_prompt([1, 2, 3])
     try:
         _Handler.behaviour = "good"
-        (gen,) = client.generate([ctx], max_new_tokens=4, seeds=[0], sessions=["t"])
+        (gen,) = client.generate([ctx], SamplingConfig(max_new_tokens=4), seeds=[0], sessions=["t"])
         assert gen.token_ids == (5, 6, 2) and gen.finish_reason == "stop" and gen.logprobs == (-1.0, -2.0, -0.5)
         for name in BEHAVIOURS:
             if name == "good":
                 continue
             _Handler.behaviour = name
             with pytest.raises(PolicyError):
-                client.generate([ctx], max_new_tokens=4, seeds=[0])
+                client.generate([ctx], SamplingConfig(max_new_tokens=4), seeds=[0])
         _Handler.behaviour = "bad_request"
         with pytest.raises(PolicyError, match="maximum context length"):
-            client.generate([ctx], max_new_tokens=4, seeds=[0])
+            client.generate([ctx], SamplingConfig(max_new_tokens=4), seeds=[0])
         with pytest.raises(PolicyError, match="empty context"):
-            client.generate([TokenContext.from_prompt([])], max_new_tokens=4)
+            client.generate([TokenContext.from_prompt([])], SamplingConfig(max_new_tokens=4))
         with pytest.raises(PolicyError, match="one seed per context"):
             client.generate([ctx, ctx], seeds=[1])
     finally:
@@ -197,12 +197,12 @@ def test_an_unnamed_model_is_asked_for_and_a_server_listing_none_is_an_error(hos
     client = VLLMServerPolicy(tokenizer=tokenizer, settings=ServerSettings(urls=(url,), retries=0, timeout_s=5.0))
     try:
         _Handler.behaviour = "good"
-        (gen,) = client.generate([TokenContext.from_prompt([1, 2])], max_new_tokens=3, seeds=[0])
+        (gen,) = client.generate([TokenContext.from_prompt([1, 2])], SamplingConfig(max_new_tokens=3), seeds=[0])
         assert gen.token_ids == (5, 6, 2) and client._model == "policy"
         client._model = ""
         _Handler.models = {"data": []}
         with pytest.raises(PolicyError, match="lists no model"):
-            client.generate([TokenContext.from_prompt([1, 2])], max_new_tokens=3, seeds=[0])
+            client.generate([TokenContext.from_prompt([1, 2])], SamplingConfig(max_new_tokens=3), seeds=[0])
     finally:
         _Handler.models = {"data": [{"id": "policy"}]}
         client.close()
@@ -219,14 +219,15 @@ def test_a_silent_or_absent_server_ends_in_time_and_a_failing_one_is_retried_els
     client = _client(tokenizer, dead, url, retries=1, timeout_s=1.0)
     try:
         _Handler.behaviour = "good"
-        gens = client.generate([ctx] * 6, max_new_tokens=4, seeds=list(range(6)), sessions=[f"t{i}" for i in range(6)])
+        gens = client.generate([ctx] * 6, SamplingConfig(max_new_tokens=4),
+                               seeds=list(range(6)), sessions=[f"t{i}" for i in range(6)])
         assert all(g.token_ids == (5, 6, 2) for g in gens)  # the dead server's sessions went to the live one
         assert client.requests_per_server[url] == 6 and client.requests_per_server[dead] == 0
         assert client.health() == {dead: False, url: True}
         _Handler.behaviour = "silent"
         t0 = time.monotonic()
         with pytest.raises(PolicyError, match="no vLLM server answered"):
-            client.generate([ctx], max_new_tokens=4, seeds=[0])
+            client.generate([ctx], SamplingConfig(max_new_tokens=4), seeds=[0])
         assert time.monotonic() - t0 < 8.0
     finally:
         _Handler.behaviour = "good"
@@ -241,12 +242,12 @@ def test_a_dropped_connection_is_retried_on_the_same_server_and_a_second_drop_is
     try:
         _Handler.behaviour = "good"
         _Handler.drops = 1  # what a keep-alive connection the server just closed as idle looks like
-        (gen,) = client.generate([ctx], max_new_tokens=4, seeds=[0], sessions=["t"])
+        (gen,) = client.generate([ctx], SamplingConfig(max_new_tokens=4), seeds=[0], sessions=["t"])
         assert gen.token_ids == (5, 6, 2) and len(_Handler.hits) == 2
         assert client._down_until == {}  # a dropped connection does not mark the server down
         _Handler.drops = 2
         with pytest.raises(PolicyError, match="retried on the same server"):
-            client.generate([ctx], max_new_tokens=4, seeds=[0])
+            client.generate([ctx], SamplingConfig(max_new_tokens=4), seeds=[0])
         assert len(_Handler.hits) == 4
     finally:
         _Handler.drops = 0

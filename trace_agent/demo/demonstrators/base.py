@@ -1,7 +1,7 @@
 """What a demonstrator is, the registry of them, and the loop that plays scripted episodes through the real env.
 
 A :class:`Demonstrator` scripts one env's episodes from its task data; :func:`collect_demonstrations`
-plays them through the env with the one episode player (:func:`~trace_agent.policy.episodes.play`;
+plays them through the env with the one episode player (:func:`~trace_agent.evaluation.play`;
 the tool observations are the env's own) and returns
 :class:`Demonstration` records that :func:`~trace_agent.demo.build.build_demo_policy` trains on.
 """
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from trace_agent.evaluation import EpisodeStart, play
 from trace_agent.policy.base import PolicyError
-from trace_agent.policy.episodes import EpisodeStart, play
 
 if TYPE_CHECKING:
     from trace_envs.core import BranchableEnv, TaskSet
@@ -86,7 +86,7 @@ def tool_call(name: str, arguments: Mapping[str, Any]) -> str:
 
 
 class _Scripted:
-    """A demonstrator as the episode player's :class:`~trace_agent.policy.episodes.Actor` (it reads the env itself)."""
+    """A demonstrator as the episode player's :class:`~trace_agent.evaluation.Actor` (it reads the env itself)."""
 
     def __init__(self, demonstrator: Demonstrator, *, flawed: bool, rng: np.random.Generator) -> None:
         self.demonstrator = demonstrator

@@ -57,7 +57,7 @@ def _policy(config):
 
 
 def measure() -> None:
-    from trace_agent.train_cli import evaluate_heldout
+    from trace_agent.evaluation import evaluate_heldout
 
     config = _config("train", None, K)
     t = time.perf_counter()
@@ -66,7 +66,7 @@ def measure() -> None:
     (HERE / "per_task.json").write_text(json.dumps({
         "what": "successes of the shipped demo policy in K episodes of each PythonMath-v0 train task",
         "policy": "shipped demo policy (docs/configs/demo.yaml)", "split": "train", "samples": K,
-        "episode_seeds": f"{SEED} + 1000 * task_index + sample (trace_agent.train_cli.evaluate_heldout)",
+        "episode_seeds": f"{SEED} + 1000 * task_index + sample (trace_agent.evaluation.evaluate_heldout)",
         "success": result.success, "seconds": time.perf_counter() - t, "successes": per_task}, indent=1))
     print(f"train success {result.success:.3f} over {result.episodes} episodes, {time.perf_counter() - t:.0f}s")
 
@@ -105,7 +105,7 @@ def pool() -> None:
 
 
 def noise() -> None:
-    from trace_agent.train_cli import evaluate_heldout
+    from trace_agent.evaluation import evaluate_heldout
 
     config = _config("test", 100, NOISE_SAMPLES)
     policy = _policy(config)

@@ -1,4 +1,5 @@
-"""The one episode player: every episode ends once, with the env's reward; the env saw exactly what the policy wrote."""
+"""The one episode player and the one evaluator: every episode ends once, with the env's reward; the env saw exactly
+what the policy wrote; the evaluator's seeds follow its one rule."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import pytest
 
 from tests.envs.counter_env import CounterEnv
 from trace_agent.demo.model import tiny_policy
-from trace_agent.policy.base import PolicyError
-from trace_agent.policy.episodes import EpisodeStart, observation_messages, play, play_episodes
+from trace_agent.evaluation import EpisodeStart, observation_messages, play, play_episodes
+from trace_agent.policy.base import PolicyError, SamplingConfig
 
 
 class Recording:
@@ -24,10 +25,10 @@ class Recording:
     def extend(self, context, generation, observation):  # type: ignore[no-untyped-def]
         return self.policy.extend(context, generation, observation)
 
-    def generate(self, contexts, **kwargs):  # type: ignore[no-untyped-def]
-        gens = self.policy.generate(contexts, **kwargs)
+    def generate(self, contexts, sampling, **kwargs):  # type: ignore[no-untyped-def]
+        gens = self.policy.generate(contexts, sampling, **kwargs)
         self.calls.append([g.text for g in gens])
-        self.seeds.append(kwargs.get("seed"))
+        self.seeds.append(sampling.seed)
         return gens
 
 
@@ -43,8 +44,9 @@ def _play(policy, n: int = 3, seed: int = 5):  # type: ignore[no-untyped-def]
     ended: list[tuple[int, float, list[dict]]] = []
     rec = Recording(policy)
     try:
-        rewards = play_episodes(rec, envs, starts, turn_seed=lambda t: 100 + t, max_new_tokens=8, temperature=1.0,
-                                top_p=1.0, on_end=lambda j, r, env: ended.append((j, r, [dict(m) for m in env.messages])))
+        rewards = play_episodes(rec, envs, starts, turn_seed=lambda t: 100 + t,
+                                sampling=SamplingConfig(max_new_tokens=8, temperature=1.0, top_p=1.0),
+                                on_end=lambda j, r, env: ended.append((j, r, [dict(m) for m in env.messages])))
     finally:
         for env in envs:
             env.close()
@@ -75,7 +77,7 @@ def test_more_episodes_than_envs_is_refused(policy) -> None:  # type: ignore[no-
     try:
         with pytest.raises(ValueError, match="2 episodes for 1 envs"):
             play_episodes(policy, [env], [EpisodeStart(task_id="t0", seed=0)] * 2, turn_seed=lambda t: t,
-                          max_new_tokens=4, temperature=1.0, top_p=1.0)
+                          sampling=SamplingConfig(max_new_tokens=4, temperature=1.0, top_p=1.0))
     finally:
         env.close()
 
@@ -133,3 +135,45 @@ def test_a_scripted_actor_plays_through_the_same_loop() -> None:
     finally:
         for env in envs:
             env.close()
+
+
+
+class SeedLog(CounterEnv):
+    """A CounterEnv that records the seed of every reset and every close."""
+
+    resets: list[tuple[str, int]] = []
+    closes = 0
+
+    def reset(self, *, seed=None, options=None):  # type: ignore[no-untyped-def]
+        SeedLog.resets.append((options["task_id"], seed))
+        return super().reset(seed=seed, options=options)
+
+    def close(self) -> None:
+        SeedLog.closes += 1
+        super().close()
+
+
+def test_the_evaluator_plays_waves_with_its_one_seeding_rule(policy) -> None:  # type: ignore[no-untyped-def]
+    """Episode (t, k) resets with seed + 1000 t + k; the wave from episode w0 samples turn u with seed + 7919 u + w0."""
+    from trace_agent.evaluation import EvalResult, evaluate
+
+    rec = Recording(policy)
+    rec.max_batch_size = 4  # type: ignore[attr-defined]
+    SeedLog.resets, SeedLog.closes = [], 0
+    ids = ["t2", "t0", "t1"]
+    steps: list[tuple[str, int]] = []
+    ended: list[tuple[str, int, float]] = []
+    rewards = evaluate(rec, lambda: SeedLog(max_turns=2), ids, samples=2, seed=40,
+                       sampling=SamplingConfig(max_new_tokens=6, temperature=1.0, seed=999),
+                       on_step=lambda task_id, k, info: steps.append((task_id, k)),
+                       on_episode=lambda task_id, k, r, messages: ended.append((task_id, k, r)))
+    episodes = [(t, k) for t in range(3) for k in range(2)]
+    assert list(rewards) == ids and all(len(r) == 2 for r in rewards.values())
+    assert SeedLog.resets == [(ids[t], 40 + 1000 * t + k) for t, k in episodes] and SeedLog.closes == 4
+    n0 = rec.seeds.index(44)  # the second wave starts at episode 4
+    assert rec.seeds == [40 + 7919 * u for u in range(n0)] + [44 + 7919 * u for u in range(len(rec.seeds) - n0)]
+    assert len(rec.calls[0]) == 4 and len(rec.calls[n0]) == 2
+    assert sorted(ended) == sorted((ids[t], k, rewards[ids[t]][k]) for t, k in episodes)
+    assert len(steps) == sum(len(c) for c in rec.calls)  # one on_step per step
+    result = EvalResult.of(rewards, samples=2, seconds=0.0)
+    assert result.tasks == 3 and result.episodes == 6 and list(result.per_task) == ids
