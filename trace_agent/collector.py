@@ -55,16 +55,12 @@ class CollectorProtocol(Protocol):
 
 def rollout_config(config: TrainConfig) -> RolloutConfig:
     """The :class:`~trace_agent.rollout.RolloutConfig` of a run (sampling + the rollout section)."""
-    from trace_agent.engine.ray_envs import RayConfig
     from trace_agent.rollout import RolloutConfig
 
     r = config.rollout
-    ray = RayConfig(workers=r.ray_workers, num_cpus_per_worker=r.ray_cpus_per_worker,
-                    memory_per_worker_mb=r.ray_memory_mb, address=r.ray_address,
-                    object_store_mb=r.ray_object_store_mb, temp_dir=r.ray_temp_dir)
     return RolloutConfig(sampling=config.sampling.params, seed=config.seed, workers=r.workers,
                          concurrent_prompts=r.concurrent_prompts, max_batch_size=r.max_batch_size,
-                         max_wait_s=r.max_wait_s, batching=r.batching, backend=r.backend, ray=ray)
+                         max_wait_s=r.max_wait_s, batching=r.batching, backend=r.backend, ray=r.ray)
 
 
 class StrategyCollector:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from trace_agent.budget import Budget
+from trace_agent.engine.ray_envs import RayConfig
 from trace_agent.errors import ConfigError
 from trace_agent.options import (
     BATCHING,
@@ -209,12 +210,11 @@ class RolloutSettings:
             ``dynamic`` (continuous batching; statistically equivalent). See docs/engine.md.
         max_wait_s: dynamic batching: the longest a turn request waits for a fuller batch.
         backend: ``local`` (envs in this process) or ``ray`` (env workers as Ray actors).
-        ray_workers: Ray backend: env actors.
-        ray_cpus_per_worker: CPUs each actor reserves.
-        ray_memory_mb: memory each actor reserves in Ray's scheduler (None: none).
-        ray_address: an existing Ray cluster (None: ``ray.init`` starts a local one).
-        ray_object_store_mb: object store of a local cluster (MiB).
-        ray_temp_dir: Ray's session directory for a local cluster (None: /tmp/ray).
+        ray: the Ray backend's settings, the backend's own
+            :class:`~trace_agent.engine.ray_envs.RayConfig` (``rollout.ray.workers``,
+            ``rollout.ray.address``, ...). The flat keys ``rollout.ray_workers``,
+            ``ray_cpus_per_worker``, ``ray_memory_mb``, ``ray_address``, ``ray_object_store_mb`` and
+            ``ray_temp_dir`` are read as aliases of its fields (:data:`~trace_agent.config_io.FLAT_ALIASES`).
     """
 
     strategy: str = "trace"
@@ -231,12 +231,7 @@ class RolloutSettings:
     batching: Batching = "deterministic"
     max_wait_s: float = 0.05
     backend: EnvBackend = "local"
-    ray_workers: int = 2
-    ray_cpus_per_worker: float = 1.0
-    ray_memory_mb: int | None = None
-    ray_address: str | None = None
-    ray_object_store_mb: int = 256
-    ray_temp_dir: str | None = None
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
         module, colon, attr = self.strategy.partition(":")
@@ -247,15 +242,12 @@ class RolloutSettings:
             raise ConfigError(f"rollout.backend must be {either(ENV_BACKENDS)}, got {self.backend!r}")
         if self.batching not in BATCHING:
             raise ConfigError(f"rollout.batching must be {either(BATCHING)}, got {self.batching!r}")
-        if self.concurrent_prompts < 1 or self.ray_workers < 1 or not self.ray_cpus_per_worker >= 0:
-            raise ConfigError("rollout.concurrent_prompts and rollout.ray_workers must be >= 1, "
-                              "rollout.ray_cpus_per_worker >= 0")
+        if self.concurrent_prompts < 1:
+            raise ConfigError("rollout.concurrent_prompts must be >= 1")
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise ConfigError("rollout.max_batch_size must be >= 1 or null")
         if not (math.isfinite(self.max_wait_s) and self.max_wait_s >= 0):
             raise ConfigError("rollout.max_wait_s must be a finite number >= 0")
-        if self.ray_object_store_mb < 64 or (self.ray_memory_mb is not None and self.ray_memory_mb < 1):
-            raise ConfigError("rollout.ray_object_store_mb must be >= 64 and rollout.ray_memory_mb >= 1 or null")
         try:
             budget = self.budget
         except (TypeError, ValueError) as exc:  # the budget's own checks (trace_agent.budget.Budget)

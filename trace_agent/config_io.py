@@ -24,7 +24,19 @@ from typing import Any, Literal
 from trace_agent.config import TrainConfig
 from trace_agent.errors import ConfigError
 
-__all__ = ["config_to_dict", "config_from_dict", "apply_overrides", "load_config", "save_config"]
+__all__ = ["config_to_dict", "config_from_dict", "apply_overrides", "load_config", "save_config", "FLAT_ALIASES"]
+
+#: Flat keys read as aliases of nested settings (section -> flat key -> key path inside the section).
+FLAT_ALIASES: dict[str, dict[str, tuple[str, ...]]] = {
+    "rollout": {
+        "ray_workers": ("ray", "workers"),
+        "ray_cpus_per_worker": ("ray", "num_cpus_per_worker"),
+        "ray_memory_mb": ("ray", "memory_per_worker_mb"),
+        "ray_address": ("ray", "address"),
+        "ray_object_store_mb": ("ray", "object_store_mb"),
+        "ray_temp_dir": ("ray", "temp_dir"),
+    },
+}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -68,6 +80,10 @@ def config_from_dict(cls: type[Any], data: Mapping[str, Any], *, _prefix: str = 
         return cls(**kwargs)
     except TypeError as exc:
         raise ConfigError(f"{cls.__name__}: {exc}") from None
+    except ConfigError:
+        raise
+    except ValueError as exc:  # a component's own settings class (RayConfig, SamplingConfig) checks its fields
+        raise ConfigError(f"{_prefix.rstrip('.') or cls.__name__}: {exc}") from None
 
 
 class _BadValue(ConfigError):
@@ -237,7 +253,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
         data = _merge(data, loaded)
-    data = apply_overrides(data, overrides)
+    data = _resolve_aliases(apply_overrides(data, overrides))
     try:
         return config_from_dict(TrainConfig, data)
     except _BadValue as exc:
@@ -247,6 +263,24 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
         if path is not None:
             raise ConfigError(f"{path}: {exc}") from None
         raise
+
+
+def _resolve_aliases(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with every :data:`FLAT_ALIASES` key moved to the nested setting it names."""
+    for section, aliases in FLAT_ALIASES.items():
+        node = data.get(section)
+        if not isinstance(node, dict):
+            continue
+        for flat, path in aliases.items():
+            if flat in node:
+                value = node.pop(flat)
+                target = node
+                for part in path[:-1]:
+                    target = target.setdefault(part, {})
+                    if not isinstance(target, dict):
+                        raise ConfigError(f"{section}.{flat}: {section}.{part} is not a section")
+                target[path[-1]] = value
+    return data
 
 
 def save_config(config: TrainConfig, path: str | Path) -> Path:

@@ -291,8 +291,8 @@ def _flags(args: argparse.Namespace) -> list[str]:
     for name, key in (("strategy", "rollout.strategy"), ("objective", "objective.name"), ("steps", "steps"),
                       ("out", "out_dir"), ("lr", "optim.lr"), ("split", "eval.split")):
         put(key, getattr(args, name, None))
-    for name, key in (("backend", "rollout.backend"), ("ray_workers", "rollout.ray_workers"),
-                      ("ray_address", "rollout.ray_address"), ("batching", "rollout.batching")):
+    for name, key in (("backend", "rollout.backend"), ("ray_workers", "rollout.ray.workers"),
+                      ("ray_address", "rollout.ray.address"), ("batching", "rollout.batching")):
         put(key, getattr(args, name, None))
     if getattr(args, "no_progress", False):
         flags.append("log.progress=false")
@@ -437,8 +437,8 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "config.yaml")
     p.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
     p.add_argument("--backend", choices=ENV_BACKENDS, help="where envs run (config: rollout.backend)")
-    p.add_argument("--ray-workers", type=int, help="Ray env actors (config: rollout.ray_workers)")
-    p.add_argument("--ray-address", help="existing Ray cluster; default: a local one (config: rollout.ray_address)")
+    p.add_argument("--ray-workers", type=int, help="Ray env actors (config: rollout.ray.workers)")
+    p.add_argument("--ray-address", help="existing Ray cluster; default: a local one (config: rollout.ray.address)")
     p.add_argument("--batching", choices=BATCHING, help="engine batching (config: rollout.batching)")
     p.add_argument("--no-eval", action="store_true", help="skip held-out evaluation before and after")
     p.set_defaults(func=_train_main)

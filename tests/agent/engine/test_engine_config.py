@@ -8,16 +8,16 @@ import pytest
 
 from trace_agent.collector import CollectorProtocol, StrategyCollector, rollout_config
 from trace_agent.config import RolloutSettings, TrainConfig
-from trace_agent.config_io import apply_overrides, config_from_dict, config_to_dict
+from trace_agent.config_io import apply_overrides, config_from_dict, config_to_dict, load_config
 from trace_agent.errors import ConfigError
 from trace_agent.rollout import RolloutConfig
 
 
 def test_overrides_reach_the_rollout_config() -> None:
     raw = apply_overrides(config_to_dict(TrainConfig()), [
-        "rollout.backend=ray", "rollout.ray_workers=3", "rollout.ray_address=auto", "rollout.batching=dynamic",
-        "rollout.concurrent_prompts=5", "rollout.max_batch_size=7", "rollout.ray_cpus_per_worker=0.5",
-        "rollout.ray_memory_mb=512", "rollout.workers=4"])
+        "rollout.backend=ray", "rollout.ray.workers=3", "rollout.ray.address=auto", "rollout.batching=dynamic",
+        "rollout.concurrent_prompts=5", "rollout.max_batch_size=7", "rollout.ray.num_cpus_per_worker=0.5",
+        "rollout.ray.memory_per_worker_mb=512", "rollout.workers=4"])
     cfg = config_from_dict(TrainConfig, raw)
     rc = rollout_config(cfg)
     assert isinstance(rc, RolloutConfig)
@@ -28,11 +28,24 @@ def test_overrides_reach_the_rollout_config() -> None:
 
 
 @pytest.mark.parametrize("bad", [{"backend": "slurm"}, {"batching": "eager"}, {"concurrent_prompts": 0},
-                                 {"ray_workers": 0}, {"max_batch_size": 0}, {"max_wait_s": -1.0},
-                                 {"ray_object_store_mb": 8}])
+                                 {"ray": {"workers": 0}}, {"max_batch_size": 0}, {"max_wait_s": -1.0},
+                                 {"ray": {"object_store_mb": 8}}])
 def test_bad_engine_settings_are_refused(bad) -> None:
     with pytest.raises(ConfigError):
-        RolloutSettings(**bad)
+        config_from_dict(RolloutSettings, bad)
+
+
+def test_flat_ray_keys_are_aliases_of_the_nested_ray_section(tmp_path) -> None:
+    """A config file or command with the flat ``rollout.ray_*`` keys gives the same settings as the nested ones."""
+    flat = tmp_path / "flat.yaml"
+    flat.write_text("rollout: {backend: ray, ray_workers: 3, ray_cpus_per_worker: 0.5, ray_memory_mb: 512,\n"
+                    "          ray_address: auto, ray_object_store_mb: 128, ray_temp_dir: /tmp/r}\n")
+    nested = load_config(None, ["rollout.backend=ray", "rollout.ray={workers: 3, num_cpus_per_worker: 0.5, "
+                                "memory_per_worker_mb: 512, address: auto, object_store_mb: 128, temp_dir: /tmp/r}"])
+    assert load_config(flat) == nested
+    assert load_config(None, ["rollout.ray_workers=4"]).rollout.ray.workers == 4
+    with pytest.raises(ConfigError, match="rollout.ray"):
+        load_config(None, ["rollout.ray_object_store_mb=8"])
 
 
 def test_cli_flags_set_the_backend() -> None:
@@ -43,7 +56,7 @@ def test_cli_flags_set_the_backend() -> None:
     args = parser.parse_args(["train", "--backend", "ray", "--ray-workers", "3", "--ray-address", "auto",
                               "--batching", "dynamic"])
     cfg = config_from_args(args)
-    assert (cfg.rollout.backend, cfg.rollout.ray_workers, cfg.rollout.ray_address, cfg.rollout.batching) == (
+    assert (cfg.rollout.backend, cfg.rollout.ray.workers, cfg.rollout.ray.address, cfg.rollout.batching) == (
         "ray", 3, "auto", "dynamic")
 
 
