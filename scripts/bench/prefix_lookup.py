@@ -17,6 +17,13 @@ a time as the collector does (every context of a step, then a put per new sequen
         --steps 6 --eval-tasks 4 --eval-samples 1 --eval-every 0 --no-progress --out /tmp/rec
     PYTHONPATH=$PWD python scripts/bench/prefix_lookup.py --trace /tmp/ops.jsonl --repeats 7
     PYTHONPATH=$PWD python scripts/bench/prefix_lookup.py --repeats 7        # synthetic
+
+``record`` also writes the run's :meth:`HiddenStateFeaturizer.encode` calls (``FILE.encode.json``);
+``--encode-against STATES_PY`` replays them on fresh featurizers of this tree and of another
+``states.py`` (another commit's), alternated, and checks every feature equal bit for bit::
+
+    git show 8cd204e:trace_agent/predictor/states.py > /tmp/states_base.py
+    PYTHONPATH=$PWD python scripts/bench/prefix_lookup.py --trace /tmp/ops.jsonl --encode-against /tmp/states_base.py
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from trace_agent.predictor.states import PrefixStates  # noqa: E402
+from trace_agent.predictor.states import HiddenStateFeaturizer, PrefixStates  # noqa: E402
 
 Op = tuple[str, tuple[int, ...], int]  # ("G" | "L" | "P", ids, byte size of a put)
 
@@ -166,6 +173,14 @@ def record(out: Path, demo_args: list[str]) -> int:
         put(self, ids, states)
 
     PrefixStates.get, PrefixStates.longest, PrefixStates.put = get_, longest_, put_  # type: ignore[method-assign]
+    calls: list[list[str]] = []
+    encode = HiddenStateFeaturizer.encode
+
+    def encode_(self: HiddenStateFeaturizer, contexts: Any) -> Any:
+        calls.append(list(contexts))
+        return encode(self, contexts)
+
+    HiddenStateFeaturizer.encode = encode_  # type: ignore[method-assign]
     argv = sys.argv
     sys.argv = ["demo_train.py", *demo_args]
     try:
@@ -176,7 +191,57 @@ def record(out: Path, demo_args: list[str]) -> int:
     finally:
         sys.argv = argv
     out.write_text("\n".join([json.dumps({"max_bytes": max_bytes[0]}), *log]) + "\n")
-    print(f"{len(log)} operations -> {out}")
+    _calls_path(out).write_text(json.dumps(calls))
+    print(f"{len(log)} operations -> {out}; {len(calls)} encode calls -> {_calls_path(out)}")
+    return 0
+
+
+def _calls_path(trace: Path) -> Path:
+    return trace.with_name(trace.name + ".encode.json")
+
+
+def encode_ab(trace: Path, against: Path, *, policy: str, repeats: int) -> int:
+    """Replay a recorded run's encode calls on fresh featurizers of this tree and of ``against`` (a states.py).
+
+    Thread CPU seconds per replay, alternated; the features of every call must be equal, bit for bit.
+    """
+    import importlib.util
+
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trace_agent.predictor import states
+
+    torch.set_num_threads(1)
+    spec = importlib.util.spec_from_file_location("states_against", against)
+    assert spec is not None and spec.loader is not None
+    other = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = other
+    spec.loader.exec_module(other)
+    calls = json.loads(_calls_path(trace).read_text())
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
+
+    def run(module: Any) -> tuple[float, list[Any]]:
+        featurizer = module.HiddenStateFeaturizer(model, tokenizer)
+        start = time.thread_time()
+        out = [featurizer.encode(c) for c in calls]
+        return time.thread_time() - start, out
+
+    seconds: dict[str, list[float]] = {"against": [], "this": []}
+    for r in range(repeats):
+        order = [("against", other), ("this", states)]
+        got = {}
+        for name, module in order if r % 2 == 0 else order[::-1]:
+            s, got[name] = run(module)
+            seconds[name].append(s)
+        for a, b in zip(got["against"], got["this"], strict=True):
+            np.testing.assert_array_equal(a, b)
+    for name, s in seconds.items():
+        print(f"{name}: median {statistics.median(s):.3f} s thread CPU (min {min(s):.3f}; {' '.join(f'{x:.3f}' for x in s)})")
+    print(f"against / this (medians): {statistics.median(seconds['against']) / statistics.median(seconds['this']):.3f}; "
+          f"features equal on {sum(map(len, calls))} contexts in {len(calls)} calls")
     return 0
 
 
@@ -194,7 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--max-mb", type=float, default=16.0, help="cache size of the synthetic workload")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--encode-against", type=Path, metavar="STATES_PY",
+                        help="with --trace: replay its encode calls here and on that states.py instead")
+    parser.add_argument("--policy", default="trace_agent/demo/assets/demo_policy", help="model of --encode-against")
     args = parser.parse_args(argv)
+    if args.encode_against:
+        return encode_ab(args.trace, args.encode_against, policy=args.policy, repeats=args.repeats)
     if args.trace:
         max_bytes, ops = read_trace(args.trace)
     else:

@@ -263,7 +263,7 @@ def test_prefix_states_answer_as_a_scan_of_every_cached_sequence(seed: int) -> N
     max_bytes = int(rng.choice([1 << 30, 4096, 1500]))  # 4 bytes a token: the small ones evict
     trie, scan = PrefixStates(max_bytes), _ScanPrefixStates(max_bytes)
     pool: list[tuple[int, ...]] = [()]
-    for _ in range(600):
+    for step in range(600):
         base = pool[int(rng.integers(len(pool)))]
         cut = base[:int(rng.integers(0, len(base) + 1))]
         ids = cut + tuple(int(x) for x in rng.integers(0, 3, size=int(rng.integers(0, 12))))
@@ -279,7 +279,31 @@ def test_prefix_states_answer_as_a_scan_of_every_cached_sequence(seed: int) -> N
             (a, k), (b, m) = trie.longest(ids), scan.longest(ids)
             assert k == m and a is b and (a is None) == (k == 0)
         assert list(trie._data) == list(scan._data) and len(trie) == len(scan)
+        if step % 7 == 0:
+            _check_trie(trie)
     assert len(trie) > 3
+
+
+def _check_trie(cache) -> None:  # type: ignore[no-untyped-def]
+    """The trie holds exactly the cached non-empty sequences, each ending at a node; no node could merge with its child."""
+    ends = {}
+
+    def walk(node, path) -> None:  # type: ignore[no-untyped-def]
+        assert all(e.ids[:len(path)] == path for e in node.entries)
+        inner = set()
+        for token, child in node.children.items():
+            assert child.edge and child.edge[0] == token and child.entries
+            walk(child, path + child.edge)
+            assert child.entries <= node.entries or not path
+            inner |= child.entries
+        here = node.entries - inner
+        assert all(e.ids == path for e in here)
+        ends.update((e.ids, e) for e in here)
+        assert not path or len(node.children) != 1 or here, "a single child with the same entries: one edge"
+
+    walk(cache._root, ())
+    cached = {ids: e for ids, e in cache._data.items() if ids}
+    assert ends.keys() == cached.keys() and all(ends[ids] is cached[ids] for ids in ends)
 
 
 def test_features_equal_those_computed_with_a_scanning_prefix_cache(policy) -> None:  # type: ignore[no-untyped-def]
