@@ -214,3 +214,111 @@ def test_the_longest_cached_prefix_lookup_matches_a_brute_force() -> None:
         hit, k = states.longest(b)
         assert k == max(brute(key, b) for key in set(keys))
         assert hit is not None or k == 0
+
+
+class _ScanPrefixStates:
+    """The reference lookup: the same byte-bounded LRU, ``longest`` by a scan of every cached sequence, oldest first."""
+
+    def __init__(self, max_bytes: int) -> None:
+        from collections import OrderedDict
+
+        self.max_bytes, self._bytes, self._data = max_bytes, 0, OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def get(self, ids):  # type: ignore[no-untyped-def]
+        hit = self._data.get(ids)
+        if hit is not None:
+            self._data.move_to_end(ids)
+        return hit
+
+    def longest(self, ids):  # type: ignore[no-untyped-def]
+        best, best_k = None, 0
+        for key in self._data:
+            k = 0
+            while k < min(len(key), len(ids)) and key[k] == ids[k]:
+                k += 1
+            if k > best_k:  # strictly longer: of equal lengths the least recently used wins
+                best, best_k = key, k
+        if best is None:
+            return None, 0
+        self._data.move_to_end(best)
+        return self._data[best], best_k
+
+    def put(self, ids, states) -> None:  # type: ignore[no-untyped-def]
+        if states.nbytes > self.max_bytes or ids in self._data:
+            return
+        self._data[ids] = states
+        self._bytes += states.nbytes
+        while self._bytes > self.max_bytes:
+            self._bytes -= self._data.popitem(last=False)[1].nbytes
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_prefix_states_answer_as_a_scan_of_every_cached_sequence(seed: int) -> None:
+    """Random get/longest/put on sequences of a random prefix tree (shared prefixes, ties, empty ids, evictions):
+    the trie returns the same length and the same cached states as the scan, and keeps the same LRU order."""
+    from trace_agent.predictor.states import PrefixStates, _States
+
+    rng = np.random.default_rng(seed)
+    max_bytes = int(rng.choice([1 << 30, 4096, 1500]))  # 4 bytes a token: the small ones evict
+    trie, scan = PrefixStates(max_bytes), _ScanPrefixStates(max_bytes)
+    pool: list[tuple[int, ...]] = [()]
+    for step in range(600):
+        base = pool[int(rng.integers(len(pool)))]
+        cut = base[:int(rng.integers(0, len(base) + 1))]
+        ids = cut + tuple(int(x) for x in rng.integers(0, 3, size=int(rng.integers(0, 12))))
+        pool.append(ids)
+        op = rng.random()
+        if op < 0.4:
+            states = _States(hidden=torch.zeros(1, len(ids), 1), kv=[])
+            trie.put(ids, states)
+            scan.put(ids, states)
+        elif op < 0.5:
+            assert trie.get(ids) is scan.get(ids)
+        else:
+            (a, k), (b, m) = trie.longest(ids), scan.longest(ids)
+            assert k == m and a is b and (a is None) == (k == 0)
+        assert list(trie._data) == list(scan._data) and len(trie) == len(scan)
+        if step % 7 == 0:
+            _check_trie(trie)
+    assert len(trie) > 3
+
+
+def _check_trie(cache) -> None:  # type: ignore[no-untyped-def]
+    """The trie holds exactly the cached non-empty sequences, each ending at a node; no node could merge with its child."""
+    ends = {}
+
+    def walk(node, path) -> None:  # type: ignore[no-untyped-def]
+        assert all(e.ids[:len(path)] == path for e in node.entries)
+        inner = set()
+        for token, child in node.children.items():
+            assert child.edge and child.edge[0] == token and child.entries
+            walk(child, path + child.edge)
+            assert child.entries <= node.entries or not path
+            inner |= child.entries
+        here = node.entries - inner
+        assert all(e.ids == path for e in here)
+        ends.update((e.ids, e) for e in here)
+        assert not path or len(node.children) != 1 or here, "a single child with the same entries: one edge"
+
+    walk(cache._root, ())
+    cached = {ids: e for ids, e in cache._data.items() if ids}
+    assert ends.keys() == cached.keys() and all(ends[ids] is cached[ids] for ids in ends)
+
+
+def test_features_equal_those_computed_with_a_scanning_prefix_cache(policy) -> None:  # type: ignore[no-untyped-def]
+    """Same floats whichever lookup finds the cached prefixes: a small cache (evictions), prompts and their prefixes."""
+    prompts = ["Solve 2 + 2.", "Solve 2 + 3.", "Write 17 in base 3, digits only."]
+    turns = ["<|assistant|>\nI call python: print(4)", "\n<|tool|>\n4", "\n<|assistant|>\nThe answer is 4."]
+    batches = [[make_context(p, "") for p in prompts],
+               [make_context(p, "".join(turns[:n])) for p in prompts for n in (1, 2)],
+               [make_context(p, "".join(turns[:n])) for p in prompts[::-1] for n in (3, 1, 0)]]
+    f = HiddenStateFeaturizer.from_policy(policy, batch_size=4, prefix_cache_mb=0.15)
+    g = HiddenStateFeaturizer.from_policy(policy, batch_size=4, prefix_cache_mb=0.15)
+    g.prefixes = _ScanPrefixStates(g.prefixes.max_bytes)  # type: ignore[assignment]
+    for batch in batches:
+        np.testing.assert_array_equal(f.encode(batch), g.encode(batch))
+        assert list(f.prefixes._data) == list(g.prefixes._data)
+    assert 1 < len(f.prefixes) < 8  # some states were evicted
