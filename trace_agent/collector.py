@@ -68,11 +68,11 @@ class StrategyCollector:
 
     Args:
         config: the run.
-        engine: the generation policy.
+        generator: the generation policy.
         predictor: the success predictor.
     """
 
-    def __init__(self, config: TrainConfig, *, engine: Any, predictor: Any) -> None:
+    def __init__(self, config: TrainConfig, *, generator: Any, predictor: Any) -> None:
         from trace_agent.rollout import TreeCollector
         from trace_agent.wiring import resolve_strategy
 
@@ -82,7 +82,7 @@ class StrategyCollector:
         self.collector = TreeCollector(
             make_env=make_env_factory(config.env_id, config.train_split, max_turns=s.max_turns,
                                       env_kwargs=config.env_kwargs),
-            policy=engine, predictor=predictor, config=rollout_config(config),
+            policy=generator, predictor=predictor, config=rollout_config(config),
         )
 
     def collect(self, prompt_ids: Sequence[str], *, step: int, seed: int) -> CollectedBatch:
@@ -100,6 +100,6 @@ class StrategyCollector:
         self.collector.close()
 
 
-def default_collector(config: TrainConfig, *, engine: Any, predictor: Any) -> StrategyCollector:
+def default_collector(config: TrainConfig, *, generator: Any, predictor: Any) -> StrategyCollector:
     """The collector a :class:`~trace_agent.trainer.Trainer` uses unless told otherwise."""
-    return StrategyCollector(config, engine=engine, predictor=predictor)
+    return StrategyCollector(config, generator=generator, predictor=predictor)

@@ -10,7 +10,7 @@
 Every (strategy, seed) run is ``config`` with ``rollout.strategy`` and ``seed`` replaced, trained
 with :func:`~trace_agent.train_cli.run_training` into ``<config.out_dir>/<strategy>_s<seed>``
 (no evaluation before training and none in between: every run starts from the same policy,
-which is evaluated once, on the generation engine the runs evaluate on, closed before the first
+which is evaluated once, on the generator the runs evaluate on, closed before the first
 run builds its own). Equal budget is the config's (M, N) for all: a branching strategy
 spends M roots and N continuations per root, a flat one (GRPO, PCL) the same paper units as
 M + M*N/2 root rollouts (:class:`~trace_agent.strategies.Budget`). Held-out success is
@@ -211,7 +211,7 @@ def compare_training(config: TrainConfig, strategies: Sequence[str], seeds: Sequ
     Raises ValueError when no strategy or no seed is given, or a strategy is named twice.
     """
     from trace_agent.evaluation import evaluate_heldout
-    from trace_agent.policy.base import close_engine
+    from trace_agent.policy.base import close_generator
     from trace_agent.train_cli import run_training
     from trace_agent.wiring import build_policies
 
@@ -220,12 +220,12 @@ def compare_training(config: TrainConfig, strategies: Sequence[str], seeds: Sequ
     if len(set(strategies)) != len(strategies) or len(set(seeds)) != len(seeds):
         raise ValueError(f"strategies and seeds must be distinct, got {list(strategies)} and {list(seeds)}")
     out = Path(config.out_dir)
-    learner, engine = build_policies(config.policy, seed=0, env_id=config.env_id)
+    learner, generator = build_policies(config.policy, seed=0, env_id=config.env_id)
     try:
-        base_eval = evaluate_heldout(engine, config)
+        base_eval = evaluate_heldout(generator, config)
     finally:
-        close_engine(engine, learner)
-    del learner, engine
+        close_generator(generator, learner)
+    del learner, generator
     base = {"success": base_eval.success, "success_se": base_eval.success_se, "tasks": base_eval.tasks,
             "samples": base_eval.samples, "episodes": base_eval.episodes}
     log(f"starting policy: held-out success {base_eval.success:.3f} ({base_eval.tasks} tasks x "

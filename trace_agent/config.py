@@ -75,7 +75,7 @@ __all__ = [
 
 @dataclass(frozen=True, kw_only=True)
 class PolicyConfig:
-    """The policy being trained and its generation engine.
+    """The policy being trained and its generator (the policy the run samples with).
 
     Attributes:
         kind: ``"demo"`` (the offline demo policy, built into ``path`` when missing),
@@ -102,7 +102,7 @@ class PolicyConfig:
             prefix caching on and ``VLLM_SERVER_DEV_MODE=1`` (weight sync); see the README.
         server_model: the servers' served model name.
         server_timeout_s: most seconds one server request may take.
-        weights_dir: where updated weights are written as safetensors for the engine to reload
+        weights_dir: where updated weights are written as safetensors for the generator to reload
             (``vllm-async``: empty means a temporary directory; ``vllm-server``: required, a
             directory every server can read).
     """

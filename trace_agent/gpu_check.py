@@ -238,15 +238,15 @@ def check_vllm_engine(device: str, quick: bool) -> Row:
         path, hf = save_tiny_model(Path(tmp) / "m")
         free_before = torch.cuda.mem_get_info()[0]
         n, new = (8, 16) if quick else (64, 128)
-        with VLLMPolicy(path, tokenizer=hf.tokenizer, **_vllm_kwargs(eager=False)) as engine:
-            contexts = _prompts(engine, n)
-            engine.generate(contexts[:2], SamplingConfig(max_new_tokens=4), seeds=[0, 1])
-            gens, seconds = _timed_generate(engine, contexts, new, list(range(n)))
+        with VLLMPolicy(path, tokenizer=hf.tokenizer, **_vllm_kwargs(eager=False)) as policy:
+            contexts = _prompts(policy, n)
+            policy.generate(contexts[:2], SamplingConfig(max_new_tokens=4), seeds=[0, 1])
+            gens, seconds = _timed_generate(policy, contexts, new, list(range(n)))
             ref = hf.logprobs(contexts[:4], [g.token_ids for g in gens[:4]])
             gap = max(_max_gap(g.logprobs, r) for g, r in zip(gens, ref))
             other = tiny_hf_policy("cpu", seed=1)
-            engine.update_weights(other.model.state_dict())
-            (after,) = engine.generate(contexts[:1], SamplingConfig(max_new_tokens=8), seeds=[0])
+            policy.update_weights(other.model.state_dict())
+            (after,) = policy.generate(contexts[:1], SamplingConfig(max_new_tokens=8), seeds=[0])
             synced = _max_gap(after.logprobs, other.logprobs(contexts[:1], [after.token_ids])[0])
             held = free_before - torch.cuda.mem_get_info()[0]
         torch.cuda.synchronize()
@@ -270,13 +270,13 @@ def check_vllm_async(device: str, quick: bool) -> Row:
     with tempfile.TemporaryDirectory(prefix="gpu-check-vllm-async-") as tmp:
         path, hf = save_tiny_model(Path(tmp) / "m")
         n, new = (8, 16) if quick else (64, 128)
-        with AsyncVLLMPolicy(path, tokenizer=hf.tokenizer, **_vllm_kwargs(eager=True)) as engine:
-            contexts = _prompts(engine, n)
-            engine.generate(contexts[:2], SamplingConfig(max_new_tokens=4), seeds=[0, 1])
-            gens, seconds = _timed_generate(engine, contexts, new, list(range(n)))
-            engine.update_weights(tiny_hf_policy("cpu", seed=1).model.state_dict())
-            weights = engine.weights_dir
-            engine.generate(contexts[:1], SamplingConfig(max_new_tokens=4), seeds=[0])
+        with AsyncVLLMPolicy(path, tokenizer=hf.tokenizer, **_vllm_kwargs(eager=True)) as policy:
+            contexts = _prompts(policy, n)
+            policy.generate(contexts[:2], SamplingConfig(max_new_tokens=4), seeds=[0, 1])
+            gens, seconds = _timed_generate(policy, contexts, new, list(range(n)))
+            policy.update_weights(tiny_hf_policy("cpu", seed=1).model.state_dict())
+            weights = policy.weights_dir
+            policy.generate(contexts[:1], SamplingConfig(max_new_tokens=4), seeds=[0])
         if weights is not None and Path(weights).exists():
             raise AssertionError(f"close() left the temporary weights dir {weights}")
     tokens = sum(g.num_tokens for g in gens)

@@ -316,11 +316,11 @@ class TreeCollector:
         with self._lock:
             host, self._host = self._host, None
             local, self._local = self._local, None
-            engine, self._engine_thread = self._engine_thread, None
+            engine_thread, self._engine_thread = self._engine_thread, None
         for h in {id(x): x for x in (host, local) if x is not None}.values():
             h.close()
-        if engine is not None:
-            engine.shutdown(wait=True)
+        if engine_thread is not None:
+            engine_thread.shutdown(wait=True)
 
     def _local_host(self) -> LocalEnvHost:
         with self._lock:

@@ -186,7 +186,7 @@ def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool | 
     try:
         try:
             if evaluate is True and start == 0:
-                before = evaluate_heldout(trainer.engine, config, progress=progress)
+                before = evaluate_heldout(trainer.generator, config, progress=progress)
                 logger.log(0, _eval_metrics(before))
                 log(f"held-out success before: {before.success:.3f} ± {before.success_se:.3f} ({before.tasks} tasks x "
                     f"{before.samples} samples, {before.seconds:.0f}s)")
@@ -197,7 +197,7 @@ def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool | 
                 metrics = dict(result.metrics)
                 k = result.step
                 if evaluate and config.eval.every and k % config.eval.every == 0 and k < config.steps:
-                    metrics.update(_eval_metrics(evaluate_heldout(trainer.engine, config, progress=progress)))
+                    metrics.update(_eval_metrics(evaluate_heldout(trainer.generator, config, progress=progress)))
                 if config.log.save_trees:
                     from trace_agent.tree_io import save_jsonl
 
@@ -218,7 +218,7 @@ def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool | 
                 last_checkpoint = trainer.step_count
             done = any(r.get("step") == trainer.step_count and "eval/success" in r for r in earlier)
             if evaluate and not done:
-                after = evaluate_heldout(trainer.engine, config, progress=progress)
+                after = evaluate_heldout(trainer.generator, config, progress=progress)
                 logger.log(trainer.step_count, _eval_metrics(after))
                 log(f"held-out success after: {after.success:.3f} ± {after.success_se:.3f} ({after.tasks} tasks x "
                     f"{after.samples} samples, {after.seconds:.0f}s)")
@@ -226,7 +226,7 @@ def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool | 
             raise TrainingStopped(out_dir=out, step=trainer.step_count, checkpoint_step=last_checkpoint) from None
     finally:
         logger.close()
-        trainer.close()  # the collector and the engine it built (vLLM: its memory comes back now)
+        trainer.close()  # the collector and the generator it built (vLLM: its memory comes back now)
     policy_out = out / "policy"
     trainer.learner.save_pretrained(policy_out)  # model, tokenizer and trace_policy.json (e.g. BFCL's tool_detail)
     write_policy_meta(policy_out, env_ids=[*(policy_env_ids(policy_dir(config)) or ()), config.env_id],
@@ -403,7 +403,7 @@ def _eval_main(args: argparse.Namespace) -> int:
     code = _preflight(args, config, train=False)
     if code is not None:
         return code
-    _, engine = build_policies(config.policy, seed=config.seed, env_id=config.env_id)
+    _, generator = build_policies(config.policy, seed=config.seed, env_id=config.env_id)
     progress = not args.no_progress
     if args.transcripts:
         path = Path(args.transcripts)
@@ -413,9 +413,9 @@ def _eval_main(args: argparse.Namespace) -> int:
                 f.write(json.dumps({"task_id": task_id, "sample": sample, "reward": reward, "messages": messages},
                                    ensure_ascii=False, default=str) + "\n")
 
-            result = evaluate_heldout(engine, config, seed=args.eval_seed, on_episode=write, progress=progress)
+            result = evaluate_heldout(generator, config, seed=args.eval_seed, on_episode=write, progress=progress)
     else:
-        result = evaluate_heldout(engine, config, seed=args.eval_seed, progress=progress)
+        result = evaluate_heldout(generator, config, seed=args.eval_seed, progress=progress)
     print(json.dumps({k: v for k, v in asdict(result).items() if k != "per_task"} if not args.per_task
                      else asdict(result), indent=1))
     return 0

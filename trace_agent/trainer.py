@@ -12,18 +12,18 @@ One :meth:`Trainer.step` (docs/design.md, "One training step"):
    when the strategy reads the predictor),
 5. **update the policy** (:func:`~trace_agent.update.update_policy`: advantages from
    :mod:`trace_agent.objectives`, clipped surrogate, AdamW, gradient clipping), then
-   sync the new weights to the generation engine (:func:`~trace_agent.update.sync_weights`).
+   sync the new weights to the generator (:func:`~trace_agent.update.sync_weights`).
 
 The parts live beside it: :mod:`trace_agent.update` (step 5), :mod:`trace_agent.collector`
 (steps 1-3 as the trainer sees them), :mod:`trace_agent.checkpoint` (RNG and predictor
 state), :mod:`trace_agent.pool` (the prompt pool), :mod:`trace_agent.wiring` (building a
 run's parts from its config).
 
-Learner and engine. The *learner* is an :class:`~trace_agent.policy.hf.HFPolicy`
-whose model is trained; the *engine* generates. With the transformers backend
-they are the same object (nothing to sync); with vLLM the engine is a
-:class:`~trace_agent.policy.vllm_backend.VLLMPolicy` and gets the learner's
-``state_dict`` after each update.
+Learner and generator. The *learner* is an :class:`~trace_agent.policy.hf.HFPolicy`
+whose model is trained; the *generator* is the policy the run samples with. With the transformers
+backend they are the same object (nothing to sync); with vLLM the generator is a vLLM backend
+(:class:`~trace_agent.policy.vllm_backend.VLLMPolicy`, ...) and gets the learner's weights after each
+update.
 
 Checkpoints (:meth:`Trainer.save_checkpoint` / :meth:`Trainer.load_checkpoint`) hold
 everything the next step reads: model and optimiser state (and the KL reference),
@@ -98,7 +98,7 @@ class StepResult:
     metrics: dict[str, float]
 
 
-#: Builds a run's collector: ``factory(config, engine=..., predictor=...) -> CollectorProtocol``.
+#: Builds a run's collector: ``factory(config, generator=..., predictor=...) -> CollectorProtocol``.
 CollectorFactory = Callable[..., CollectorProtocol]
 
 
@@ -108,13 +108,13 @@ class Trainer:
     Args:
         config: the run.
         learner: the trained policy (default: built from ``config.policy``).
-        engine: the generation policy (default: the learner, or a VLLMPolicy for ``kind="vllm"``).
-            An engine built here is the trainer's: :meth:`close` closes it; one passed in stays open.
+        generator: the generation policy (default: the learner, or the vLLM backend of a ``vllm*`` policy
+            kind). A generator built here is the trainer's: :meth:`close` closes it; one passed in stays open.
         predictor: the success predictor (default: built from ``config.predictor``).
         collector_factory: builds the rollout collector (default: :func:`default_collector`).
     """
 
-    def __init__(self, config: TrainConfig, *, learner: HFPolicy | None = None, engine: Any = None,
+    def __init__(self, config: TrainConfig, *, learner: HFPolicy | None = None, generator: Any = None,
                  predictor: Any = None, collector_factory: CollectorFactory | None = None) -> None:
         import torch
 
@@ -123,12 +123,12 @@ class Trainer:
         random.seed(config.seed)
         np.random.seed(config.seed % 2**32)
         torch.manual_seed(config.seed)
-        self._owns_engine = engine is None
+        self._owns_generator = generator is None
         if learner is None:
-            learner, built_engine = build_policies(config.policy, seed=config.seed, env_id=config.env_id)
-            engine = engine if engine is not None else built_engine
+            learner, built_generator = build_policies(config.policy, seed=config.seed, env_id=config.env_id)
+            generator = generator if generator is not None else built_generator
         self.learner = learner
-        self.engine = engine if engine is not None else learner
+        self.generator = generator if generator is not None else learner
         if predictor is None:  # policy-states copies the learner now, before any update or resume
             predictor = build_predictor(config.predictor, seed=config.seed, policy=learner)
         self.predictor = predictor
@@ -149,20 +149,20 @@ class Trainer:
         self.step_count = 0
         self.totals: dict[str, float] = {}
         self.collector: CollectorProtocol = (collector_factory or default_collector)(
-            config, engine=self.engine, predictor=self.predictor)
+            config, generator=self.generator, predictor=self.predictor)
         self.refreshes_predictor = (config.predictor.refresh == "always"
                                     or reads_of(self.collector.strategy).predictor)
 
     def close(self) -> None:
-        """Shut the collector down and close the engine this trainer built (a vLLM engine gives its memory
+        """Shut the collector down and close the generator this trainer built (a vLLM backend gives its memory
         back; a learner that generates for itself stays usable). Idempotent; ``with Trainer(...)`` calls it."""
-        from trace_agent.policy.base import close_engine
+        from trace_agent.policy.base import close_generator
 
         close = getattr(self.collector, "close", None)
         if callable(close):
             close()
-        if self._owns_engine:
-            close_engine(self.engine, self.learner)
+        if self._owns_generator:
+            close_generator(self.generator, self.learner)
 
     def __enter__(self) -> Trainer:
         return self
@@ -191,7 +191,7 @@ class Trainer:
         segments = batch_segments(trees, o.name, **o.segment_kwargs())
         upd = update_policy(self.learner, self.optimizer, segments, optim=cfg.optim, objective=o,
                             temperature=cfg.sampling.temperature, rng=self.rng, reference=self.reference)
-        synced = sync_weights(self.engine, self.learner) if upd.optimizer_steps else False
+        synced = sync_weights(self.generator, self.learner) if upd.optimizer_steps else False
         t_update = time.perf_counter()
         for tree in trees:
             tree.release_snapshots()
@@ -284,7 +284,7 @@ class Trainer:
                 RecursionError) as exc:
             raise CheckpointError(f"{path} does not fit this run: {type(exc).__name__}: {exc}") from None
         self.step_count = step
-        sync_weights(self.engine, self.learner)
+        sync_weights(self.generator, self.learner)
         return self.step_count
 
     def prune_checkpoints(self) -> list[str]:

@@ -1,9 +1,9 @@
-"""Step 5 of a training step: the policy update and the weight sync to the generation engine.
+"""Step 5 of a training step: the policy update and the weight sync to the generator.
 
 :func:`update_policy` runs ``optim.epochs`` passes of clipped-surrogate mini-batches over
 the packed segments of a step (advantages from :mod:`trace_agent.objectives`), with
 gradient accumulation over micro-batches, gradient clipping and AdamW;
-:func:`sync_weights` then pushes the learner's weights to an engine that does not share
+:func:`sync_weights` then pushes the learner's weights to a generator that does not share
 the learner's model (vLLM).
 """
 
@@ -208,16 +208,17 @@ def segment_logprobs(learner: HFPolicy, segments: Sequence[Segment], *, temperat
     return [float(x.sum()) for x in scores]
 
 
-def sync_weights(engine: Any, learner: HFPolicy) -> bool:
-    """Push the learner's weights to the generation engine; False when they already share the model.
+def sync_weights(generator: Any, learner: HFPolicy) -> bool:
+    """Push the learner's weights to the generator (the policy the run samples with); False when they
+    already share the model.
 
-    An engine with ``update_weights(state_dict)`` (:class:`VLLMPolicy`) gets the learner's
-    ``state_dict``; an engine whose ``model`` is the learner's model needs nothing.
+    A generator with ``update_weights(state_dict)`` (:class:`VLLMPolicy`) gets the learner's
+    ``state_dict``; a generator whose ``model`` is the learner's model needs nothing.
     """
-    if engine is learner or getattr(engine, "model", None) is learner.model:
+    if generator is learner or getattr(generator, "model", None) is learner.model:
         return False
-    update = getattr(engine, "update_weights", None)
+    update = getattr(generator, "update_weights", None)
     if not callable(update):
-        raise TypeError(f"{type(engine).__name__} shares no model with the learner and has no update_weights()")
+        raise TypeError(f"{type(generator).__name__} shares no model with the learner and has no update_weights()")
     update(learner.model.state_dict())
     return True

@@ -1,4 +1,4 @@
-"""Wiring a run from its config: the learner and engine policies, the predictor, the strategy (env factories:
+"""Wiring a run from its config: the learner and generator policies, the predictor, the strategy (env factories:
 :mod:`trace_agent.env_factory`)."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from trace_agent.config import PolicyConfig, PredictorSettings
 if TYPE_CHECKING:  # pragma: no cover
     from trace_agent.policy.hf import HFPolicy
 
-__all__ = ["build_engine", "build_policies", "build_predictor", "resolve_strategy"]
+__all__ = ["build_policies", "build_predictor", "build_vllm_generator", "resolve_strategy"]
 
 
 def build_policies(config: PolicyConfig, *, seed: int = 0, env_id: str = "trace_envs/PythonMath-v0",
                    log: Callable[[str], None] | None = None) -> tuple[HFPolicy, Any]:
-    """(learner, engine) for ``config`` (see :class:`~trace_agent.config.PolicyConfig`); a ``demo`` policy
+    """(learner, generator) for ``config`` (see :class:`~trace_agent.config.PolicyConfig`); a ``demo`` policy
     without a path is ``env_id``'s shipped one (``log`` hears about a demo policy being built)."""
     from trace_agent.policy.hf import HFPolicy
 
@@ -36,13 +36,16 @@ def build_policies(config: PolicyConfig, *, seed: int = 0, env_id: str = "trace_
                                        template_kwargs=config.template_kwargs or None)
     if config.kind == "hf":
         return learner, learner
-    return learner, build_engine(config, seed=seed, tokenizer=learner.tokenizer)
+    return learner, build_vllm_generator(config, seed=seed, tokenizer=learner.tokenizer)
 
 
-def build_engine(config: PolicyConfig, *, seed: int = 0, tokenizer: Any = None) -> Any:
-    """The vLLM generation engine of a ``vllm`` / ``vllm-async`` / ``vllm-server`` policy config.
+def build_vllm_generator(config: PolicyConfig, *, seed: int = 0, tokenizer: Any = None) -> Any:
+    """The generator (the policy a run samples with) of a ``vllm`` / ``vllm-async`` / ``vllm-server`` policy
+    config: a :class:`~trace_agent.policy.vllm_backend.VLLMPolicy`,
+    :class:`~trace_agent.policy.vllm_async.AsyncVLLMPolicy` or
+    :class:`~trace_agent.policy.vllm_server.VLLMServerPolicy`.
 
-    ``tokenizer`` (the learner's) is reused for rendering so learner and engine share one chat template.
+    ``tokenizer`` (the learner's) is reused for rendering so learner and generator share one chat template.
     """
     template_kwargs = config.template_kwargs or None
     if config.kind == "vllm-server":
@@ -63,7 +66,7 @@ def build_engine(config: PolicyConfig, *, seed: int = 0, tokenizer: Any = None) 
         from trace_agent.policy.vllm_backend import VLLMPolicy
 
         return VLLMPolicy(config.path, tokenizer=tokenizer, template_kwargs=template_kwargs, **engine_kwargs)
-    raise ValueError(f"policy kind {config.kind!r} has no vLLM engine")
+    raise ValueError(f"policy kind {config.kind!r} has no vLLM generator")
 
 
 def build_predictor(config: PredictorSettings, *, seed: int = 0, policy: Any = None) -> Any:

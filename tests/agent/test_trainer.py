@@ -369,9 +369,9 @@ def test_eval_transcripts_hold_every_episode_with_its_reward(tmp_path: Path) -> 
     from trace_agent.wiring import build_policies
 
     cfg = tiny_config(tmp_path / "run", eval=EvalConfig(tasks=3, samples=2))
-    _, engine = build_policies(cfg.policy, seed=cfg.seed)
+    _, generator = build_policies(cfg.policy, seed=cfg.seed)
     seen: list[tuple] = []
-    result = evaluate_heldout(engine, cfg, on_episode=lambda *episode: seen.append(episode))
+    result = evaluate_heldout(generator, cfg, on_episode=lambda *episode: seen.append(episode))
     assert sorted((t, k) for t, k, _, _ in seen) == sorted((t, k) for t in result.per_task for k in range(2))
     assert sum(r > 0 for _, _, r, _ in seen) / len(seen) == result.success
     for _, _, _, messages in seen:

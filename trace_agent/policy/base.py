@@ -17,7 +17,7 @@ the env or the template (masked out of the loss).
 
 What every backend shares lives here, so no backend imports a sibling: the checks a ``generate``
 call opens with (:func:`check_call`), per-request seeds (:func:`request_seeds`), routing hints
-(:func:`check_sessions`) and the context-manager lifetime (:class:`EngineLifetime`, :func:`close_engine`).
+(:func:`check_sessions`) and the context-manager lifetime (:class:`BackendLifetime`, :func:`close_generator`).
 
 This module imports no torch; backends live in :mod:`trace_agent.policy.hf`
 (transformers), :mod:`trace_agent.policy.vllm_backend` and :mod:`trace_agent.policy.vllm_async`
@@ -49,8 +49,8 @@ __all__ = [
     "check_call",
     "request_seeds",
     "check_sessions",
-    "EngineLifetime",
-    "close_engine",
+    "BackendLifetime",
+    "close_generator",
 ]
 
 Message = Mapping[str, Any]
@@ -339,7 +339,7 @@ def check_call(contexts: Sequence[TokenContext], sampling: SamplingConfig | None
     return GenerateCall(sampling=sampling, seeds=per_request, sessions=routed)
 
 
-class EngineLifetime:
+class BackendLifetime:
     """The context-manager protocol over a backend's ``close()``: ``with Backend(...) as policy:`` closes
     the backend when the block ends, also on an exception (which propagates). ``close`` must be idempotent."""
 
@@ -353,11 +353,11 @@ class EngineLifetime:
         self.close()
 
 
-def close_engine(engine: Any, learner: Any = None) -> None:
-    """Close ``engine`` (a run's generation policy) unless it is ``learner`` itself (the transformers
+def close_generator(generator: Any, learner: Any = None) -> None:
+    """Close ``generator`` (a run's generation policy) unless it is ``learner`` itself (the transformers
     backend generates with the trained model) or has no ``close``."""
-    if engine is None or engine is learner:
+    if generator is None or generator is learner:
         return
-    close = getattr(engine, "close", None)
+    close = getattr(generator, "close", None)
     if callable(close):
         close()

@@ -144,7 +144,7 @@ class LoopBackedPolicy:
         return self._loop.run(self._logprobs(contexts, targets), timeout=self.request_timeout_s)
 
     def update_weights(self, state_dict: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
-        """Write ``state_dict`` (HF names) as safetensors into :meth:`_weights_dir` and have the engine reload it."""
+        """Write ``state_dict`` (HF names) as safetensors into :meth:`_weights_dir` and have the backend reload it."""
         path = save_safetensors(state_dict, self._weights_dir())
         self._loop.run(self._reload(str(path.parent.resolve())))
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_agent.policy.base import (
-    EngineLifetime,
+    BackendLifetime,
     Generation,
     PolicyError,
     SamplingConfig,
@@ -72,7 +72,7 @@ def _shutdown(holder: list[Any], loop: LoopThread) -> None:
         loop.close()
 
 
-class AsyncVLLMPolicy(EngineLifetime, LoopBackedPolicy, ChatTemplated):
+class AsyncVLLMPolicy(BackendLifetime, LoopBackedPolicy, ChatTemplated):
     """vLLM's ``AsyncLLM`` as a :class:`~trace_agent.policy.base.Policy` and
     :class:`~trace_agent.policy.base.AsyncPolicy` (see the module docstring).
 
@@ -123,16 +123,16 @@ class AsyncVLLMPolicy(EngineLifetime, LoopBackedPolicy, ChatTemplated):
             return AsyncLLM.from_engine_args(args)
 
         try:
-            self.engine = self._loop.run(start())
+            self.llm = self._loop.run(start())
         except BaseException:
             self._loop.close()
             raise
-        self._finalizer = weakref.finalize(self, _shutdown, [self.engine], self._loop)
+        self._finalizer = weakref.finalize(self, _shutdown, [self.llm], self._loop)
 
     # ------------------------------------------------------------- weights
     def _weights_dir(self) -> Path:
         """``weights_dir``, or a temporary directory made on first use; :class:`PolicyError` once closed."""
-        if self.engine is None:
+        if self.llm is None:
             raise PolicyError("AsyncVLLMPolicy is closed")
         if self.weights_dir is None:
             path = tempfile.mkdtemp(prefix="trace-vllm-weights-")
@@ -141,14 +141,14 @@ class AsyncVLLMPolicy(EngineLifetime, LoopBackedPolicy, ChatTemplated):
         return self.weights_dir
 
     def reset_prefix_cache(self) -> None:
-        if self.engine is None:
+        if self.llm is None:
             raise PolicyError("AsyncVLLMPolicy is closed")
-        self._loop.run(self.engine.reset_prefix_cache())
+        self._loop.run(self.llm.reset_prefix_cache())
 
     def close(self) -> None:
-        """Shut the engine (and its core process) down, stop the loop, remove a temporary ``weights_dir``;
-        idempotent. The directory is removed even when the shutdown raises."""
-        self.engine = None
+        """Shut the ``AsyncLLM`` (and its engine core process) down, stop the loop, remove a temporary
+        ``weights_dir``; idempotent. The directory is removed even when the shutdown raises."""
+        self.llm = None
         try:
             self._finalizer()
         finally:
@@ -162,11 +162,11 @@ class AsyncVLLMPolicy(EngineLifetime, LoopBackedPolicy, ChatTemplated):
         return f"trace-{self._prefix}-{next(self._ids)}"
 
     async def _one(self, prompt: Any, params: Any) -> Any:
-        if self.engine is None:
+        if self.llm is None:
             raise PolicyError("AsyncVLLMPolicy is closed")
         final = None
         try:
-            async for output in self.engine.generate(prompt, params, self._request_id()):
+            async for output in self.llm.generate(prompt, params, self._request_id()):
                 final = output
         except PolicyError:
             raise
@@ -194,11 +194,11 @@ class AsyncVLLMPolicy(EngineLifetime, LoopBackedPolicy, ChatTemplated):
         return target_logprobs(outputs, contexts, targets)
 
     async def _reload(self, weights_path: str) -> None:
-        if self.engine is None:
+        if self.llm is None:
             raise PolicyError("AsyncVLLMPolicy is closed")
-        await self.engine.pause_generation(mode="wait")
+        await self.llm.pause_generation(mode="wait")
         try:
-            await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": weights_path})
-            await self.engine.reset_prefix_cache()
+            await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": weights_path})
+            await self.llm.reset_prefix_cache()
         finally:
-            await self.engine.resume_generation()
+            await self.llm.resume_generation()

@@ -33,8 +33,8 @@ Lifetime: every backend here is a context manager; ``close()`` (idempotent, also
 on an exception) shuts the engine down and drops it, so its weights and KV cache are freed for the
 next engine of the process, and later calls raise :class:`PolicyError`. An engine that is never
 closed is shut down when its policy is garbage-collected or the interpreter exits.
-:func:`~trace_agent.policy.base.close_engine` closes a run's generation engine and leaves a learner
-that doubles as its own engine alone.
+:func:`~trace_agent.policy.base.close_generator` closes a run's generator and leaves a learner
+that doubles as its own generator alone.
 
 Weights: :meth:`VLLMPolicy.update_weights` loads a trainer's ``state_dict`` into
 the running model (the workers' ``reload_weights``, through ``LLM.collective_rpc``)
@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_agent.policy.base import (
-    EngineLifetime,
+    BackendLifetime,
     Generation,
     PolicyError,
     SamplingConfig,
@@ -132,7 +132,7 @@ def _shutdown_llm(holder: list[Any], in_process: bool) -> None:
             pass
 
 
-class VLLMPolicy(EngineLifetime, ChatTemplated):
+class VLLMPolicy(BackendLifetime, ChatTemplated):
     """A vLLM engine as a :class:`~trace_agent.policy.base.Policy`, callable from any thread.
 
     Args:
@@ -175,11 +175,11 @@ class VLLMPolicy(EngineLifetime, ChatTemplated):
                 if _LIVE_IN_PROCESS == 0:
                     _OWN_DIST = not dist_before
                 _LIVE_IN_PROCESS += 1
-        self._engine_lock = threading.Lock()  # vllm.LLM is single-threaded: one engine call at a time
+        self._llm_lock = threading.Lock()  # vllm.LLM is single-threaded: one engine call at a time
         self._finalizer = weakref.finalize(self, _shutdown_llm, [self.llm], in_process)
 
-    def _engine(self) -> Any:
-        """The open ``vllm.LLM`` (call under ``_engine_lock``); :class:`PolicyError` once closed."""
+    def _open_llm(self) -> Any:
+        """The open ``vllm.LLM`` (call under ``_llm_lock``); :class:`PolicyError` once closed."""
         if self.llm is None:
             raise PolicyError("VLLMPolicy is closed")
         return self.llm
@@ -204,8 +204,8 @@ class VLLMPolicy(EngineLifetime, ChatTemplated):
             return []
         prompts = [TokensPrompt(prompt_token_ids=list(ctx.token_ids)) for ctx in contexts]
         params = [sampling_params(call.sampling, seed=s, stop_token_ids=self.stop_token_ids) for s in call.seeds]
-        with self._engine_lock:
-            outputs = self._engine().generate(prompts, params, use_tqdm=False)
+        with self._llm_lock:
+            outputs = self._open_llm().generate(prompts, params, use_tqdm=False)
         return [completion_to_generation(out.outputs[0], self.chat) for out in outputs]
 
     def logprobs(
@@ -225,8 +225,8 @@ class VLLMPolicy(EngineLifetime, ChatTemplated):
         if temperature != 1.0:
             raise PolicyError("VLLMPolicy.logprobs supports temperature 1 only (prompt log-probs are unscaled)")
         prompts, params = logprob_requests(contexts, targets)
-        with self._engine_lock:
-            outputs = self._engine().generate(prompts, params, use_tqdm=False)
+        with self._llm_lock:
+            outputs = self._open_llm().generate(prompts, params, use_tqdm=False)
         return target_logprobs(outputs, contexts, targets)
 
     # ------------------------------------------------------------- weights
@@ -240,8 +240,8 @@ class VLLMPolicy(EngineLifetime, ChatTemplated):
         """
         weights = list(state_dict.items()) if isinstance(state_dict, Mapping) else list(state_dict)
         weights = [(name, tensor.detach().to("cpu").contiguous()) for name, tensor in weights]
-        with self._engine_lock:
-            llm = self._engine()
+        with self._llm_lock:
+            llm = self._open_llm()
             try:
                 llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
             except AttributeError:
@@ -259,6 +259,6 @@ class VLLMPolicy(EngineLifetime, ChatTemplated):
         Waits for a running call. Afterwards ``generate``, ``logprobs`` and ``update_weights`` raise
         :class:`PolicyError`; rendering and decoding (the tokenizer) still work.
         """
-        with self._engine_lock:
+        with self._llm_lock:
             self.llm = None
             self._finalizer()

@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_agent.policy.base import (
-    EngineLifetime,
+    BackendLifetime,
     Generation,
     PolicyError,
     SamplingConfig,
@@ -151,7 +151,7 @@ class _Retryable(Exception):
     """A server-side failure: try the request on another server."""
 
 
-class VLLMServerPolicy(EngineLifetime, LoopBackedPolicy, ChatTemplated):
+class VLLMServerPolicy(BackendLifetime, LoopBackedPolicy, ChatTemplated):
     """``vllm serve`` servers as a :class:`~trace_agent.policy.base.Policy` and
     :class:`~trace_agent.policy.base.AsyncPolicy` (see the module docstring).
 

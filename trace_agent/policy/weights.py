@@ -1,6 +1,6 @@
-"""Trained weights as data for a generation engine to reload: one safetensors file, written atomically.
+"""Trained weights as data for a generator to reload: one safetensors file, written atomically.
 
-The engines that do not share memory with the trainer (vLLM's async engine core process,
+The generators that do not share memory with the trainer (vLLM's async engine core process,
 ``vllm serve`` servers) reload weights from a directory (vLLM's ``reload_weights(weights_path=)``).
 :func:`save_safetensors` writes a ``state_dict`` there as ``model.safetensors`` (HF parameter names,
 tensors copied to CPU, tied tensors stored once each) through a temporary file and ``os.replace``,

@@ -64,7 +64,7 @@ def test_strategy_collector_is_a_collector_protocol() -> None:
     from ..test_rollout import scripted_setup
 
     policy, _ = scripted_setup(2)
-    collector = StrategyCollector(TrainConfig(), engine=policy, predictor=None)
+    collector = StrategyCollector(TrainConfig(), generator=policy, predictor=None)
     try:
         assert isinstance(collector, CollectorProtocol)
         assert collector.collector.config.backend == "local"

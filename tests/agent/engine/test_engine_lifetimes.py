@@ -1,5 +1,5 @@
 """Engine lifetimes: the vLLM backends close idempotently (also as context managers, also on exceptions), the
-async engine's temporary weights dir is removed on close, and a comparison closes the engine of its start
+async engine's temporary weights dir is removed on close, and a comparison closes the generator of its start
 evaluation. On CPU without vLLM the engines are stand-ins (a fake ``vllm`` package); the test marked ``vllm``
 builds two real engines in one process and checks that memory comes back."""
 
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trace_agent.policy.base import PolicyError, SamplingConfig, close_engine
+from trace_agent.policy.base import PolicyError, SamplingConfig, close_generator
 from trace_agent.policy.vllm_common import vllm_available
 
 
@@ -181,18 +181,18 @@ def test_server_client_is_a_context_manager_and_closes_idempotently(tokenizer) -
         policy.generate([ctx], SamplingConfig(max_new_tokens=2, seed=0))
 
 
-def test_close_engine_leaves_a_learner_that_is_its_own_engine() -> None:
+def test_close_generator_leaves_a_learner_that_is_its_own_generator() -> None:
     closed = []
     learner = SimpleNamespace(close=lambda: closed.append("learner"))
-    engine = SimpleNamespace(close=lambda: closed.append("engine"))
-    close_engine(learner, learner)
-    close_engine(None, learner)
-    close_engine(SimpleNamespace(), learner)  # nothing to close
-    close_engine(engine, learner)
-    assert closed == ["engine"]
+    generator = SimpleNamespace(close=lambda: closed.append("generator"))
+    close_generator(learner, learner)
+    close_generator(None, learner)
+    close_generator(SimpleNamespace(), learner)  # nothing to close
+    close_generator(generator, learner)
+    assert closed == ["generator"]
 
 
-def test_comparison_evaluates_the_start_on_the_engine_and_closes_it(monkeypatch, tmp_path) -> None:
+def test_comparison_evaluates_the_start_on_the_generator_and_closes_it(monkeypatch, tmp_path) -> None:
     import trace_agent.evaluation as evaluation
     import trace_agent.train_cli as train_cli
     import trace_agent.wiring as wiring
@@ -201,12 +201,12 @@ def test_comparison_evaluates_the_start_on_the_engine_and_closes_it(monkeypatch,
 
     events: list[str] = []
     learner = SimpleNamespace(name="learner")
-    engine = SimpleNamespace(name="engine", close=lambda: events.append("close engine"))
+    generator = SimpleNamespace(name="generator", close=lambda: events.append("close generator"))
     result = SimpleNamespace(success=0.5, success_se=0.1, tasks=2, samples=1, episodes=2)
 
     def evaluate(policy, config, **kwargs):
         events.append(f"evaluate {policy.name}")
-        if policy is engine and "fail" in config.out_dir:
+        if policy is generator and "fail" in config.out_dir:
             raise RuntimeError("eval failed")
         return result
 
@@ -215,31 +215,31 @@ def test_comparison_evaluates_the_start_on_the_engine_and_closes_it(monkeypatch,
         return SimpleNamespace(after=result, effective_ratio=[1.0], train_success=[0.5], paper_units=1.0,
                                generated_tokens=1, predictor_share=0.0)
 
-    monkeypatch.setattr(wiring, "build_policies", lambda *a, **k: (learner, engine))
+    monkeypatch.setattr(wiring, "build_policies", lambda *a, **k: (learner, generator))
     monkeypatch.setattr(evaluation, "evaluate_heldout", evaluate)
     monkeypatch.setattr(train_cli, "run_training", train)
     out = compare_training(TrainConfig(out_dir=str(tmp_path / "ok")), ["trace"], [0], log=lambda _m: None)
     assert out.base["success"] == 0.5
-    assert events == ["evaluate engine", "close engine", "train trace"]
+    assert events == ["evaluate generator", "close generator", "train trace"]
     events.clear()
     with pytest.raises(RuntimeError, match="eval failed"):
         compare_training(TrainConfig(out_dir=str(tmp_path / "fail")), ["trace"], [0], log=lambda _m: None)
-    assert events == ["evaluate engine", "close engine"]
+    assert events == ["evaluate generator", "close generator"]
 
 
-def test_a_trainer_closes_what_it_built_and_leaves_an_engine_it_was_given(tmp_path) -> None:
+def test_a_trainer_closes_what_it_built_and_leaves_a_generator_it_was_given(tmp_path) -> None:
     from tests.agent.test_trainer import tiny_config
     from trace_agent.trainer import Trainer
 
     closed: list[str] = []
     given = SimpleNamespace(close=lambda: closed.append("given"))
-    with Trainer(tiny_config(tmp_path / "given"), engine=given) as trainer:
-        assert trainer.engine is given
+    with Trainer(tiny_config(tmp_path / "given"), generator=given) as trainer:
+        assert trainer.generator is given
     trainer.close()  # idempotent
-    assert closed == []  # the caller's engine: the caller closes it
+    assert closed == []  # the caller's generator: the caller closes it
     with Trainer(tiny_config(tmp_path / "own")) as trainer:  # the tiny policy generates for itself
         learner = trainer.learner
-    assert trainer.engine is learner
+    assert trainer.generator is learner
     learner.generate([learner.render([{"role": "user", "content": "hi"}])],
                      SamplingConfig(max_new_tokens=2, seed=0))  # still usable
 
@@ -271,11 +271,11 @@ def test_two_engines_in_one_process_give_their_memory_back(tmp_path) -> None:
     for _ in range(2):
         gc.collect()
         rss.append(_rss_mib())
-        with VLLMPolicy(tmp_path / "m", tokenizer=hf.tokenizer, **kwargs) as engine:
-            turns.append([g.token_ids for g in engine.generate([ctx, ctx], SamplingConfig(max_new_tokens=8),
+        with VLLMPolicy(tmp_path / "m", tokenizer=hf.tokenizer, **kwargs) as policy:
+            turns.append([g.token_ids for g in policy.generate([ctx, ctx], SamplingConfig(max_new_tokens=8),
                                                                seeds=[1, 2])])
             rss.append(_rss_mib())
-        assert engine.llm is None
+        assert policy.llm is None
     gc.collect()
     rss.append(_rss_mib())
     assert turns[0] == turns[1]  # the second engine, built after the first closed, works the same

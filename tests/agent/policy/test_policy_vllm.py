@@ -36,7 +36,7 @@ def models(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def engine(models):
+def vllm_policy(models):
     from trace_agent.policy.vllm_backend import VLLMPolicy
 
     policy = VLLMPolicy(models[0][0], dtype="float32", max_model_len=2048, gpu_memory_utilization=0.3,
@@ -45,36 +45,36 @@ def engine(models):
     policy.close()
 
 
-def test_vllm_matches_transformers_and_extends_like_it(models, engine) -> None:
+def test_vllm_matches_transformers_and_extends_like_it(models, vllm_policy) -> None:
     hf = models[0][1]
-    ctx = engine.render(MESSAGES, TOOLS)
+    ctx = vllm_policy.render(MESSAGES, TOOLS)
     assert ctx.token_ids == hf.render(MESSAGES, TOOLS).token_ids
-    gens = engine.generate([ctx, ctx, ctx], SamplingConfig(max_new_tokens=16, temperature=1.0, seed=3))
-    again = engine.generate([ctx, ctx, ctx], SamplingConfig(max_new_tokens=16, temperature=1.0, seed=3))
+    gens = vllm_policy.generate([ctx, ctx, ctx], SamplingConfig(max_new_tokens=16, temperature=1.0, seed=3))
+    again = vllm_policy.generate([ctx, ctx, ctx], SamplingConfig(max_new_tokens=16, temperature=1.0, seed=3))
     assert [g.token_ids for g in gens] == [g.token_ids for g in again]  # per-request seeds
     assert len({g.token_ids for g in gens}) > 1  # requests of one batch differ
     reference = hf.logprobs([ctx] * 3, [g.token_ids for g in gens])
     for g, ref in zip(gens, reference):
         assert all(math.isfinite(x) and x <= 0 for x in g.logprobs)
         body = g.token_ids[:-1] if g.finish_reason == "stop" else g.token_ids
-        assert g.text == engine.decode(body)
+        assert g.text == vllm_policy.decode(body)
         assert max(abs(a - b) for a, b in zip(g.logprobs, ref)) < 1e-3
-    assert max(abs(a - b) for a, b in zip(engine.logprobs([ctx], [gens[0].token_ids])[0], reference[0])) < 1e-3
-    hot = engine.generate([ctx], SamplingConfig(max_new_tokens=8, temperature=1.6, seed=0))[0]
+    assert max(abs(a - b) for a, b in zip(vllm_policy.logprobs([ctx], [gens[0].token_ids])[0], reference[0])) < 1e-3
+    hot = vllm_policy.generate([ctx], SamplingConfig(max_new_tokens=8, temperature=1.6, seed=0))[0]
     hot_ref = hf.logprobs([ctx], [hot.token_ids], temperature=1.6)[0]
     assert max(abs(a - b) for a, b in zip(hot.logprobs, hot_ref)) < 1e-3
-    new = engine.extend(ctx, gens[0], {"role": "tool", "content": "42"})
+    new = vllm_policy.extend(ctx, gens[0], {"role": "tool", "content": "42"})
     assert new.token_ids == hf.extend(ctx, gens[0], {"role": "tool", "content": "42"}).token_ids
-    cont = engine.generate([new],
+    cont = vllm_policy.generate([new],
                            SamplingConfig(max_new_tokens=4, seed=1))[0]  # a continuation reusing the cached prefix
     assert cont.num_tokens >= 1
 
 
-def test_vllm_update_weights_syncs_trained_weights(models, engine) -> None:
+def test_vllm_update_weights_syncs_trained_weights(models, vllm_policy) -> None:
     other = models[1][1]
-    ctx = engine.render(MESSAGES, TOOLS)
-    engine.update_weights(other.model.state_dict())
-    (gen,) = engine.generate([ctx], SamplingConfig(max_new_tokens=8, seed=0))
+    ctx = vllm_policy.render(MESSAGES, TOOLS)
+    vllm_policy.update_weights(other.model.state_dict())
+    (gen,) = vllm_policy.generate([ctx], SamplingConfig(max_new_tokens=8, seed=0))
     ref = other.logprobs([ctx], [gen.token_ids])[0]
     assert max(abs(a - b) for a, b in zip(gen.logprobs, ref)) < 1e-3
-    engine.update_weights(models[0][1].model.state_dict())  # back, for other tests
+    vllm_policy.update_weights(models[0][1].model.state_dict())  # back, for other tests
