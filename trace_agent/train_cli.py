@@ -397,25 +397,30 @@ def _train_main(args: argparse.Namespace) -> int:
 
 
 def _eval_main(args: argparse.Namespace) -> int:
+    from trace_agent.policy.base import close_generator
     from trace_agent.wiring import build_policies
 
     config = config_from_args(args)
     code = _preflight(args, config, train=False)
     if code is not None:
         return code
-    _, generator = build_policies(config.policy, seed=config.seed, env_id=config.env_id)
+    learner, generator = build_policies(config.policy, seed=config.seed, env_id=config.env_id)
     progress = not args.no_progress
-    if args.transcripts:
-        path = Path(args.transcripts)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w") as f:
-            def write(task_id: str, sample: int, reward: float, messages: list[dict[str, Any]]) -> None:
-                f.write(json.dumps({"task_id": task_id, "sample": sample, "reward": reward, "messages": messages},
-                                   ensure_ascii=False, default=str) + "\n")
+    try:
+        if args.transcripts:
+            path = Path(args.transcripts)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("w") as f:
+                def write(task_id: str, sample: int, reward: float, messages: list[dict[str, Any]]) -> None:
+                    f.write(json.dumps({"task_id": task_id, "sample": sample, "reward": reward,
+                                        "messages": messages}, ensure_ascii=False, default=str) + "\n")
 
-            result = evaluate_heldout(generator, config, seed=args.eval_seed, on_episode=write, progress=progress)
-    else:
-        result = evaluate_heldout(generator, config, seed=args.eval_seed, progress=progress)
+                result = evaluate_heldout(generator, config, seed=args.eval_seed, on_episode=write,
+                                          progress=progress)
+        else:
+            result = evaluate_heldout(generator, config, seed=args.eval_seed, progress=progress)
+    finally:
+        close_generator(generator, learner)  # a vLLM engine gives its memory back when the evaluation ends
     print(json.dumps({k: v for k, v in asdict(result).items() if k != "per_task"} if not args.per_task
                      else asdict(result), indent=1))
     return 0

@@ -227,6 +227,40 @@ def test_comparison_evaluates_the_start_on_the_generator_and_closes_it(monkeypat
     assert events == ["evaluate generator", "close generator"]
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_eval_command_closes_the_generator_it_built(monkeypatch, fails, capsys) -> None:
+    import argparse
+
+    import trace_agent.train_cli as train_cli
+    import trace_agent.wiring as wiring
+
+    events: list[str] = []
+    learner = SimpleNamespace(name="learner", close=lambda: events.append("close learner"))
+    generator = SimpleNamespace(name="generator", close=lambda: events.append("close generator"))
+    result = train_cli.EvalResult(success=0.5, success_se=0.1, tasks=2, samples=1, episodes=2, solved_tasks=1,
+                                  seconds=0.1, per_task={"a": 1.0, "b": 0.0})
+
+    def evaluate(policy, config, **kwargs):
+        events.append(f"evaluate {policy.name}")
+        if fails:
+            raise RuntimeError("eval failed")
+        return result
+
+    monkeypatch.setattr(wiring, "build_policies", lambda *a, **k: (learner, generator))
+    monkeypatch.setattr(train_cli, "evaluate_heldout", evaluate)
+    monkeypatch.setattr(train_cli, "_preflight", lambda *a, **k: None)
+    parser = argparse.ArgumentParser()
+    train_cli.add_eval_parser(parser.add_subparsers())
+    args = parser.parse_args(["eval", "--no-progress"])
+    if fails:
+        with pytest.raises(RuntimeError, match="eval failed"):
+            train_cli._eval_main(args)
+    else:
+        assert train_cli._eval_main(args) == 0
+        assert '"success": 0.5' in capsys.readouterr().out
+    assert events == ["evaluate generator", "close generator"]  # the learner is not the eval's to close
+
+
 def test_a_trainer_closes_what_it_built_and_leaves_a_generator_it_was_given(tmp_path) -> None:
     from tests.agent.test_trainer import tiny_config
     from trace_agent.trainer import Trainer
