@@ -188,7 +188,6 @@ class Growth:
         self.release_snapshots = release_snapshots
         self.oracle_generated_tokens = 0
         self.oracle_env_steps = 0
-        self._loop = asyncio.get_running_loop()
         self._finish = getattr(policy, "finish", None)
 
     # ---------------------------------------------------------------- sampling core
