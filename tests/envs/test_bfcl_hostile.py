@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("bfcl_eval", reason="BFCL-v0 needs bfcl-eval (pip install --no-deps bfcl-eval mpmath)")
 pytest.importorskip("mpmath")
 
+from tests.envs.signals import stop  # noqa: E402
 from trace_envs.function_calling import BFCLEnv, remote  # noqa: E402
 
 pytestmark = pytest.mark.hostile
@@ -143,7 +144,7 @@ def test_a_killed_or_stopped_worker_is_replaced_and_the_state_rebuilt(env: BFCLE
     obs, seconds, _ = timed_step(env, "[ls()]")
     assert '"kept"' in obs and seconds < BOUND_S
     worker = env._backends._worker  # noqa: SLF001
-    os.kill(worker.proc.pid, signal.SIGSTOP)
+    stop(worker.proc.pid)
     obs, seconds, _ = timed_step(env, "[ls()]")
     assert seconds < BOUND_S and "exceeded" in obs
     assert worker.proc.poll() is not None  # killed and reaped

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.envs.signals import stop
 from trace_envs.python_tool import _grading_worker
 from trace_envs.python_tool._host import proc_stat
 from trace_envs.python_tool.grading import (
@@ -187,7 +188,7 @@ def test_the_budget_is_the_workers_cpu_time_not_the_wall_clock() -> None:
     """A worker that gets no CPU for a while (a loaded machine; here SIGSTOP) still answers correctly."""
     assert grade_answer("2^{10}", "1024") is True
     pid = _grading_worker._POOL.idle_pids()[-1]  # the worker the next call takes
-    os.kill(pid, signal.SIGSTOP)
+    stop(pid)
     resume = threading.Timer(1.0, os.kill, (pid, signal.SIGCONT))
     resume.start()
     try:
@@ -197,7 +198,7 @@ def test_the_budget_is_the_workers_cpu_time_not_the_wall_clock() -> None:
     finally:
         resume.join()
     assert pid in _grading_worker._POOL.idle_pids()
-    os.kill(pid, signal.SIGSTOP)  # ... but the wall-clock cap still holds: stopped for good, it is given up
+    stop(pid)  # ... but the wall-clock cap still holds: stopped for good, it is given up
     start = time.monotonic()
     assert grade_answer("\\frac{\\sqrt{2}}{2}", "\\sqrt{2}/2", timeout_s=0.1) is False
     assert time.monotonic() - start < _grading_worker.WALL_FACTOR * 0.1 + 0.5
