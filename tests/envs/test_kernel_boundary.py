@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -195,13 +196,40 @@ def test_process_cap_holds_for_every_user(bypassed):
 
 
 def _closed_dirs_on_the_way(path: str) -> list[str]:
-    """Ancestors of ``path`` that other users cannot traverse (e.g. /root holding ~/.pyenv)."""
+    """``path`` and its ancestors that other users cannot traverse (/root holding ~/.pyenv, a checkout in a
+    ``mktemp -d`` dir)."""
     parts, current, closed = Path(path).resolve().parts[1:], "/", []
-    for part in parts[:-1]:
+    for part in parts:
         current = os.path.join(current, part)
         if not os.stat(current).st_mode & 0o001:
             closed.append(current)
     return closed
+
+
+def _expose_commands(targets: list[str], stage_root: str) -> list[str]:
+    """Shell commands (run as root in a private mount namespace) that let any user reach ``targets``.
+
+    Each closed dir on the way is covered by a 0755 tmpfs into which the entries on the way are bind-mounted
+    back from a staged view of it (every entry, where the closed dir is a target itself); what is not on the
+    way stays out of sight, and what is exposed keeps its own modes.
+    """
+    resolved = [Path(t).resolve() for t in targets]
+    commands: list[str] = []
+    for number, top in enumerate(sorted({d for t in resolved for d in _closed_dirs_on_the_way(str(t))})):
+        needed = set()
+        for target in resolved:
+            if target == Path(top):
+                needed.update(os.listdir(top))
+            elif target.is_relative_to(top):
+                needed.add(target.relative_to(top).parts[0])
+        stage, quoted = f"{stage_root}/.stage{number}", shlex.quote(top)
+        commands.append(f"mkdir -p {shlex.quote(stage)} && mount --bind {quoted} {shlex.quote(stage)} && "
+                        f"mount -t tmpfs -o mode=0755 tmpfs {quoted}")
+        for name in sorted(needed):
+            make = "mkdir -p" if os.path.isdir(os.path.join(top, name)) else "touch"
+            commands.append(f"{make} {shlex.quote(f'{top}/{name}')} && "
+                            f"mount --bind {shlex.quote(f'{stage}/{name}')} {shlex.quote(f'{top}/{name}')}")
+    return commands
 
 
 def _ensure_test_user() -> int:
@@ -222,21 +250,14 @@ def test_hostile_suite_holds_as_an_unprivileged_user():
     """The kernel-boundary, sandbox, BFCL, run-dir and retrieval-server hostile suites pass for a user
     with no privileges at all.
 
-    The interpreter's own files may sit under a dir other users cannot enter (/root/.pyenv): a
-    private mount namespace shows only those files to the test user (as the sandbox's own
-    ``expose_python`` does for its uid), nothing else of the host changes.
+    The interpreter's own files may sit under a dir other users cannot enter (/root/.pyenv), and so may the
+    checkout (a clone in a ``mktemp -d`` dir): a private mount namespace shows only those files to the test
+    user (as the sandbox's own ``expose_python`` does for its uid), nothing else of the host changes.
     """
     uid = _ensure_test_user()
-    closed = _closed_dirs_on_the_way(sys.base_prefix) + _closed_dirs_on_the_way(sys.prefix)
     base = tempfile.mkdtemp(prefix="trace-gym-nonroot-")
     os.chown(base, uid, uid)
-    exposes = []
-    for top in sorted(set(closed)):
-        needed = {Path(p).resolve().relative_to(top).parts[0] for p in (sys.base_prefix, sys.prefix)
-                  if Path(p).resolve().is_relative_to(top)}
-        stage = f"{base}/.stage{len(exposes)}"
-        exposes.append(f"mkdir -p {stage} && mount --bind {top} {stage} && mount -t tmpfs -o mode=0755 tmpfs {top}")
-        exposes += [f"mkdir -p {top}/{name} && mount --bind {stage}/{name} {top}/{name}" for name in sorted(needed)]
+    exposes = _expose_commands([sys.base_prefix, sys.prefix, str(PROJECT)], base)
     suites = ["tests/envs/test_kernel_boundary.py", "tests/envs/test_python_sandbox.py", "tests/envs/test_hostile.py",
               "tests/envs/test_bfcl_hostile.py", "tests/agent/test_rundir_hostile.py",
               "tests/retrievers/test_server_hostile.py"]
