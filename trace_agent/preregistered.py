@@ -33,10 +33,14 @@ __all__ = [
     "build_table",
     "curve_auc_steps",
     "fmt",
+    "holm",
     "kept_step_metric",
     "load_runs",
     "paired_ci",
+    "paired_p",
+    "paired_power",
     "parse_arm",
+    "run_figures",
     "table_markdown",
 ]
 
@@ -108,6 +112,44 @@ def paired_ci(diffs: Sequence[float]) -> dict[str, float]:
     return {"n": n, "mean": mean, "se": se, "low": mean - q * se, "high": mean + q * se}
 
 
+def paired_p(diffs: Sequence[float]) -> float:
+    """Two-sided p-value of the paired t test that the mean of ``diffs`` is 0 (n - 1 degrees of freedom)."""
+    from scipy.stats import t as student_t
+
+    c = paired_ci(diffs)
+    if c["n"] < 2 or not c["se"] > 0:
+        return math.nan
+    return float(2 * student_t.sf(abs(c["mean"]) / c["se"], c["n"] - 1))
+
+
+def holm(pvalues: Sequence[float], *, alpha: float = 0.05) -> list[bool]:
+    """Holm's step-down procedure: which hypotheses are rejected at family-wise error ``alpha``, in input order.
+
+    The i-th smallest p-value (i = 0, 1, ...) is compared with ``alpha / (m - i)``; the first that fails stops
+    the procedure and it and every larger p-value are kept.
+    """
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    rejected = [False] * len(pvalues)
+    for rank, i in enumerate(order):
+        if not pvalues[i] <= alpha / (len(pvalues) - rank):
+            break
+        rejected[i] = True
+    return rejected
+
+
+def paired_power(delta: float, sd: float, n: int, *, alpha: float = 0.05) -> float:
+    """Power of the two-sided paired t test at level ``alpha`` to find a true mean difference ``delta`` with
+    ``n`` pairs whose differences have standard deviation ``sd`` (the noncentral t distribution)."""
+    from scipy.stats import nct
+    from scipy.stats import t as student_t
+
+    if n < 2 or not sd > 0:
+        raise ValueError(f"power needs n >= 2 pairs and sd > 0, got n={n}, sd={sd}")
+    df, nc = n - 1, delta / (sd / math.sqrt(n))
+    q = float(student_t.ppf(1 - alpha / 2, df))
+    return float(nct.sf(q, df, nc) + nct.cdf(-q, df, nc))
+
+
 def load_runs(runs: str | Path) -> list[dict[str, Any]]:
     """The run files in ``runs`` (``*_s<seed>.json``), in name order; ``base.json`` is not a run."""
     out = []
@@ -134,6 +176,12 @@ def _per_run(r: dict[str, Any]) -> dict[str, float]:
             "effective_ratio_step1": first[0] if first else math.nan,
             "generated_tokens": float(r["generated_tokens"]), "paper_units": float(r["paper_units"]),
             "seconds": float(r["seconds"])}
+
+
+def run_figures(run: dict[str, Any]) -> dict[str, float]:
+    """One run file's figures: ``auc``, ``final``, ``effective_ratio`` (mean over its steps),
+    ``effective_ratio_step1``, ``generated_tokens``, ``paper_units``, ``seconds``."""
+    return _per_run(run)
 
 
 def build_table(runs: Sequence[dict[str, Any]], reference: str = "grpo",
