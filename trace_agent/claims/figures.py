@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "DOCS",
     "FIGURES",
     "SECTION8_SECONDARY",
     "Figure",
@@ -40,6 +41,7 @@ __all__ = [
     "rebuilt_from_problems",
 ]
 
+#: The repository's docs/ directory, where the committed files live.
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
@@ -181,13 +183,6 @@ def _train_paired(docs: Path, rel: str, a: str, b: str) -> list[float]:
 def _sd(values: Sequence[float]) -> float:
     m = _mean(values)
     return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
-
-
-def _holm_survives(pvalues: Sequence[float], index: int, alpha: float = 0.05) -> float:
-    """1.0 when test ``index`` is rejected by Holm's step-down procedure over ``pvalues`` at ``alpha``, else 0.0."""
-    from trace_agent.preregistered import holm
-
-    return 1.0 if holm(pvalues, alpha=alpha)[index] else 0.0
 
 
 # ------------------------------------------------------------------------------------------- the figures
@@ -387,9 +382,11 @@ SECTION8_SECONDARY: tuple[tuple[str, str], ...] = (("trace", "treepo"), ("grpo@2
 def holm_section8(docs: Path = DOCS, *, with_primary: bool = False) -> dict[str, bool]:
     """Which of §8's secondary AUC tests Holm's procedure keeps at 0.05 (over the three, or with the primary
     ``trace - grpo`` in the family)."""
+    from trace_agent.preregistered import holm
+
     tests = ((("trace", "grpo"),) if with_primary else ()) + SECTION8_SECONDARY
-    ps = [_p(docs, _RUNS, a, b) for a, b in tests]
-    return {f"{a} − {b}": bool(_holm_survives(ps, i)) for i, (a, b) in enumerate(tests)}
+    kept = holm([_p(docs, _RUNS, a, b) for a, b in tests])
+    return {f"{a} − {b}": k for (a, b), k in zip(tests, kept, strict=True)}
 
 
 # ------------------------------------------------------------------------------------------- the check
