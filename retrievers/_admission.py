@@ -1,8 +1,8 @@
 """Admission for the retrieval server: who gets a connection, per client and in all, and what happens past a limit.
 
-A client is a peer IP address (behind a reverse proxy every client is the proxy:
-give the proxy its own limits, or run the server where clients reach it
-directly). :class:`Admission` accepts connections on the event loop and holds
+A client is a peer IPv4 address or IPv6 /64 (:func:`client_key`). Behind a
+reverse proxy every client is the proxy: give the proxy its own limits, or run
+the server where clients reach it directly. :class:`Admission` accepts connections on the event loop and holds
 at most ``max_connections`` connections in all and ``max_connections_per_client``
 from one client. A connection beyond either limit is answered 503
 (``Retry-After: 1``) and half-closed as it is accepted, without a coroutine (the
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import ipaddress
 import os
 import socket
 import sys
@@ -35,7 +36,7 @@ from typing import Any
 
 from retrievers._wire import refusal, refuse
 
-__all__ = ["Admission", "connection_limits", "listen"]
+__all__ = ["Admission", "client_key", "connection_limits", "listen"]
 
 _ACCEPTS_PER_WAKEUP = 64
 _ACCEPT_BACKOFF_S = 0.1
@@ -77,6 +78,25 @@ def connection_limits(max_connections: int, per_client: int | None, reserved_fds
     budget = _descriptor_budget(reserved_fds)
     total = max_connections if budget is None else min(max_connections, budget)
     return total, min(total, max(1, total // 8) if per_client is None else per_client)
+
+
+def client_key(address: Any) -> str:
+    """Who a peer is: its IPv4 address, or the /64 network of an IPv6 address.
+
+    One IPv6 host holds a whole /64 (SLAAC, privacy addresses), so keying IPv6 by
+    address would let one host count as millions of clients; an IPv4-mapped IPv6
+    address is its IPv4 address. Anything else (a Unix socket's path) is itself.
+    """
+    host = str(address[0]) if isinstance(address, tuple) else str(address)
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return host
 
 
 def listen(host: str, port: int, backlog: int) -> list[socket.socket]:
@@ -256,7 +276,7 @@ class Admission:
             self._reserve = _reserve_descriptor()
 
     def _admit(self, conn: socket.socket, address: Any) -> None:
-        client = str(address[0]) if isinstance(address, tuple) else str(address)
+        client = client_key(address)
         if self.open_connections >= self.max_connections:
             self._refuse(conn, self._full)
             return

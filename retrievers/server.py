@@ -13,7 +13,8 @@ gives a schema error), a malformed HTTP request a 400, bodies over
 
 The server is three parts, each in its own module, assembled here:
 
-* admission (``retrievers._admission``): a client is a peer IP address; at most
+* admission (``retrievers._admission``): a client is a peer IPv4 address or
+  IPv6 /64 network (one host holds a whole /64); at most
   ``max_connections`` connections in all and ``max_connections_per_client`` from
   one client (503 at accept beyond either, without a coroutine), the global cap
   lowered to what ``RLIMIT_NOFILE`` allows, a reserve descriptor to shed
@@ -113,7 +114,7 @@ class ServerConfig:
         backlog: the listen backlog (pending connections the kernel queues).
         max_connections: open connections served at once; more get a 503. The server
             uses at most what ``RLIMIT_NOFILE`` allows (see ``reserved_fds``).
-        max_connections_per_client: open connections one peer IP address may hold; more
+        max_connections_per_client: open connections one client (a peer IPv4 address or IPv6 /64) may hold; more
             get a 503 while other addresses are served. ``None``: an eighth of the server's
             global cap (1024 of 8192). Behind a reverse proxy the peer is the proxy.
         reserved_fds: file descriptors kept free beyond the open connections (for the
@@ -368,7 +369,9 @@ class RetrievalServer:
             return HTTPStatus.OK, {"status": "ok", "retriever": repr(self.retriever), "batches": self.batcher.batches,
                                    "open_connections": self.open_connections,
                                    "refused_connections": self.refused_connections,
-                                   "accept_errors": self.accept_errors}
+                                   "accept_errors": self.accept_errors,
+                                   "submitted_queries": self.batcher.submitted_queries,
+                                   "queued_queries": self.batcher.queued_queries}
         if method == "POST" and route == "/retrieve":
             try:
                 request = parse_request(body, self.config)
