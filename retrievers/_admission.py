@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import ipaddress
+import itertools
 import os
 import socket
 import sys
@@ -36,7 +37,7 @@ from typing import Any
 
 from retrievers._wire import refusal, refuse
 
-__all__ = ["Admission", "client_key", "connection_limits", "listen"]
+__all__ = ["Admission", "Ticket", "client_key", "connection_limits", "listen"]
 
 _ACCEPTS_PER_WAKEUP = 64
 _ACCEPT_BACKOFF_S = 0.1
@@ -165,19 +166,53 @@ class _Lingering:
             self.conn.close()
 
 
+class Ticket:
+    """One admitted connection: its client, and whether it is idle (waiting for a request) now.
+
+    The connection's handler calls :meth:`idle` with a function that closes the
+    connection before it waits for a request, and :meth:`busy` once a request
+    begins; an idle connection may be closed to admit another client (see
+    :class:`Admission`).
+    """
+
+    __slots__ = ("client", "released", "_admission")
+
+    def __init__(self, admission: Admission, client: str) -> None:
+        self.client = client
+        self.released = False
+        self._admission = admission
+
+    def idle(self, close: Callable[[], None]) -> None:
+        if not self.released:
+            self._admission._idle.setdefault(self.client, {})[self] = close
+
+    def busy(self) -> None:
+        idle = self._admission._idle.get(self.client)
+        if idle is not None and idle.pop(self, None) is not None and not idle:
+            del self._admission._idle[self.client]
+
+
 class Admission:
-    """Accepts connections on ``loop`` from ``sockets`` within the limits, and runs ``serve(conn, client)`` for each.
+    """Accepts connections on ``loop`` from ``sockets`` within the limits, and runs ``serve(conn, ticket)`` for each.
 
     ``max_connections`` / ``max_connections_per_client``: the limits in force (see
-    :func:`connection_limits`). ``open_connections``: connections being served;
-    ``refused_connections``: connections answered 503 at accept (over a limit, or out
-    of descriptors); ``accept_errors``: ``accept`` calls that failed (for want of
-    descriptors, mostly). Everything runs on the loop's thread.
+    :func:`connection_limits`). At the global cap a new client is not simply refused:
+    if another client holds more connections than the newcomer would (its count + 1)
+    and one of them is idle, that client's longest-idle connection is closed and the
+    newcomer admitted, so that several clients hoarding idle connections, each within
+    its own limit, cannot shut out a client holding few. (An idle connection is one
+    waiting for a request, new or kept alive; its client sees it closed, as after the
+    idle timeout.) The largest holder is found in O(1) (clients are bucketed by count).
+    ``open_connections``: connections being served; ``refused_connections``:
+    connections answered 503 at accept (over a limit, or out of descriptors);
+    ``evicted_connections``: idle connections closed to admit another client;
+    ``accept_errors``: ``accept`` calls that failed (for want of descriptors, mostly).
+    Everything runs on the loop's thread.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sockets: list[socket.socket], *,
                  max_connections: int, max_connections_per_client: int | None, reserved_fds: int,
-                 serve: Callable[[socket.socket, str], Awaitable[None]], verbose: bool = False) -> None:
+                 serve: Callable[[socket.socket, Ticket], Awaitable[None]], verbose: bool = False) -> None:
         self._loop = loop
         self._sockets = sockets
         self._serve = serve
@@ -189,7 +224,11 @@ class Admission:
         self.open_connections = 0
         self.refused_connections = 0
         self.accept_errors = 0
+        self.evicted_connections = 0
         self._per_client: dict[str, int] = {}
+        self._by_count: dict[int, dict[str, None]] = {}  # count -> clients holding that many (insertion-ordered)
+        self._top = 0  # the largest count any client holds
+        self._idle: dict[str, dict[Ticket, Callable[[], None]]] = {}  # client -> its idle connections, oldest first
         self._lingering: set[_Lingering] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._accepting = False
@@ -277,28 +316,64 @@ class Admission:
 
     def _admit(self, conn: socket.socket, address: Any) -> None:
         client = client_key(address)
-        if self.open_connections >= self.max_connections:
-            self._refuse(conn, self._full)
-            return
-        if self._per_client.get(client, 0) >= self.max_connections_per_client:
+        held = self._per_client.get(client, 0)
+        if held >= self.max_connections_per_client:
             self._refuse(conn, self._client_full)
             return
-        self.open_connections += 1
-        self._per_client[client] = self._per_client.get(client, 0) + 1
-        task = self._loop.create_task(self._run(conn, client))
+        if self.open_connections >= self.max_connections and not self._evict_for(held):
+            self._refuse(conn, self._full)
+            return
+        self._count(client, +1)
+        ticket = Ticket(self, client)
+        task = self._loop.create_task(self._run(conn, ticket))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, conn: socket.socket, client: str) -> None:
+    def _evict_for(self, held: int) -> bool:
+        """At the global cap: close the longest-idle connection of a client holding more than ``held + 1``."""
+        if self._top <= held + 1:
+            return False
+        for victim in itertools.islice(self._by_count.get(self._top, ()), 8):
+            idle = self._idle.get(victim)
+            if idle:
+                ticket, close = next(iter(idle.items()))
+                ticket.busy()
+                self._release(ticket)
+                self.evicted_connections += 1
+                close()
+                return True
+        return False
+
+    def _count(self, client: str, step: int) -> None:
+        held = self._per_client.get(client, 0)
+        if held:
+            bucket = self._by_count[held]
+            del bucket[client]
+            if not bucket:
+                del self._by_count[held]
+        held += step
+        self.open_connections += step
+        if held:
+            self._per_client[client] = held
+            self._by_count.setdefault(held, {})[client] = None
+        else:
+            del self._per_client[client]
+        if held > self._top:
+            self._top = held
+        elif self._top not in self._by_count:
+            self._top = max(0, self._top - 1)
+
+    def _release(self, ticket: Ticket) -> None:
+        if not ticket.released:
+            ticket.released = True
+            self._count(ticket.client, -1)
+
+    async def _run(self, conn: socket.socket, ticket: Ticket) -> None:
         try:
-            await self._serve(conn, client)
+            await self._serve(conn, ticket)
         finally:
-            self.open_connections -= 1
-            left = self._per_client[client] - 1
-            if left:
-                self._per_client[client] = left
-            else:
-                del self._per_client[client]
+            ticket.busy()
+            self._release(ticket)
 
     def _refuse(self, conn: socket.socket, response: bytes) -> None:
         """503 and close; the connection lingers (at most ``reserved_fds // 2`` at once) if the client is still sending."""

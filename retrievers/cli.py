@@ -151,7 +151,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                        help="estimated work per batched search (a query costs 1 + topk/16 + chars/512), so that "
                             "large queries make smaller batches (default: %(default)s)")
     serve.add_argument("--max-connections", type=int, default=default.max_connections,
-                       help="open connections in all, lowered to what the fd limit allows (default: %(default)s)")
+                       help="open connections in all, lowered to what the fd limit allows; at the cap a client "
+                            "holding fewer than the largest holder takes that holder's longest-idle connection "
+                            "(default: %(default)s)")
     serve.add_argument("--max-connections-per-client", type=int, default=default.max_connections_per_client,
                        help="open connections from one peer IP address; more get a 503 while other addresses are "
                             "served (default: an eighth of --max-connections). Behind a reverse proxy every "

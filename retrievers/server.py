@@ -16,7 +16,9 @@ The server is three parts, each in its own module, assembled here:
 * admission (``retrievers._admission``): a client is a peer IPv4 address or
   IPv6 /64 network (one host holds a whole /64); at most
   ``max_connections`` connections in all and ``max_connections_per_client`` from
-  one client (503 at accept beyond either, without a coroutine), the global cap
+  one client (503 at accept beyond either, without a coroutine; at the global cap
+  a client holding few connections is admitted by closing the longest-idle
+  connection of the client holding the most), the global cap
   lowered to what ``RLIMIT_NOFILE`` allows, a reserve descriptor to shed
   connections on EMFILE. Behind a reverse proxy the peer is the proxy: every
   client behind it shares the proxy's limit.
@@ -74,7 +76,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from retrievers._admission import Admission, listen
+from retrievers._admission import Admission, Ticket, listen
 from retrievers._batching import MicroBatcher
 from retrievers._wire import MAX_HEADER_BYTES, BadHTTP, encode, read_request, respond
 from retrievers.base import Retriever
@@ -112,10 +114,12 @@ class ServerConfig:
         document_format: "corpus" (``{"id", "contents"}``) or "search-r1-bm25"
             (``{"title", "text", "contents"}``), see :mod:`retrievers.protocol`.
         backlog: the listen backlog (pending connections the kernel queues).
-        max_connections: open connections served at once; more get a 503. The server
-            uses at most what ``RLIMIT_NOFILE`` allows (see ``reserved_fds``).
-        max_connections_per_client: open connections one client (a peer IPv4 address or IPv6 /64) may hold; more
-            get a 503 while other addresses are served. ``None``: an eighth of the server's
+        max_connections: open connections served at once. At this cap a new connection is
+            admitted by closing the longest-idle connection of the client holding the most,
+            when that client holds more than the newcomer would; otherwise it gets a 503. The
+            server uses at most what ``RLIMIT_NOFILE`` allows (see ``reserved_fds``).
+        max_connections_per_client: open connections one client (a peer IPv4 address or
+            IPv6 /64) may hold; more get a 503 while other clients are served. ``None``: an eighth of the server's
             global cap (1024 of 8192). Behind a reverse proxy the peer is the proxy.
         reserved_fds: file descriptors kept free beyond the open connections (for the
             index, logs, the backend's own files); the global cap is at most the soft
@@ -191,8 +195,10 @@ class RetrievalServer:
     ``max_connections`` and ``max_connections_per_client`` are the limits in force
     (the config's, after ``RLIMIT_NOFILE``). ``open_connections`` is the number of
     connections being served now, ``refused_connections`` the number answered 503
-    at accept (over a limit, or out of descriptors), ``accept_errors`` the number
-    of ``accept`` calls that failed (for want of descriptors, mostly).
+    at accept (over a limit, or out of descriptors), ``evicted_connections`` the
+    idle connections closed at the global cap to admit a client holding fewer,
+    ``accept_errors`` the number of ``accept`` calls that failed (for want of
+    descriptors, mostly).
     ``batcher`` is the batch worker (its counters: ``batches``,
     ``submitted_queries``, ``queued_queries``, ``isolated_failures``).
     """
@@ -238,6 +244,10 @@ class RetrievalServer:
     @property
     def refused_connections(self) -> int:
         return self._admitted().refused_connections
+
+    @property
+    def evicted_connections(self) -> int:
+        return self._admitted().evicted_connections
 
     @property
     def accept_errors(self) -> int:
@@ -302,7 +312,7 @@ class RetrievalServer:
         self.close()
 
     # ------------------------------------------------------------ connections
-    async def _handle(self, conn: socket.socket, client: str) -> None:
+    async def _handle(self, conn: socket.socket, ticket: Ticket) -> None:
         """Serve one admitted connection (its counts are the admission's)."""
         writer: asyncio.StreamWriter | None = None
         try:
@@ -311,7 +321,7 @@ class RetrievalServer:
             protocol = asyncio.StreamReaderProtocol(reader, loop=self._loop)
             transport, _ = await self._loop.connect_accepted_socket(lambda: protocol, sock=conn)
             writer = asyncio.StreamWriter(transport, protocol, reader, self._loop)
-            await self._serve_connection(reader, writer, client)
+            await self._serve_connection(reader, writer, ticket)
         except OSError:
             pass
         finally:
@@ -319,11 +329,12 @@ class RetrievalServer:
                 conn.close()
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                                client: str) -> None:
+                                ticket: Ticket) -> None:
         config = self.config
         try:
             first = True
             while True:
+                ticket.idle(writer.close)  # may be closed to admit another client at the global cap
                 try:
                     head = await asyncio.wait_for(reader.read(1), config.idle_timeout_s)
                 except (TimeoutError, asyncio.TimeoutError):
@@ -331,6 +342,8 @@ class RetrievalServer:
                         await self._respond(writer, HTTPStatus.REQUEST_TIMEOUT,
                                             {"error": f"no request within {config.idle_timeout_s} s"}, close=True)
                     return
+                finally:
+                    ticket.busy()
                 if not head:
                     return
                 try:
@@ -346,7 +359,7 @@ class RetrievalServer:
                     return
                 first = False
                 method, path, keep_alive, body = request
-                status, payload = await self._route(method, path, body, client)
+                status, payload = await self._route(method, path, body, ticket.client)
                 if not await self._respond(writer, status, payload, close=not keep_alive):
                     return
                 if not keep_alive:
@@ -369,6 +382,7 @@ class RetrievalServer:
             return HTTPStatus.OK, {"status": "ok", "retriever": repr(self.retriever), "batches": self.batcher.batches,
                                    "open_connections": self.open_connections,
                                    "refused_connections": self.refused_connections,
+                                   "evicted_connections": self.evicted_connections,
                                    "accept_errors": self.accept_errors,
                                    "submitted_queries": self.batcher.submitted_queries,
                                    "queued_queries": self.batcher.queued_queries}

@@ -29,7 +29,7 @@ import pytest
 from retrievers._admission import client_key
 from retrievers._batching import query_cost
 from retrievers.bm25 import BM25Retriever
-from retrievers.server import ServerConfig, batcher_for
+from retrievers.server import RetrievalServer, ServerConfig, batcher_for
 
 from .conftest import named_queries
 
@@ -142,6 +142,33 @@ def test_thousands_of_idle_connections_from_one_client_never_refuse_another(serv
     assert server.request("POST", "/retrieve", {"queries": ["city"], "topk": 1}, HOSTILE)[0] == 200
 
 
+def test_several_hoarding_addresses_that_fill_the_global_cap_never_refuse_another_client(serve) -> None:
+    """One local attacker can speak from many loopback addresses: nine, each at its own limit, fill the cap."""
+    server = serve("--idle-timeout", "120", "--max-connections", "1000")
+    per_client = 1000 // 8
+    idle: list[socket.socket] = []
+    try:
+        for i in range(1, 10):  # the ninth finds the cap full and takes idle connections of the other eight
+            idle += [socket.create_connection(server.address, timeout=10, source_address=(f"127.0.1.{i}", 0))
+                     for _ in range(per_client)]
+        before = server.health()  # this request, too, was admitted at the full cap
+        assert before["open_connections"] >= 999 and before["evicted_connections"] > 0, before
+        for i in range(3):
+            # the cap is full again (admitted into the free slot, or by evicting), then the innocent asks
+            idle.append(socket.create_connection(server.address, timeout=10, source_address=(f"127.0.2.{i}", 0)))
+            start = time.monotonic()
+            status, _ = server.request("POST", "/retrieve", {"queries": ["city"], "topk": 1}, INNOCENT, timeout=10)
+            elapsed = time.monotonic() - start
+            assert status == 200 and elapsed < 2, (status, elapsed)
+        after = server.health()
+        assert after["evicted_connections"] >= before["evicted_connections"] + 3, (before, after)
+        # 1000, or 999 where the innocent's last connection closed after /health was admitted
+        assert after["open_connections"] >= 999 and after["refused_connections"] > 0, after
+    finally:
+        for s in idle:
+            s.close()
+
+
 def _maximum_size_request(corpus: Path) -> dict:
     """``max_queries`` queries of ~3,900 characters of corpus words (each matches many passages), ``max_topk``."""
     config = ServerConfig()
@@ -235,3 +262,51 @@ def test_a_client_is_an_ipv4_address_or_an_ipv6_64() -> None:
     assert client_key(("2001:db8:0:1::1", 1, 0, 0)) != client_key(("2001:db8::1", 1, 0, 0))
     assert client_key(("::ffff:10.0.0.1", 1, 0, 0)) == "10.0.0.1"
     assert client_key("/run/retriever.sock") == "/run/retriever.sock"
+
+
+def _idle(address: tuple[str, int], source: str, n: int) -> list[socket.socket]:
+    return [socket.create_connection(address, timeout=10, source_address=(source, 0)) for _ in range(n)]
+
+
+def test_at_the_global_cap_a_client_holding_few_connections_evicts_an_idle_one_of_the_largest_holder(
+        bm25_index) -> None:
+    config = ServerConfig(port=0, max_connections=4, max_connections_per_client=2, idle_timeout_s=60)
+    with RetrievalServer(bm25_index, config) as server:
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        address = (host, int(port))
+        held = _idle(address, HOSTILE, 2) + _idle(address, "127.0.0.4", 2)
+        kept: list[socket.socket] = []
+        try:
+            assert _wait(lambda: server.open_connections == 4, 10), "two clients fill the global cap"
+            conn = http.client.HTTPConnection(*address, timeout=10, source_address=(INNOCENT, 0))
+            conn.request("POST", "/retrieve", json.dumps({"queries": ["city"], "topk": 1}).encode())
+            response = conn.getresponse()
+            assert response.status == 200 and len(json.loads(response.read())["result"][0]) == 1
+            assert server.evicted_connections == 1 and server.open_connections == 4
+            closed = [s for s in held if _recv_or_none(s) == b""]
+            assert len(closed) == 1, "exactly one hoarded idle connection was closed"
+            # now 127.0.0.3 holds 1 and the hoarders 2 and 1: a second connection of 127.0.0.3 would hold as
+            # many as the largest holder, so nothing is evicted for it and it gets a 503
+            kept = _idle(address, INNOCENT, 1)
+            answer = _recv_or_none(kept[0], timeout=5)
+            assert answer is not None and answer.startswith(b"HTTP/1.1 503"), answer
+            assert b"more than 4 open connections" in answer and server.evicted_connections == 1
+            conn.close()
+        finally:
+            for s in held + kept:
+                s.close()
+        assert _wait(lambda: server.open_connections == 0, 10)
+
+
+def _recv_or_none(s: socket.socket, timeout: float = 1.0) -> bytes | None:
+    """What the server sent before closing ``s`` within ``timeout`` (None while it stays open and silent)."""
+    s.settimeout(timeout)
+    data = b""
+    try:
+        while chunk := s.recv(4096):
+            data += chunk
+    except TimeoutError:
+        return data or None
+    except ConnectionError:
+        pass
+    return data
