@@ -72,7 +72,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     retriever = load_retriever(args.index)
     config = ServerConfig(host=args.host, port=args.port, default_topk=args.topk, max_batch=args.max_batch,
                           batch_window_ms=args.batch_window_ms, document_format=args.document_format,
-                          read_timeout_s=args.read_timeout, verbose=args.verbose)
+                          read_timeout_s=args.read_timeout, verbose=args.verbose,
+                          max_batch_cost=args.max_batch_cost, max_connections=args.max_connections,
+                          max_connections_per_client=args.max_connections_per_client,
+                          idle_timeout_s=args.idle_timeout)
     server = RetrievalServer(retriever, config)
     print(f"serving {retriever!r} at {server.url}/retrieve (Search-R1 and SkyRL request formats); Ctrl-C to stop",
           flush=True)
@@ -127,18 +130,36 @@ def add_index_parser(subparsers: Any, *, extra_commands: Sequence[Callable[[Any]
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``serve-retriever`` to an argparse subparsers object."""
+    from retrievers.server import ServerConfig
+
+    default = ServerConfig()
     serve = subparsers.add_parser("serve-retriever", help="serve an index over HTTP (Search-R1's POST /retrieve)")
     serve.add_argument("--index", required=True, help="index directory (any kind)")
-    serve.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to listen on every interface")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--topk", type=int, default=3, help="topk when a request omits it")
-    serve.add_argument("--max-batch", type=int, default=512, help="queries per batched search")
-    serve.add_argument("--batch-window-ms", type=float, default=2.0, help="wait for more requests to batch")
+    serve.add_argument("--host", default=default.host, help="0.0.0.0 to listen on every interface (default: %(default)s)")
+    serve.add_argument("--port", type=int, default=default.port)
+    serve.add_argument("--topk", type=int, default=default.default_topk, help="topk when a request omits it")
+    serve.add_argument("--max-batch", type=int, default=default.max_batch,
+                       help="queries per batched search (default: %(default)s)")
+    serve.add_argument("--batch-window-ms", type=float, default=default.batch_window_ms,
+                       help="wait for more requests to batch")
     serve.add_argument("--document-format", choices=["corpus", "search-r1-bm25"], default="corpus",
                        help='documents as {"id","contents"} (corpus rows) or {"title","text","contents"} '
                             "(Search-R1's BM25 server)")
-    serve.add_argument("--read-timeout", type=float, default=30.0,
+    serve.add_argument("--read-timeout", type=float, default=default.read_timeout_s,
                        help="seconds a request may take to arrive (stalled clients are cut off)")
+    serve.add_argument("--max-batch-cost", type=float, default=default.max_batch_cost,
+                       help="estimated work per batched search (a query costs 1 + topk/16 + chars/512), so that "
+                            "large queries make smaller batches (default: %(default)s)")
+    serve.add_argument("--max-connections", type=int, default=default.max_connections,
+                       help="open connections in all, lowered to what the fd limit allows; at the cap a client "
+                            "holding fewer than the largest holder takes that holder's longest-idle connection "
+                            "(default: %(default)s)")
+    serve.add_argument("--max-connections-per-client", type=int, default=default.max_connections_per_client,
+                       help="open connections from one peer IP address; more get a 503 while other addresses are "
+                            "served (default: an eighth of --max-connections). Behind a reverse proxy every "
+                            "client is the proxy's address")
+    serve.add_argument("--idle-timeout", type=float, default=default.idle_timeout_s,
+                       help="seconds a connection may stay open without a request (default: %(default)s)")
     serve.add_argument("--verbose", action="store_true", help="log every request")
     serve.set_defaults(func=_cmd_serve)
     return serve

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from retrievers.protocol import RequestError, format_results  # noqa: E402
-from retrievers.server import RetrievalServer, ServerConfig, _MicroBatcher, parse_request  # noqa: E402
+from retrievers.server import RetrievalServer, ServerConfig, batcher_for, parse_request  # noqa: E402
 
 
 class _BaselineHandler(BaseHTTPRequestHandler):
@@ -63,7 +63,7 @@ class _BaselineServer:
 
     def __init__(self, retriever: Any, config: ServerConfig) -> None:
         self.config = config
-        self.batcher = _MicroBatcher(retriever, config)
+        self.batcher = batcher_for(retriever, config)
         self.httpd = ThreadingHTTPServer((config.host, 0), _BaselineHandler)
         self.httpd.daemon_threads = True
         self.httpd.app = self  # type: ignore[attr-defined]

@@ -71,7 +71,7 @@ def _fastapi_app(retriever: Any, batched: bool, default_topk: int = 3, max_topk:
     from pydantic import BaseModel, Field, model_validator
 
     from retrievers.protocol import format_results
-    from retrievers.server import ServerConfig, _MicroBatcher
+    from retrievers.server import ServerConfig, batcher_for
 
     class RetrieveRequest(BaseModel):
         """Search-R1's request model (``queries``, ``topk``, ``return_scores``), plus SkyRL's ``query``."""
@@ -88,7 +88,7 @@ def _fastapi_app(retriever: Any, batched: bool, default_topk: int = 3, max_topk:
             return self
 
     app = FastAPI()
-    batcher = _MicroBatcher(retriever, ServerConfig(port=0)) if batched else None
+    batcher = batcher_for(retriever, ServerConfig(port=0)) if batched else None
     state = {"requests": 0}
 
     @app.get("/health")
