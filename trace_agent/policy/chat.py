@@ -32,7 +32,7 @@ from trace_agent.policy.base import Generation, Message, PolicyError, TokenConte
 from trace_envs.actions import scrub_surrogates
 
 __all__ = ["ChatRenderer", "ChatTemplated", "QWEN3_CHAT_TEMPLATE", "QWEN3_RESPONSE_TEMPLATE", "QWEN3_SPECIAL_TOKENS",
-           "END_OF_TURN"]
+           "END_OF_TURN", "tools_system_text"]
 
 END_OF_TURN = "<|im_end|>"
 QWEN3_SPECIAL_TOKENS: tuple[str, ...] = (
@@ -110,6 +110,27 @@ QWEN3_RESPONSE_TEMPLATE: dict[str, Any] = {
         "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
     },
 }
+
+_TOOLS_HEADER = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                 "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+_TOOLS_FOOTER = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+                 "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+                 "\"arguments\": <args-json-object>}\n</tool_call>")
+
+
+def tools_system_text(system: str, tools: Sequence[Mapping[str, Any]]) -> str:
+    """The system message text :data:`QWEN3_CHAT_TEMPLATE` writes when given ``tools``, as plain text.
+
+    For a caller that renders without a ``tools`` argument (SkyRL's generator): rendering
+    ``[{"role": "system", "content": tools_system_text(system, tools)}, ...]`` without tools gives the
+    same string as rendering ``[{"role": "system", "content": system}, ...]`` with them (an empty
+    ``system`` stands for no system message). Tools are JSON as the template's ``tojson`` writes them.
+    """
+    import json
+
+    listed = "".join("\n" + json.dumps(dict(tool), ensure_ascii=False) for tool in tools)
+    return (system + "\n\n" if system else "") + _TOOLS_HEADER + listed + _TOOLS_FOOTER
+
 
 _SENTINEL = "TRACE_SENTINEL_7f3a"
 

@@ -202,3 +202,16 @@ def test_the_response_template_reads_sampled_turns_back(tokenizer):
     turn = _render(tokenizer, QWEN3_CHAT_TEMPLATE, CONVERSATIONS["assistant-none"], None, False)
     parsed = tokenizer.parse_response(turn.split(prefix, 1)[1], prefix=prefix)
     assert parsed["tool_calls"][0]["function"] == {"name": "answer", "arguments": {"answer": 42}}
+
+
+def test_tools_folded_into_the_system_text_render_as_the_template_renders_tools(tokenizer):
+    from trace_agent.policy.chat import tools_system_text
+
+    for name, messages in CONVERSATIONS.items():
+        for generation_prompt in (False, True):
+            with_tools = _render(tokenizer, QWEN3_CHAT_TEMPLATE, messages, TOOLS, generation_prompt)
+            has_system = messages[0]["role"] == "system"
+            system = {"role": "system", "content": tools_system_text(messages[0]["content"] if has_system else "",
+                                                                     TOOLS)}
+            folded = [system, *messages[1:]] if has_system else [system, *messages]
+            assert _render(tokenizer, QWEN3_CHAT_TEMPLATE, folded, None, generation_prompt) == with_tools, name
