@@ -421,3 +421,34 @@ def test_the_guides_trl_blocks_run_as_written(tmp_path, monkeypatch):
     for block in runnable:
         exec(compile(block, str(page), "exec"), namespace)  # noqa: S102 - our own docs
     assert namespace["trainer"].state.global_step == 1 and namespace["factory"].instances
+
+
+@pytest.mark.trl
+@pytest.mark.hostile
+def test_trl_reads_hostile_turns_of_the_shipped_tokenizer_without_raising():
+    """What GRPOTrainer does with each sampled turn (``trl.chat_template_utils.parse_response`` over the shipped
+    ``response_template``): a well-formed call is a call; malformed, cut or odd text is plain content, never an
+    exception out of the trainer."""
+    pytest.importorskip("trl")
+    from trl.chat_template_utils import parse_response
+
+    _, tokenizer = _shipped_policy()
+    prefix = tokenizer("<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+
+    def parsed(text: str) -> dict:
+        return parse_response(tokenizer, tokenizer(text, add_special_tokens=False)["input_ids"], prefix=prefix)
+
+    good = parsed('<tool_call>\n{"name": "python", "arguments": {"code": "print(1)"}}\n</tool_call><|im_end|>')
+    assert good["tool_calls"][0]["function"] == {"name": "python", "arguments": {"code": "print(1)"}}
+    hostile = ['<tool_call>{oops</tool_call><|im_end|>', "<tool_call>\n[1, 2]\n</tool_call><|im_end|>",
+               '<tool_call>{"name": "python", "arguments": {"code": "</tool_call>"}}</tool_call><|im_end|>',
+               "<tool_call>" + "[" * 500 + "<|im_end|>", "<think>never closed <tool_call>", "\x00 \u202e <|im_end|>",
+               '<tool_call>{"name": 7, "arguments": "x"}</tool_call><|im_end|>']
+    for text in hostile:
+        message = parsed(text)
+        assert message["role"] == "assistant"
+        assert all(isinstance(c["function"].get("name"), str) for c in message.get("tool_calls") or []), text
+    # TRL 1.16 lets a RecursionError out of a call nested ~1000 deep (its fallback catches ValueError and TypeError
+    # only); TRL's own Qwen3 response template does the same. Pinned so that a fixed TRL shows up here.
+    with pytest.raises(RecursionError):
+        parsed("<tool_call>" + "[" * 3000 + "<|im_end|>")
