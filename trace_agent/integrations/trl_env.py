@@ -17,6 +17,10 @@ Usage::
         trainer = GRPOTrainer(model=..., train_dataset=rows, environment_factory=factory, args=...)
         trainer.train()
 
+The demo policies the project ships train as they are: their chat template has ``{% generation %}``
+markers and their tokenizer a ``response_template`` (:mod:`trace_agent.policy.chat`), which TRL needs
+for a template it does not know.
+
 Each instance owns one env made with ``gymnasium.make`` and plays it with the env's own action text:
 a tool method builds exactly the turn the env parses (:mod:`trace_envs.actions`: a Qwen3/Hermes
 ``<tool_call>`` block, or ``<answer>...</answer>``), steps the env once and returns the env's

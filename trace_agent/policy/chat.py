@@ -14,7 +14,12 @@ transcript would.
 Also here: :data:`QWEN3_CHAT_TEMPLATE`, a compact jinja template with the
 structure of Qwen3's (tools listed in ``<tools></tools>`` in the system turn,
 ``<tool_call>`` JSON in assistant turns, tool results inside
-``<tool_response>`` in a user turn); the demo tokenizer ships with it.
+``<tool_response>`` in a user turn); the demo tokenizer ships with it. Its assistant output (content,
+calls and the closing ``<|im_end|>``) sits between ``{% generation %}`` / ``{% endgeneration %}``, which
+render nothing and mark the tokens an assistant-only loss trains (``return_assistant_tokens_mask``;
+TRL's ``SFTConfig(assistant_only_loss=True)``), and :data:`QWEN3_RESPONSE_TEMPLATE` tells
+``tokenizer.parse_response`` how to read a sampled turn back into a message with ``tool_calls`` (TRL's
+``GRPOTrainer`` with tools requires one); the demo tokenizer carries it as ``response_template``.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from typing import Any
 from trace_agent.policy.base import Generation, Message, PolicyError, TokenContext
 from trace_envs.actions import scrub_surrogates
 
-__all__ = ["ChatRenderer", "ChatTemplated", "QWEN3_CHAT_TEMPLATE", "QWEN3_SPECIAL_TOKENS", "END_OF_TURN"]
+__all__ = ["ChatRenderer", "ChatTemplated", "QWEN3_CHAT_TEMPLATE", "QWEN3_RESPONSE_TEMPLATE", "QWEN3_SPECIAL_TOKENS",
+           "END_OF_TURN", "tools_system_text"]
 
 END_OF_TURN = "<|im_end|>"
 QWEN3_SPECIAL_TOKENS: tuple[str, ...] = (
@@ -42,7 +48,8 @@ QWEN3_SPECIAL_TOKENS: tuple[str, ...] = (
 )
 
 # The same structure as Qwen3's template, minus its thinking-stripping of past turns
-# (history here is never re-rendered, so that rule would only create drift).
+# (history here is never re-rendered, so that rule would only create drift). The generation markers
+# render nothing; `'' + content` keeps a non-text content an error, as before the markers.
 QWEN3_CHAT_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"
@@ -62,7 +69,9 @@ QWEN3_CHAT_TEMPLATE = (
     "{%- elif message.role == 'user' %}"
     "{{- '<|im_start|>user\\n' + message.content + '<|im_end|>\\n' }}"
     "{%- elif message.role == 'assistant' %}"
-    "{{- '<|im_start|>assistant\\n' + (message.content or '') }}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- generation %}"
+    "{{- '' + (message.content or '') }}"
     "{%- for tool_call in (message.tool_calls or []) %}"
     "{%- set call = tool_call.function if tool_call.function is defined else tool_call %}"
     "{%- if (loop.first and message.content) or not loop.first %}{{- '\\n' }}{%- endif %}"
@@ -70,7 +79,9 @@ QWEN3_CHAT_TEMPLATE = (
     "{%- if call.arguments is string %}{{- call.arguments }}{%- else %}{{- call.arguments | tojson }}{%- endif %}"
     "{{- '}\\n</tool_call>' }}"
     "{%- endfor %}"
-    "{{- '<|im_end|>\\n' }}"
+    "{{- '<|im_end|>' }}"
+    "{%- endgeneration %}"
+    "{{- '\\n' }}"
     "{%- elif message.role == 'tool' %}"
     "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
     "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
@@ -79,6 +90,47 @@ QWEN3_CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+
+#: How ``tokenizer.parse_response`` (transformers >= 5.13) reads an assistant turn of
+#: :data:`QWEN3_CHAT_TEMPLATE` back into ``{"role": "assistant", "content", "reasoning_content",
+#: "tool_calls"}``: an optional ``<think>`` span, the text, then each ``<tool_call>`` JSON body as a call.
+#: Saved in ``tokenizer_config.json`` as ``response_template``.
+QWEN3_RESPONSE_TEMPLATE: dict[str, Any] = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "reasoning_content": {"open": "<think>", "close_pattern": r"</think>\s*", "content": "text"},
+        "tool_calls": {
+            "open": "<tool_call>",
+            "close_pattern": r"</tool_call>\s*",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
+
+_TOOLS_HEADER = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                 "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+_TOOLS_FOOTER = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+                 "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+                 "\"arguments\": <args-json-object>}\n</tool_call>")
+
+
+def tools_system_text(system: str, tools: Sequence[Mapping[str, Any]]) -> str:
+    """The system message text :data:`QWEN3_CHAT_TEMPLATE` writes when given ``tools``, as plain text.
+
+    For a caller that renders without a ``tools`` argument (SkyRL's generator): rendering
+    ``[{"role": "system", "content": tools_system_text(system, tools)}, ...]`` without tools gives the
+    same string as rendering ``[{"role": "system", "content": system}, ...]`` with them (an empty
+    ``system`` stands for no system message). Tools are JSON as the template's ``tojson`` writes them.
+    """
+    import json
+
+    listed = "".join("\n" + json.dumps(dict(tool), ensure_ascii=False) for tool in tools)
+    return (system + "\n\n" if system else "") + _TOOLS_HEADER + listed + _TOOLS_FOOTER
+
 
 _SENTINEL = "TRACE_SENTINEL_7f3a"
 
