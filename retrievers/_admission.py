@@ -2,9 +2,11 @@
 
 A client is a peer IPv4 address or IPv6 /64 (:func:`client_key`). Behind a
 reverse proxy every client is the proxy: give the proxy its own limits, or run
-the server where clients reach it directly. :class:`Admission` accepts connections on the event loop and holds
-at most ``max_connections`` connections in all and ``max_connections_per_client``
-from one client. A connection beyond either limit is answered 503
+the server where clients reach it directly. :class:`Admission` accepts
+connections on the event loop and holds at most ``max_connections`` connections
+in all and ``max_connections_per_client`` from one client. At the global cap a
+client holding fewer connections than the largest holder takes that holder's
+longest-idle connection (see :class:`Admission`). A connection refused is answered 503
 (``Retry-After: 1``) and half-closed as it is accepted, without a coroutine (the
 socket is kept up to 1 s, or until the client closes it, so that a request
 still arriving does not turn the 503 into a reset), so a client holding its
