@@ -64,6 +64,11 @@ def test_site_builds_in_strict_mode_without_warnings(tmp_path):
     for page in ["index.html", "guides/getting-started.html", "reference/trace_agent.html", "design.html"]:
         assert (tmp_path / "site" / page).is_file(), page
     assert "trace_agent.predictor" in (tmp_path / "site" / "reference" / "trace_agent.html").read_text()
+    # The docstrings' Sphinx roles are rendered (docs/reference/griffe_roles.py), never printed as written.
+    reference = sorted((tmp_path / "site" / "reference").glob("*.html"))
+    assert len(reference) >= 20, reference
+    literal = [p.name for p in reference if re.search(r":(class|func|meth|mod|data|attr):(`|<code>)", p.read_text())]
+    assert not literal, f"literal Sphinx roles in {literal}"
 
 
 #: A pre-registered comparison's per-run file: ``docs/paper/<env>/<...runs...>/<arm>_s<seed>.json``.
