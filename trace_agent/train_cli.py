@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -151,9 +152,22 @@ def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool | 
     continues from its step; metrics lines after that step are dropped and rewritten, and an
     evaluation already logged for the final step is not repeated. ``evaluate="after"`` skips the
     evaluation before training (e.g. when comparing runs that start from the same policy).
-    Ctrl-C raises :class:`~trace_agent.rundir.TrainingStopped`, which names the last completed
-    step, the last checkpoint and the command that resumes.
+    Ctrl-C (SIGINT), SIGTERM and SIGHUP raise :class:`~trace_agent.rundir.TrainingStopped`, which
+    names the last completed step, the last checkpoint and the command that resumes.
+
+    The run directory is locked for the whole call (:func:`~trace_agent.rundir.lock_run_dir`):
+    another process training or resuming there raises :class:`~trace_agent.errors.RunDirError`
+    before anything is written.
     """
+    from trace_agent.rundir import lock_run_dir, stop_signals
+
+    with lock_run_dir(config.out_dir), stop_signals() as stops:
+        return _train(config, resume=resume, evaluate=evaluate, log=log, stops=stops)
+
+
+def _train(config: TrainConfig, *, resume: bool, evaluate: bool | Literal["after"], log: Callable[[str], None],
+           stops: Sequence[int]) -> TrainReport:
+    """:func:`run_training` under its lock; ``stops`` collects the stop signals (SIGTERM, SIGHUP) that arrived."""
     from tqdm import tqdm
 
     from trace_agent.config_io import save_config
@@ -223,7 +237,8 @@ def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool | 
                 log(f"held-out success after: {after.success:.3f} ± {after.success_se:.3f} ({after.tasks} tasks x "
                     f"{after.samples} samples, {after.seconds:.0f}s)")
         except KeyboardInterrupt:
-            raise TrainingStopped(out_dir=out, step=trainer.step_count, checkpoint_step=last_checkpoint) from None
+            raise TrainingStopped(out_dir=out, step=trainer.step_count, checkpoint_step=last_checkpoint,
+                                  signum=stops[-1] if stops else signal.SIGINT) from None
     finally:
         logger.close()
         trainer.close()  # the collector and the generator it built (vLLM: its memory comes back now)
@@ -372,18 +387,19 @@ def _preflight(args: argparse.Namespace, config: TrainConfig, *, train: bool) ->
 
 
 def _train_main(args: argparse.Namespace) -> int:
-    from trace_agent.rundir import check_fresh, clear_run
+    from trace_agent.rundir import check_fresh, clear_run, lock_run_dir
 
     config = config_from_args(args)
     code = _preflight(args, config, train=True)
     if code is not None:
         return code
     resume = args.resume is not None
-    if not resume:
-        if args.overwrite:
-            clear_run(config.out_dir)
-        check_fresh(config.out_dir)
-    report = run_training(config, resume=resume, evaluate=not args.no_eval, log=lambda m: print(m, flush=True))
+    with lock_run_dir(config.out_dir):  # before the directory is checked or cleared: one writer
+        if not resume:
+            if args.overwrite:
+                clear_run(config.out_dir)
+            check_fresh(config.out_dir)
+        report = run_training(config, resume=resume, evaluate=not args.no_eval, log=lambda m: print(m, flush=True))
     ratios = ", ".join("nan" if math.isnan(x) else f"{x:.2f}" for x in report.effective_ratio)
     print(f"effective ratio per step: {ratios}")
     if report.before and report.after:
