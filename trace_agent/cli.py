@@ -40,7 +40,8 @@ _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
 
 #: Errors whose message is already written for a user (no exception type in front of it).
 _USER_ERRORS: tuple[str, ...] = ("ConfigError", "EnvSetupError", "PreflightError", "RunDirError", "CheckpointError",
-                                 "PolicyError", "TraceEnvError", "FileNotFoundError", "BFCLUnavailableError")
+                                 "PolicyError", "TraceEnvError", "FileNotFoundError", "BFCLUnavailableError",
+                                 "TreeError")
 
 
 def build_parser() -> argparse.ArgumentParser:

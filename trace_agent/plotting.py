@@ -33,19 +33,18 @@ def tree_layout(tree: RolloutTree) -> dict[int, tuple[float, float]]:
     """(x, y) per node id: x = depth, leaves on consecutive rows, a parent at its children's mean row."""
     pos: dict[int, tuple[float, float]] = {}
     row = 0
-
-    def place(node: Node) -> float:
-        nonlocal row
+    stack: list[tuple[Node, bool]] = [(tree.root, False)]
+    while stack:  # post-order without recursion: a chain of any length
+        node, children_done = stack.pop()
         if not node.children:
-            y = float(row)
+            pos[node.node_id] = (float(node.depth), float(row))
             row += 1
+        elif children_done:
+            ys = [pos[c.node_id][1] for c in node.children]
+            pos[node.node_id] = (float(node.depth), sum(ys) / len(ys))
         else:
-            ys = [place(c) for c in node.children]
-            y = sum(ys) / len(ys)
-        pos[node.node_id] = (float(node.depth), y)
-        return y
-
-    place(tree.root)  # recursion depth = number of turns (tens), not the node count
+            stack.append((node, True))
+            stack.extend((c, False) for c in reversed(node.children))
     return pos
 
 
@@ -217,7 +216,11 @@ def find_trees(path: str | Path, *, step: int | None = None) -> tuple[list[Rollo
 def show_trees(path: str | Path, out_dir: str | Path | None = None, *, step: int | None = None,
                prompt: str | None = None, strategy: str | None = None, seed: int | None = None,
                limit: int = 4, mixed_only: bool = False) -> list[Path]:
-    """Draw up to ``limit`` trees saved at ``path`` (filtered) to PNGs in ``out_dir``; returns their paths."""
+    """Draw up to ``limit`` trees saved at ``path`` (filtered) to PNGs in ``out_dir``; returns their paths.
+
+    Trees are read within :class:`~trace_envs.limits.ReadLimits` (:mod:`trace_agent.tree_io`), and a tree of
+    more than ``draw_nodes`` nodes is refused (:class:`~trace_agent.errors.TreeError`) before anything is drawn.
+    """
     trees, label = find_trees(path, step=step)
     chosen = [t for t in trees
               if (prompt is None or t.prompt_id == prompt or t.task_id == prompt)
@@ -226,6 +229,14 @@ def show_trees(path: str | Path, out_dir: str | Path | None = None, *, step: int
               and (not mixed_only or t.is_mixed())]
     if not chosen:
         raise FileNotFoundError(f"none of the {len(trees)} trees at {path} match the filters")
+    from trace_agent.errors import TreeError
+    from trace_envs.limits import limit_hint, read_limits
+
+    most = read_limits().draw_nodes
+    for tree in chosen[:limit]:
+        if len(tree.nodes) > most:
+            raise TreeError(f"tree {tree.prompt_id} at {path} has {len(tree.nodes)} nodes, more than the {most} a "
+                            f"picture shows ({limit_hint('draw_nodes')}); trace-gym export reads trees of any size")
     base = Path(path)
     out = Path(out_dir) if out_dir is not None else (base.parent if base.is_file() else base) / "tree_pictures"
     paths = []

@@ -63,12 +63,25 @@ def hotpotqa_records(
 
 
 def record_to_task(record: Mapping[str, Any]) -> Task:
-    """One HotpotQA record -> a WikiQA Task (``data``: question, answers, type, level, supporting titles)."""
+    """One HotpotQA record -> a WikiQA Task (``data``: question, answers, type, level, supporting titles).
+
+    ``_id``/``id``, ``type`` and ``level`` are text or integers (written as text); another type, or
+    malformed ``supporting_facts``, raises :class:`InvalidTaskError`.
+    """
     question, answer = record.get("question"), record.get("answer")
     if not isinstance(question, str) or not isinstance(answer, str):
         raise InvalidTaskError(f"HotpotQA record needs 'question' and 'answer' strings: {str(record)[:160]}")
     rid = record.get("_id") or record.get("id") or hashlib.sha256(question.encode()).hexdigest()[:12]
-    facts = _pairs(record.get("supporting_facts"), "sent_id")
+    for name, value in (("_id", rid), ("type", record.get("type", "")), ("level", record.get("level", ""))):
+        if not isinstance(value, str) and (not isinstance(value, int) or isinstance(value, bool)):
+            raise InvalidTaskError(f"HotpotQA record field {name!r} is a {type(value).__name__}, expected text "
+                                   f"or an integer: {str(record)[:160]}")
+    try:
+        facts = _pairs(record.get("supporting_facts"), "sent_id")
+        fact_list = [[t, int(s)] for t, s in facts]
+    except (TypeError, ValueError, IndexError, KeyError):
+        raise InvalidTaskError(f"HotpotQA record has malformed supporting_facts (expected [[title, sentence "
+                               f"index], ...]): {str(record)[:160]}") from None
     titles = list(dict.fromkeys(t for t, _ in facts))
     return Task(
         task_id=f"hotpotqa-{rid}",
@@ -79,7 +92,7 @@ def record_to_task(record: Mapping[str, Any]) -> Task:
             "type": str(record.get("type", "")),
             "level": str(record.get("level", "")),
             "supporting_titles": titles,
-            "supporting_facts": [[t, int(s)] for t, s in facts],
+            "supporting_facts": fact_list,
             "queries": titles,
         },
     )
