@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -65,6 +66,10 @@ def test_a_locked_directory_refuses_train_and_resume_and_a_dead_holders_lock_is_
         assert main(["train", "--config", str(cfg), "--out", str(run), "--no-eval"]) == 1
         assert f"pid {holder.pid}" in capsys.readouterr().err
         assert sorted(p.name for p in run.iterdir()) == [LOCK_FILE]  # nothing was written
+        shutil.copy(cfg, run / "config.yaml")  # a run directory, as far as --resume is concerned
+        assert main(["train", "--resume", str(run), "--no-eval"]) == 1
+        assert f"in use by another trace-gym run (pid {holder.pid} on host" in capsys.readouterr().err
+        assert sorted(p.name for p in run.iterdir()) == ["config.yaml", LOCK_FILE]
     finally:
         holder.kill()  # SIGKILL: no cleanup runs; the kernel drops the flock with the process
         holder.wait()
