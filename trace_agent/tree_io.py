@@ -23,7 +23,7 @@ from typing import Any
 
 from trace_agent.errors import TreeError
 from trace_agent.tree import FORMAT_NAME, FORMAT_VERSION, RolloutTree
-from trace_envs.limits import ReadLimits, data_problem, limit_hint, read_limits
+from trace_envs.limits import ReadLimits, data_problem, json_nesting, limit_hint, read_limits
 
 __all__ = ["save_jsonl", "load_jsonl", "iter_jsonl", "tree_from_record", "save_parquet", "load_parquet"]
 
@@ -79,6 +79,9 @@ def iter_jsonl(path: str | Path, *, limits: ReadLimits | None = None) -> Iterato
 
 
 def _tree_from_line(line: bytes, where: str, limits: ReadLimits) -> RolloutTree:
+    if json_nesting(line) > limits.nesting:
+        raise TreeError(f"{where}: the tree record nests deeper than {limits.nesting} levels "
+                        f"({limit_hint('nesting')})")
     try:
         data = json.loads(line.decode("utf-8"))
     except UnicodeDecodeError:
@@ -87,11 +90,15 @@ def _tree_from_line(line: bytes, where: str, limits: ReadLimits) -> RolloutTree:
         raise TreeError(f"{where}: nests deeper than JSON can be read ({limit_hint('nesting')})") from None
     except ValueError as exc:
         raise TreeError(f"{where}: not JSON ({exc})") from None
-    return tree_from_record(data, where, limits=limits)
+    return tree_from_record(data, where, limits=limits, nesting_checked=True)
 
 
-def tree_from_record(data: Any, where: str, *, limits: ReadLimits | None = None) -> RolloutTree:
-    """:meth:`RolloutTree.from_dict` after the checks of the module doc; ``where`` names the source in errors."""
+def tree_from_record(data: Any, where: str, *, limits: ReadLimits | None = None,
+                     nesting_checked: bool = False) -> RolloutTree:
+    """:meth:`RolloutTree.from_dict` after the checks of the module doc; ``where`` names the source in errors.
+
+    ``nesting_checked``: the caller measured the record's nesting on its JSON text already (cheaper).
+    """
     limits = limits or read_limits()
     if not isinstance(data, dict):
         raise TreeError(f"{where}: a {type(data).__name__}, not a tree record (a JSON object with nodes)")
@@ -101,7 +108,7 @@ def tree_from_record(data: Any, where: str, *, limits: ReadLimits | None = None)
     if len(nodes) > limits.tree_nodes:
         raise TreeError(f"{where}: a tree of {len(nodes)} nodes, more than {limits.tree_nodes} "
                         f"({limit_hint('tree_nodes')})")
-    problem = data_problem(data, nesting=limits.nesting)
+    problem = None if nesting_checked else data_problem(data, nesting=limits.nesting)
     if problem:
         raise TreeError(f"{where}: the tree record {problem}")
     for i, rec in enumerate(nodes):

@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass
 
-__all__ = ["ReadLimits", "read_limits", "limit_hint", "data_problem", "ENV_PREFIX"]
+__all__ = ["ReadLimits", "read_limits", "limit_hint", "data_problem", "json_nesting", "ENV_PREFIX"]
 
 #: Prefix of the environment variables that override a limit (``TRACE_GYM_LIMIT_ROW_BYTES``).
 ENV_PREFIX = "TRACE_GYM_LIMIT_"
@@ -93,18 +94,38 @@ def limit_hint(setting: str) -> str:
 def data_problem(value: object, *, nesting: int, field_chars: int | None = None) -> str | None:
     """What in ``value`` (parsed JSON-like data) breaks a limit, or None: nesting deeper than ``nesting``,
     or (with ``field_chars``) a string longer than that. Walks iteratively: no recursion, whatever the depth."""
+    def wanted(v: object) -> bool:
+        return isinstance(v, dict | list | tuple) or (field_chars is not None and isinstance(v, str)
+                                                      and len(v) > field_chars)
+
     stack: list[tuple[object, int, str]] = [(value, 1, "")]
     while stack:
         item, depth, key = stack.pop()
-        if isinstance(item, dict):
+        if isinstance(item, dict | list | tuple):
             if depth > nesting:
                 return f"nests deeper than {nesting} levels (at {key or 'the top'}; {limit_hint('nesting')})"
-            stack.extend((v, depth + 1, f"{key}.{k}" if key else str(k)) for k, v in item.items())
-        elif isinstance(item, list | tuple):
-            if depth > nesting:
-                return f"nests deeper than {nesting} levels (at {key or 'the top'}; {limit_hint('nesting')})"
-            stack.extend((v, depth + 1, f"{key}[{i}]") for i, v in enumerate(item))
-        elif field_chars is not None and isinstance(item, str) and len(item) > field_chars:
+            pairs = item.items() if isinstance(item, dict) else enumerate(item)
+            # only containers and overlong strings are pushed: a list of a million ids costs one pass
+            stack.extend((v, depth + 1, (f"{key}.{k}" if key else str(k)) if isinstance(item, dict) else f"{key}[{k}]")
+                         for k, v in pairs if wanted(v))
+        elif isinstance(item, str) and field_chars is not None and len(item) > field_chars:
             return (f"field {key or 'value'} holds {len(item)} characters, more than {field_chars} "
                     f"({limit_hint('field_chars')})")
     return None
+
+
+_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def json_nesting(text: bytes) -> int:
+    """The deepest nesting of ``[`` / ``{`` in JSON ``text`` (brackets inside strings do not count), without
+    parsing it: only strings and brackets are visited (by the regex engine), so numbers cost nothing."""
+    depth = deepest = 0
+    for match in _JSON_TOKENS.finditer(text):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in (b"]", b"}"):
+            depth -= 1
+    return deepest
