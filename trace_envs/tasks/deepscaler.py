@@ -1,10 +1,10 @@
-"""DeepScaleR-Preview math problems as a TaskSet, loaded through ``datasets``.
+"""DeepScaleR-Preview math problems as a TaskSet, from a local file (bounded) or through ``datasets``.
 
 DeepScaleR-Preview-Dataset (agentica-org) rows have ``problem``, ``answer``
 and ``solution``. :func:`load_deepscaler` reads
 
 * a local ``.json`` (a list of objects), ``.jsonl`` or ``.parquet`` file with
-  ``datasets.load_dataset("json" | "parquet", data_files=...)`` — works offline;
+  :func:`trace_envs.tasks.files.read_rows` (offline, within the read limits of that module);
 * a local directory that ``datasets.load_dataset`` understands;
 * a Hugging Face hub name (on machines with network access).
 
@@ -13,7 +13,7 @@ few) are skipped with a :class:`SkippedRowsWarning` that counts them; with
 ``strict=True`` the first such row raises instead. Task ids keep the row's
 index in the file, so skipping never renumbers the other tasks.
 
-``datasets`` is imported on first call only.
+``datasets`` is imported only for a hub name or a dataset folder.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""HotpotQA as WikiQA tasks, read with ``datasets``.
+"""HotpotQA as WikiQA tasks, read from local files (bounded) or with ``datasets`` from the hub.
 
 On a machine with the hub: ``load_hotpotqa("hotpot_qa", config="distractor",
 split="validation")``. Offline, from a local file in HotpotQA's format (the
@@ -44,17 +44,18 @@ def hotpotqa_records(
     config: str = "distractor",
     limit: int | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """Records from a local JSON/JSONL file or a hub data set name, through ``datasets``."""
-    try:
-        import datasets
-    except ImportError as exc:  # pragma: no cover - depends on the [data] extra
-        raise ImportError("reading HotpotQA needs `datasets` (pip install 'trace-gym[data]')") from exc
+    """Records from a local JSON/JSONL/Parquet file (:func:`~trace_envs.tasks.files.read_rows`, bounded) or a hub
+    data set name (through ``datasets``)."""
     path = Path(source)
     if path.suffix.lower() in BUILDERS or path.exists():
         if not path.is_file():
             raise FileNotFoundError(f"HotpotQA file {path} does not exist")
-        dataset = read_rows(path)  # parquet, json or jsonl, by extension
+        dataset: Any = read_rows(path)  # parquet, json or jsonl, by extension
     else:
+        try:
+            import datasets
+        except ImportError as exc:  # pragma: no cover - depends on the [data] extra
+            raise ImportError("reading HotpotQA from the hub needs `datasets` (pip install 'trace-gym[data]')") from exc
         dataset = datasets.load_dataset(str(source), config, split=split)
     for i, record in enumerate(dataset):
         if limit is not None and i >= limit:
