@@ -48,6 +48,7 @@ __all__ = [
     "TrainingStopped",
     "lock_run_dir",
     "stop_signals",
+    "deferred_stops",
     "config_differences",
     "named_code",
     "allowed_code",
@@ -207,6 +208,43 @@ def stop_signals() -> Iterator[list[int]]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def deferred_stops() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP back for the block (a checkpoint being written); they act when it ends.
+
+    Within the block their handlers only record them; when it ends the handlers in force before come
+    back and the first signal that came is handed to its own (a default action is taken by sending
+    the signal again). A stop therefore never leaves the checkpoint it interrupted half-written or its
+    step unrecorded. (Blocking with ``pthread_sigmask`` would not do: another thread of the process
+    takes the signal and Python runs the handler in the main thread all the same.) An ignored signal
+    stays ignored; outside the main thread nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        held.append(signum)
+
+    previous: dict[int, Any] = {}
+    for sig in STOP_SIGNALS:
+        handler = signal.getsignal(sig)
+        if handler is not signal.SIG_IGN and handler is not None:
+            previous[sig] = signal.signal(sig, hold)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if held:
+            handler = previous[held[0]]
+            if callable(handler):
+                handler(held[0], None)
+            else:  # SIG_DFL: the signal's own action, now that the block is over
+                os.kill(os.getpid(), held[0])
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:

@@ -174,7 +174,7 @@ def _train(config: TrainConfig, *, resume: bool, evaluate: bool | Literal["after
     from trace_agent.env_factory import check_env_id
     from trace_agent.metrics import MetricsLogger, plot_learning_curves, read_metrics
     from trace_agent.preflight import policy_dir, policy_env_ids, write_policy_meta
-    from trace_agent.rundir import TrainingStopped, config_differences
+    from trace_agent.rundir import TrainingStopped, config_differences, deferred_stops
     from trace_agent.trainer import Trainer
 
     check_env_id(config.env_id)
@@ -222,14 +222,16 @@ def _train(config: TrainConfig, *, resume: bool, evaluate: bool | Literal["after
                 bar.set_postfix(success=f"{metrics['rollout/success_rate']:.2f}",
                                 eff=f"{metrics['rollout/effective_ratio']:.2f}", loss=f"{metrics['update/loss']:.3f}")
                 if config.log.checkpoint_every and k % config.log.checkpoint_every == 0:
-                    trainer.save_checkpoint()
-                    trainer.prune_checkpoints()
-                    last_checkpoint = k
+                    with deferred_stops():  # a stop waits for the checkpoint it would cut in half
+                        trainer.save_checkpoint()
+                        trainer.prune_checkpoints()
+                        last_checkpoint = k
             bar.close()
             if trainer.step_count and last_checkpoint != trainer.step_count:
-                trainer.save_checkpoint()
-                trainer.prune_checkpoints()
-                last_checkpoint = trainer.step_count
+                with deferred_stops():
+                    trainer.save_checkpoint()
+                    trainer.prune_checkpoints()
+                    last_checkpoint = trainer.step_count
             done = any(r.get("step") == trainer.step_count and "eval/success" in r for r in earlier)
             if evaluate and not done:
                 after = evaluate_heldout(trainer.generator, config, progress=progress)

@@ -17,7 +17,7 @@ from tests.agent.test_cli import _comparable, _config_file, _steps, _weights
 from tests.agent.test_trainer import ROOT, state_equal
 from trace_agent.cli import main
 from trace_agent.errors import RunDirError
-from trace_agent.rundir import LOCK_FILE, lock_run_dir, stop_signals
+from trace_agent.rundir import LOCK_FILE, deferred_stops, lock_run_dir, stop_signals
 
 _ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
@@ -93,6 +93,21 @@ def test_sighup_stops_like_ctrl_c_and_an_ignored_sighup_stays_ignored() -> None:
                 assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
         finally:
             signal.signal(signal.SIGHUP, hup)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_stop_during_a_checkpoint_write_arrives_when_the_write_is_done() -> None:
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    done = []
+    try:
+        with pytest.raises(KeyboardInterrupt), stop_signals() as caught:
+            with deferred_stops():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.2)  # delivered at once if it were not held back
+                done.append("written")
+            time.sleep(5)  # the handler raises before this ends
+        assert done == ["written"] and caught == [signal.SIGTERM]
     finally:
         signal.signal(signal.SIGINT, previous)
 
