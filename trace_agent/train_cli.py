@@ -19,6 +19,8 @@ before training), TensorBoard events (``tb/``: scalars, tree pictures, transcrip
 policy (``policy/``, loadable with ``HFPolicy.from_pretrained``), ``learning_curves.png``
 and ``summary.json``. ``--resume DIR`` refuses a conflicting config and names the
 differences; a fresh run refuses a directory that holds a run (``--overwrite`` replaces it).
+One run writes a directory at a time (``run.lock``, :func:`~trace_agent.rundir.lock_run_dir`), and
+Ctrl-C, SIGTERM and SIGHUP stop it with the resume command (:class:`~trace_agent.rundir.TrainingStopped`).
 Splits: every env's ``train`` split trains and its ``test`` split is held out
 (:func:`trace_agent.env_factory.split_kwargs`).
 
