@@ -41,7 +41,7 @@ def _holder(run: Path) -> subprocess.Popen:
 
 
 def test_two_trains_on_one_directory_one_runs_the_other_is_refused(tmp_path: Path) -> None:
-    cfg = _config_file(tmp_path, steps=3)
+    cfg = _config_file(tmp_path, steps=6)  # the first holds the directory long after the second has started
     run = tmp_path / "run"
     procs = [_train("--config", str(cfg), "--out", str(run), "--no-eval") for _ in range(2)]
     results = [(p.pid, *p.communicate(timeout=300), p.returncode) for p in procs]
@@ -51,7 +51,7 @@ def test_two_trains_on_one_directory_one_runs_the_other_is_refused(tmp_path: Pat
     line = err.strip().splitlines()[-1]
     assert line.startswith("trace-gym: error: ") and err.strip().count("\n") == 0, err
     assert f"in use by another trace-gym run (pid {winner} on host {socket.gethostname()})" in line
-    assert _steps(run) == [1, 2, 3]  # every step once: the refused run wrote nothing
+    assert _steps(run) == [1, 2, 3, 4, 5, 6]  # every step once: the refused run wrote nothing
 
 
 def test_a_locked_directory_refuses_train_and_resume_and_a_dead_holders_lock_is_taken_over(
