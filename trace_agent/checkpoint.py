@@ -11,8 +11,8 @@ A checkpoint is a directory::
       manifest.json         format, version, and the size and sha256 of both files; written last
 
 :func:`write_checkpoint` encodes a nested structure of dicts, lists, tuples, scalars, bytes,
-tensors and arrays into those files (in a ``.tmp`` sibling renamed into place, so a half-written
-checkpoint never has the final name); :func:`read_checkpoint` verifies the manifest (sizes and
+tensors and arrays into those files (in a ``.tmp`` sibling, fsynced and renamed into place, so a
+half-written checkpoint never has the final name, even after a power loss); :func:`read_checkpoint` verifies the manifest (sizes and
 hashes), loads the tensors with ``safetensors`` (a format that holds only numbers, never code),
 decodes the JSON with a closed set of tags and raises :class:`CheckpointError` with a one-line
 reason for anything else: a missing or extra file, a truncated or edited file, a tag it does not
@@ -40,6 +40,7 @@ shuffle RNG; any other predictor's own state.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -279,10 +280,13 @@ def _check_inside(path: Path, root: str | Path | None) -> None:
 
 
 def write_checkpoint(path: str | Path, state: Mapping[str, Any]) -> Path:
-    """Write ``state`` (nested data with tensors / arrays) as a checkpoint directory at ``path``, atomically.
+    """Write ``state`` (nested data with tensors / arrays) as a checkpoint directory at ``path``, atomically and durably.
 
-    The files go to ``<path>.tmp`` first; the manifest is written last and the directory is
-    renamed into place, replacing an older checkpoint of the same name.
+    The files go to ``<path>.tmp`` first; the manifest is written last; every file, the ``.tmp``
+    directory and the parent directory are ``fsync``-ed before the directory is renamed into
+    place (replacing an older checkpoint of the same name), and the parent again after the
+    rename: once this returns, a power loss leaves either the whole checkpoint or none under
+    the final name, never a complete-looking one with missing bytes.
     """
     from safetensors.torch import save_file
 
@@ -301,10 +305,27 @@ def write_checkpoint(path: str | Path, state: Mapping[str, Any]) -> Path:
                 "files": {name: {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
                           for name in _FILES}}
     (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=1, allow_nan=False), encoding="utf-8")
+    for name in (*_FILES, _MANIFEST):  # durable: every byte is on disk before the name says "complete"
+        _fsync_path(tmp / name)
+    _fsync_path(tmp)
+    _fsync_path(final.parent)  # the .tmp directory's own entry
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
+    _fsync_path(final.parent)  # the rename itself
     return final
+
+
+def _fsync_path(path: Path) -> None:
+    """``fsync`` a file or a directory (its entries) by path; a file system that cannot sync a directory is skipped."""
+    fd = os.open(path, (os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if path.is_dir() else os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:  # EINVAL: a file system without fsync on directories
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
 
 
 def verify_checkpoint(path: str | Path, *, root: str | Path | None = None) -> dict[str, Any]:

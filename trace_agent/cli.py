@@ -13,7 +13,8 @@ Subcommands are contributed by the modules that own them, each through an
 Modules are imported only when the command line is built, so ``import trace_agent`` stays cheap.
 
 Errors end in one line on stderr that says what went wrong (``trace-gym: error: ...``, exit
-status 1); Ctrl-C ends in where the run stopped and how to resume (exit status 130).
+status 1); Ctrl-C ends in where the run stopped and how to resume (exit status 130, and
+``128 + signal number`` for a training run that SIGTERM or SIGHUP stopped: 143, 129).
 ``--debug`` (anywhere on the command line) shows the traceback instead.
 """
 
@@ -39,7 +40,8 @@ _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
 
 #: Errors whose message is already written for a user (no exception type in front of it).
 _USER_ERRORS: tuple[str, ...] = ("ConfigError", "EnvSetupError", "PreflightError", "RunDirError", "CheckpointError",
-                                 "PolicyError", "TraceEnvError", "FileNotFoundError", "BFCLUnavailableError")
+                                 "PolicyError", "TraceEnvError", "FileNotFoundError", "BFCLUnavailableError",
+                                 "TreeError")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         message = getattr(exc, "message", None) or "interrupted"
         print(f"\ntrace-gym: {message}", file=sys.stderr, flush=True)
-        return 130
+        return int(getattr(exc, "exit_status", 130))
     except Exception as exc:  # noqa: BLE001 - one line for the user; --debug shows the traceback
         if debug:
             raise

@@ -3,7 +3,10 @@
 Values are converted per field type (int, float, bool, str, named choices, optional fields,
 fixed- and variable-length tuples, nested sections); a value that does not convert is one
 :class:`~trace_agent.errors.ConfigError` line naming the setting, the value and the type it needs.
-Overrides are ``section.field=value`` strings whose values are parsed as YAML.
+Overrides are ``section.field=value`` strings whose values are parsed as YAML. Files and values
+are read within the bounds of :mod:`trace_agent.safe_yaml` (size, UTF-8, nesting, YAML aliases
+and their expansion: :class:`~trace_envs.limits.ReadLimits`), each refusal one line naming the
+file or the ``--set`` key.
 
 Why this is not OmegaConf's structured configs (what verl and Hydra use): measured side by side with
 ``python scripts/bench/config_parsers.py`` (OmegaConf 2.4.0), both accept and refuse the same
@@ -220,7 +223,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     """Apply ``a.b.c=value`` strings to a nested dict (values parsed as YAML); returns a new dict."""
     import copy
 
-    import yaml
+    from trace_agent.safe_yaml import load_yaml
 
     out = copy.deepcopy(data)
     for item in overrides:
@@ -233,7 +236,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {p!r} is not a section")
-        node[parts[-1]] = yaml.safe_load(raw)
+        node[parts[-1]] = load_yaml(raw, source=f"--set {key.strip()}")
     return out
 
 
@@ -241,15 +244,15 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
                 base: TrainConfig | None = None) -> TrainConfig:
     """A :class:`TrainConfig` from ``base`` (default: the defaults), a YAML file, then overrides.
 
-    A value that does not fit its field's type raises :class:`ConfigError` in one line: for an
-    override, ``--set optim.lr=abc: expected a float``; for a file value, ``FILE: optim.lr='abc':
+    The file and the override values are read within bounds (:mod:`trace_agent.safe_yaml`). A value
+    that does not fit its field's type raises :class:`ConfigError` in one line: for an override, ``--set optim.lr=abc: expected a float``; for a file value, ``FILE: optim.lr='abc':
     expected a float``.
     """
-    import yaml
+    from trace_agent.safe_yaml import read_yaml_file
 
     data = config_to_dict(base or TrainConfig())
     if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        loaded = read_yaml_file(path) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
         data = _merge(data, loaded)

@@ -2,7 +2,11 @@
 
 Input: the trees ``trace-gym train`` saves (``<run>/trees/step_*.jsonl``) or any file written
 by :func:`trace_agent.tree_io.save_jsonl` / :func:`~trace_agent.tree_io.save_parquet` (a
-directory is read whole, files in name order). Output: ``.jsonl`` or ``.parquet`` rows
+directory is read whole, files in name order), within the read limits of
+:mod:`trace_agent.tree_io`. Memory: exporting to ``.jsonl`` (every format but ``trl-grpo``, and
+without ``--env``) streams, one tree at a time, so it needs about what the largest tree needs
+(a tree line is at most ``tree_bytes``, 64 MiB by default; a bigger one is refused before it is
+read); a ``.parquet`` output, ``trl-grpo`` and ``--env`` hold every tree and row. Output: ``.jsonl`` or ``.parquet`` rows
 (:func:`write_rows`; :func:`read_rows` reads either back to the same rows), one of five formats:
 
 ``trl-conversational``
@@ -46,7 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +69,8 @@ from trace_agent.export_verl import verl_rows
 from trace_agent.options import LONE_CHILD, OBJECTIVES, SHARED_TURNS, either
 from trace_agent.success import SUCCESS_THRESHOLD
 from trace_agent.tree import RolloutTree, ground_truth_of
-from trace_agent.tree_io import load_jsonl, load_parquet
+from trace_agent.tree_io import iter_jsonl, load_parquet
+from trace_envs.limits import limit_hint, read_limits
 
 __all__ = [
     "EXPORT_FORMATS",
@@ -75,6 +80,8 @@ __all__ = [
     "trajectory_messages",
     "export_rows",
     "read_trees",
+    "iter_trees",
+    "stream_jsonl_rows",
     "write_rows",
     "read_rows",
     "fill_from_env",
@@ -176,8 +183,22 @@ def read_trees(paths: Sequence[str | Path]) -> list[RolloutTree]:
     """Trees from ``.jsonl`` / ``.parquet`` files or directories of them (in name order).
 
     Raises:
-        ExportError: a missing path, another file type, or a file that is not a tree file.
+        ExportError: a missing path, another file type, or a file that is not a tree file (or breaks a
+            read limit, :mod:`trace_agent.tree_io`), naming the file and line.
     """
+    return list(iter_trees(paths))
+
+
+def iter_trees(paths: Sequence[str | Path]) -> Iterator[RolloutTree]:
+    """:func:`read_trees` one tree at a time: a ``.jsonl`` file is never held whole (a Parquet file is)."""
+    for path in _tree_files(paths):
+        try:
+            yield from iter_jsonl(path) if path.suffix == ".jsonl" else load_parquet(path)
+        except (TreeError, ValueError, KeyError, TypeError, OSError) as exc:
+            raise ExportError(f"{path} is not a rollout-tree file: {exc}") from None
+
+
+def _tree_files(paths: Sequence[str | Path]) -> list[Path]:
     files: list[Path] = []
     for raw in paths:
         path = Path(raw)
@@ -190,15 +211,10 @@ def read_trees(paths: Sequence[str | Path]) -> list[RolloutTree]:
             files.append(path)
         else:
             raise ExportError(f"no tree file or directory at {path}")
-    trees: list[RolloutTree] = []
     for path in files:
         if path.suffix not in (".jsonl", ".parquet"):
             raise ExportError(f"{path}: tree files are .jsonl or .parquet (written by trace-gym train / bench)")
-        try:
-            trees += load_jsonl(path) if path.suffix == ".jsonl" else load_parquet(path)
-        except (TreeError, ValueError, KeyError, TypeError, OSError) as exc:
-            raise ExportError(f"{path} is not a rollout-tree file: {type(exc).__name__}: {exc}") from None
-    return trees
+    return files
 
 
 def fill_from_env(trees: Sequence[RolloutTree], env_id: str, **env_kwargs: Any) -> int:
@@ -286,24 +302,89 @@ def write_rows(rows: Sequence[dict[str, Any]], out: str | Path) -> Path:
     return out
 
 
+def stream_jsonl_rows(trees: Iterable[RolloutTree], config: ExportConfig, out: str | Path) -> tuple[int, int]:
+    """Write ``config.format``'s rows of ``trees`` to the ``.jsonl`` file ``out`` as each tree is read.
+
+    Holds one tree and its rows at a time (every format but ``trl-grpo``, whose rows are one per
+    distinct prompt: use :func:`export_rows`). Rows go to ``<out>.partial``, renamed to ``out`` when
+    every tree is read: a refused tree file leaves no ``out``. Returns (rows written, trees read); the
+    SFT success filter warns as :func:`export_rows` does.
+    """
+    if config.format == "trl-grpo":
+        raise ExportError("trl-grpo rows are one per distinct prompt: export them with export_rows")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    written = trees_read = finished = 0
+    try:
+        with partial.open("w", encoding="utf-8") as fh:
+            for tree in trees:
+                trees_read += 1
+                finished += len(tree.leaves())
+                for row in _tree_rows(tree, config):
+                    try:
+                        fh.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
+                    except (TypeError, ValueError) as exc:
+                        raise ExportError(f"a row does not fit JSON ({exc})") from None
+                    written += 1
+        partial.replace(out)  # only a finished export has the name
+    finally:
+        partial.unlink(missing_ok=True)
+    if config.format in _SFT_FORMATS and config.keep == "success" and written < finished:
+        warnings.warn(f"kept {written} of {finished} finished leaves: the successes (reward >= "
+                      f"{SUCCESS_THRESHOLD}); keep='all' (--keep all) exports every leaf", ExportWarning, stacklevel=2)
+    return written, trees_read
+
+
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Rows written by :func:`write_rows`, JSON-text Parquet columns decoded: equal to the rows written."""
+    """Rows written by :func:`write_rows`, JSON-text Parquet columns decoded: equal to the rows written.
+
+    Raises :class:`ExportError` naming the file (and line) for a file over ``tree_file_bytes``, a JSONL
+    line over ``row_bytes`` (:class:`~trace_envs.limits.ReadLimits`) or one that is not a JSON object,
+    and a Parquet file pyarrow cannot read (truncated, not Parquet).
+    """
     path = Path(path)
     if path.suffix not in (".jsonl", ".parquet"):
         raise ExportError(f"row files are .jsonl or .parquet, got {path.name!r}")
     if not path.is_file():
         raise ExportError(f"no row file at {path}")
+    limits = read_limits()
+    size = path.stat().st_size
+    if size > limits.tree_file_bytes:
+        raise ExportError(f"{path} is {size} bytes, more than the {limits.tree_file_bytes} a row file may hold "
+                          f"({limit_hint('tree_file_bytes')})")
     if path.suffix == ".jsonl":
-        with path.open(encoding="utf-8") as fh:
-            return [json.loads(line) for line in fh if line.strip()]
+        return _jsonl_rows(path, limits.row_bytes)
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path)
-    as_json = json.loads((table.schema.metadata or {}).get(_JSON_COLUMNS_KEY, b"[]"))
-    rows = table.to_pylist()
-    for row in rows:
-        for name in as_json:
-            row[name] = json.loads(row[name])
+    try:
+        table = pq.read_table(path)
+        as_json = json.loads((table.schema.metadata or {}).get(_JSON_COLUMNS_KEY, b"[]"))
+        rows = table.to_pylist()
+        for row in rows:
+            for name in as_json:
+                row[name] = json.loads(row[name])
+    except (pa.ArrowException, OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
+        raise ExportError(f"{path} is not a row file write_rows wrote ({type(exc).__name__}: {exc})") from None
+    return rows
+
+
+def _jsonl_rows(path: Path, row_bytes: int) -> list[dict[str, Any]]:
+    rows = []
+    with path.open("rb") as fh:
+        for number, line in enumerate(iter(lambda: fh.readline(row_bytes + 1), b""), start=1):
+            if len(line) > row_bytes:
+                raise ExportError(f"{path}:{number}: a row of more than {row_bytes} bytes ({limit_hint('row_bytes')})")
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+                raise ExportError(f"{path}:{number}: not a JSON row ({type(exc).__name__}: {exc})") from None
+            if not isinstance(row, dict):
+                raise ExportError(f"{path}:{number}: a {type(row).__name__}, not a row (a JSON object)")
+            rows.append(row)
     return rows
 
 
@@ -318,19 +399,25 @@ def _main(args: argparse.Namespace) -> int:
         config = ExportConfig(format=args.format, objective=args.objective, normalize_std=args.normalize_std,
                               lone_child=args.lone_child, shared_turns=args.shared_turns, keep=args.keep,
                               tool_calls=args.tool_calls, pairs_per_branch=args.pairs_per_branch)
-        trees = read_trees(args.trees)
-        if args.env:
-            fill_from_env(trees, args.env)
+        streaming = str(args.out).endswith(".jsonl") and config.format != "trl-grpo" and not args.env
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ExportWarning)
-            rows = export_rows(trees, config)
-            out = write_rows(rows, args.out)
+            if streaming:  # one tree in memory at a time
+                written, read = stream_jsonl_rows(iter_trees(args.trees), config, args.out)
+                out = Path(args.out)
+            else:
+                trees = read_trees(args.trees)
+                if args.env:
+                    fill_from_env(trees, args.env)
+                rows = export_rows(trees, config)
+                out = write_rows(rows, args.out)
+                written, read = len(rows), len(trees)
     except ExportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for warning in caught:
         print(f"warning: {warning.message}", file=sys.stderr)
-    print(f"wrote {len(rows)} {config.format} rows from {len(trees)} trees -> {out}")
+    print(f"wrote {written} {config.format} rows from {read} trees -> {out}")
     return 0
 
 

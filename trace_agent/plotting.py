@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,19 +33,18 @@ def tree_layout(tree: RolloutTree) -> dict[int, tuple[float, float]]:
     """(x, y) per node id: x = depth, leaves on consecutive rows, a parent at its children's mean row."""
     pos: dict[int, tuple[float, float]] = {}
     row = 0
-
-    def place(node: Node) -> float:
-        nonlocal row
+    stack: list[tuple[Node, bool]] = [(tree.root, False)]
+    while stack:  # post-order without recursion: a chain of any length
+        node, children_done = stack.pop()
         if not node.children:
-            y = float(row)
+            pos[node.node_id] = (float(node.depth), float(row))
             row += 1
+        elif children_done:
+            ys = [pos[c.node_id][1] for c in node.children]
+            pos[node.node_id] = (float(node.depth), sum(ys) / len(ys))
         else:
-            ys = [place(c) for c in node.children]
-            y = sum(ys) / len(ys)
-        pos[node.node_id] = (float(node.depth), y)
-        return y
-
-    place(tree.root)  # recursion depth = number of turns (tens), not the node count
+            stack.append((node, True))
+            stack.extend((c, False) for c in reversed(node.children))
     return pos
 
 
@@ -192,14 +191,20 @@ def find_trees(path: str | Path, *, step: int | None = None) -> tuple[list[Rollo
 
     Raises ``FileNotFoundError`` with what to do when there are none.
     """
-    from trace_agent.tree_io import load_jsonl, load_parquet
+    trees, label = _found_trees(path, step=step)
+    return list(trees), label
+
+
+def _found_trees(path: str | Path, *, step: int | None = None) -> tuple[Iterable[RolloutTree], str]:
+    """:func:`find_trees`, with a JSONL file's trees read one at a time (:func:`~trace_agent.tree_io.iter_jsonl`)."""
+    from trace_agent.tree_io import iter_jsonl, load_parquet
 
     p = Path(path)
     if p.is_file():
-        trees = load_parquet(p) if p.suffix == ".parquet" else load_jsonl(p)
+        trees = load_parquet(p) if p.suffix == ".parquet" else iter_jsonl(p)
         return trees, p.stem
     if (p / "trees.jsonl").is_file():  # a bench directory
-        return load_jsonl(p / "trees.jsonl"), "bench"
+        return iter_jsonl(p / "trees.jsonl"), "bench"
     files = sorted((p / "trees").glob("step_*.jsonl"))
     if not files:
         what = "a run directory (trees/step_<k>.jsonl)" if (p / "config.yaml").is_file() else "a run or bench directory"
@@ -211,21 +216,38 @@ def find_trees(path: str | Path, *, step: int | None = None) -> tuple[list[Rollo
             steps = ", ".join(str(int(f.stem.split("_")[1])) for f in files)
             raise FileNotFoundError(f"no trees of step {step} in {p}/trees (saved steps: {steps})")
         files = chosen
-    return load_jsonl(files[-1]), files[-1].stem
+    return iter_jsonl(files[-1]), files[-1].stem
 
 
 def show_trees(path: str | Path, out_dir: str | Path | None = None, *, step: int | None = None,
                prompt: str | None = None, strategy: str | None = None, seed: int | None = None,
                limit: int = 4, mixed_only: bool = False) -> list[Path]:
-    """Draw up to ``limit`` trees saved at ``path`` (filtered) to PNGs in ``out_dir``; returns their paths."""
-    trees, label = find_trees(path, step=step)
-    chosen = [t for t in trees
-              if (prompt is None or t.prompt_id == prompt or t.task_id == prompt)
-              and (strategy is None or t.metadata.get("strategy") == strategy)
-              and (seed is None or t.metadata.get("seed") == seed)
-              and (not mixed_only or t.is_mixed())]
+    """Draw up to ``limit`` trees saved at ``path`` (filtered) to PNGs in ``out_dir``; returns their paths.
+
+    Trees are read within :class:`~trace_envs.limits.ReadLimits` (:mod:`trace_agent.tree_io`), a JSONL file one
+    tree at a time (only the ``limit`` drawn are kept), and a tree of more than ``draw_nodes`` nodes is refused
+    (:class:`~trace_agent.errors.TreeError`) before anything is drawn.
+    """
+    trees, label = _found_trees(path, step=step)
+    chosen: list[RolloutTree] = []
+    seen = 0
+    for t in trees:  # one tree at a time from a JSONL file; only the ones drawn are kept
+        seen += 1
+        if (len(chosen) < limit and (prompt is None or t.prompt_id == prompt or t.task_id == prompt)
+                and (strategy is None or t.metadata.get("strategy") == strategy)
+                and (seed is None or t.metadata.get("seed") == seed)
+                and (not mixed_only or t.is_mixed())):
+            chosen.append(t)
     if not chosen:
-        raise FileNotFoundError(f"none of the {len(trees)} trees at {path} match the filters")
+        raise FileNotFoundError(f"none of the {seen} trees at {path} match the filters")
+    from trace_agent.errors import TreeError
+    from trace_envs.limits import limit_hint, read_limits
+
+    most = read_limits().draw_nodes
+    for tree in chosen[:limit]:
+        if len(tree.nodes) > most:
+            raise TreeError(f"tree {tree.prompt_id} at {path} has {len(tree.nodes)} nodes, more than the {most} a "
+                            f"picture shows ({limit_hint('draw_nodes')}); trace-gym export reads trees of any size")
     base = Path(path)
     out = Path(out_dir) if out_dir is not None else (base.parent if base.is_file() else base) / "tree_pictures"
     paths = []

@@ -136,7 +136,11 @@ def write_policy_meta(directory: str | Path, *, env_ids: Sequence[str], **extra:
 
 
 def preflight(config: TrainConfig, *, train: bool = True) -> list[Check]:
-    """Every check for ``config`` (``train=False``: only what ``trace-gym eval`` needs)."""
+    """Every check for ``config`` (``train=False``: only what ``trace-gym eval`` needs).
+
+    The config itself was read within bounds already (:mod:`trace_agent.safe_yaml`); a split that is
+    a task file is read here, every row, within the read limits (:mod:`trace_envs.tasks.files`).
+    """
     from trace_agent.env_factory import check_env_id, split_kwargs
     from trace_agent.errors import EnvSetupError
 
@@ -149,10 +153,12 @@ def preflight(config: TrainConfig, *, train: bool = True) -> list[Check]:
     splits = [("eval split", config.eval.split)] + ([("train split", config.train_split)] if train else [])
     for name, split in splits:
         try:
-            split_kwargs(config.env_id, split, config.env_kwargs)
+            kwargs = split_kwargs(config.env_id, split, config.env_kwargs)
             checks.append(Check(name=name, ok=True, message=f"{name}: {split}"))
         except (EnvSetupError, ValueError, ImportError) as exc:
             checks.append(Check(name=name, ok=False, message=str(exc)))
+            continue
+        checks += _task_file_checks(name, kwargs.get("tasks"))
     p = config.policy
     if p.kind == "demo":
         path = policy_dir(config)
@@ -193,6 +199,29 @@ def preflight(config: TrainConfig, *, train: bool = True) -> list[Check]:
         checks.append(Check(name="out_dir", ok=ok, message=f"run directory: {out}" if ok else
                             f"cannot write to {parent}: choose another --out"))
     return checks
+
+
+def _task_file_checks(name: str, tasks: Any) -> list[Check]:
+    """Read a split's task file (when it is one) as the run will: within the read limits, every row checked.
+
+    :func:`trace_envs.tasks.files.read_rows` refuses an empty, truncated, oversized or wrongly nested
+    file, a line or row group over its limit and an overlong field, in one line naming the file and row.
+    """
+    if not isinstance(tasks, str | Path):
+        return []
+    path = Path(tasks).expanduser()
+    from trace_envs.tasks.files import BUILDERS
+
+    if not path.is_file() and not any(s.lower() in BUILDERS for s in path.suffixes):
+        return []  # a split name, not a file
+    from trace_envs.errors import TraceEnvError
+    from trace_envs.tasks.files import read_rows
+
+    try:
+        rows = read_rows(path)
+    except (TraceEnvError, ValueError, OSError) as exc:
+        return [Check(name=f"{name} file", ok=False, message=f"{name}: {exc}")]
+    return [Check(name=f"{name} file", ok=True, message=f"{name}: {path} ({len(rows)} rows read and checked)")]
 
 
 def format_checks(checks: Sequence[Check]) -> str:

@@ -6,7 +6,14 @@
   resume is refused with every differing field named.
 * ``trace-gym train --out DIR`` refuses a directory that already holds a run
   (:func:`check_fresh`) unless ``--overwrite`` clears its artefacts (:func:`clear_run`).
-* A stopped run says how to continue (:class:`TrainingStopped`).
+* One writer per run directory (:func:`lock_run_dir`): ``trace-gym train`` and ``--resume`` take an
+  exclusive ``fcntl.flock`` on ``DIR/run.lock`` before writing anything and hold it for the run's
+  life; a second run or resume of a locked directory is refused with :class:`RunDirError` naming
+  the holder's pid and host. The kernel drops the lock when its holder exits, however it exits
+  (SIGKILL and power loss included), so a dead run's lock is taken over by the next run. A lock
+  file on a network file system is only as exclusive as that file system's ``flock``.
+* A stopped run says how to continue (:class:`TrainingStopped`): Ctrl-C (SIGINT), SIGTERM and
+  SIGHUP stop it alike (:func:`stop_signals`); the exit status is ``128 + signal number``.
 * A run directory never names code to import: a saved config whose ``rollout.strategy`` is a
   ``module:attribute`` spec is resumed only when the caller gives the same spec itself (in
   ``given``), allows it (``resume_config(..., allow_code=("mypkg.strats:Mine",))``) or lists it
@@ -16,10 +23,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
-from collections.abc import Iterable
+import signal
+import socket
+import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +43,12 @@ __all__ = [
     "RESUMABLE_CHANGES",
     "RUN_ARTIFACTS",
     "RunDirError",
+    "LOCK_FILE",
+    "STOP_SIGNALS",
     "TrainingStopped",
+    "lock_run_dir",
+    "stop_signals",
+    "deferred_stops",
     "config_differences",
     "named_code",
     "allowed_code",
@@ -53,25 +69,182 @@ RUN_ARTIFACTS: tuple[str, ...] = ("config.yaml", "metrics.jsonl", "tb", "checkpo
                                   "learning_curves.png", "summary.json", "wandb", "wandb_id.txt")
 
 
-class TrainingStopped(KeyboardInterrupt):
-    """Ctrl-C (or SIGINT) stopped a run; ``message`` says where it stopped and how to resume."""
+#: The lock file every writer of a run directory holds (:func:`lock_run_dir`); not a run artefact.
+LOCK_FILE = "run.lock"
 
-    def __init__(self, *, out_dir: str | Path, step: int, checkpoint_step: int | None) -> None:
+#: Signals that stop a run as Ctrl-C does (:func:`stop_signals`).
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class TrainingStopped(KeyboardInterrupt):
+    """A stop signal (Ctrl-C / SIGINT, SIGTERM, SIGHUP) ended a run; ``message`` says where and how to resume.
+
+    ``exit_status`` is ``128 + signum`` (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP), what a
+    shell reports for a process the signal ended, so schedulers read the stop as the signal's.
+    """
+
+    def __init__(self, *, out_dir: str | Path, step: int, checkpoint_step: int | None,
+                 signum: int = signal.SIGINT) -> None:
         self.out_dir = str(out_dir)
         self.step = step
         self.checkpoint_step = checkpoint_step
+        self.signum = int(signum)
         super().__init__(self.message)
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
 
     @property
     def message(self) -> str:
         resume = f"trace-gym train --resume {shlex.quote(self.out_dir)}"
+        by = "" if self.signum == signal.SIGINT else f" by {signal.Signals(self.signum).name}"
         if self.checkpoint_step is None:
-            return f"stopped after step {self.step}, before the first checkpoint: start it again (with --overwrite)"
+            return (f"stopped after step {self.step}{by}, before the first checkpoint: start it again "
+                    f"(with --overwrite)")
         saved = "" if self.checkpoint_step == self.step else f" (last checkpoint: step {self.checkpoint_step})"
-        return f"stopped after step {self.step}{saved}; resume with: {resume}"
+        return f"stopped after step {self.step}{by}{saved}; resume with: {resume}"
 
     def __str__(self) -> str:
         return self.message
+
+
+class _Held:
+    """A lock this process holds on one run directory (re-entered by nested :func:`lock_run_dir` calls)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.depth = fd, 0
+
+
+_HELD: dict[str, _Held] = {}
+_HELD_LOCK = threading.Lock()
+
+
+def _holder(path: Path) -> str:
+    try:
+        with path.open("rb") as fh:
+            text = fh.read(256).decode("utf-8", "replace").split()
+    except OSError:
+        text = []
+    fields = dict(item.split("=", 1) for item in text if "=" in item)
+    pid, host = fields.get("pid", "?"), fields.get("host", "?")
+    return f"pid {pid} on host {host}"
+
+
+@contextlib.contextmanager
+def lock_run_dir(path: str | Path) -> Iterator[Path]:
+    """Hold the exclusive lock of run directory ``path`` (created if missing) for the ``with`` block.
+
+    The lock is an ``fcntl.flock`` on ``path/run.lock`` (:data:`LOCK_FILE`), whose text names the
+    holder (``pid=... host=...``). Taken without waiting: a directory another process holds raises
+    :class:`RunDirError` naming that process's pid and host. Re-entrant within one process (a
+    ``trace-gym train`` takes it before clearing or checking the directory, and
+    :func:`~trace_agent.train_cli.run_training` inside it again). A lock whose holder died is free:
+    the kernel releases ``flock`` locks with the last descriptor of their file.
+    """
+    import fcntl
+
+    run = Path(path)
+    run.mkdir(parents=True, exist_ok=True)
+    key = str(run.resolve())
+    with _HELD_LOCK:
+        held = _HELD.get(key)
+        if held is None:
+            lock_path = run / LOCK_FILE
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise RunDirError(f"{run} is in use by another trace-gym run ({_holder(lock_path)}): wait for it "
+                                  f"to end or stop it (Ctrl-C / SIGTERM), or choose another --out") from None
+            except BaseException:
+                os.close(fd)
+                raise
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode())
+            held = _HELD[key] = _Held(fd)
+        held.depth += 1
+    try:
+        yield run
+    finally:
+        with _HELD_LOCK:
+            held.depth -= 1
+            if held.depth == 0:
+                del _HELD[key]
+                os.close(held.fd)  # closing the last descriptor releases the flock
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[list[int]]:
+    """Within the block, SIGTERM and SIGHUP stop like Ctrl-C; yields the list the stopping signal is appended to.
+
+    Each goes to the SIGINT handler in force when it arrives (the default one raises
+    ``KeyboardInterrupt`` at once; :func:`~trace_agent.rollout.run_interruptibly`'s cancels the
+    collection and raises when its loop is done), so a step is finished or abandoned the same way
+    whichever signal came. A signal this process inherited as ignored (``nohup`` ignores SIGHUP)
+    stays ignored, and outside the main thread nothing is installed. The previous handlers come back
+    when the block ends.
+    """
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+
+    def forward(signum: int, frame: Any) -> None:
+        caught.append(signum)
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler) and handler is not forward:
+            handler(signal.SIGINT, frame)
+        else:
+            signal.default_int_handler(signal.SIGINT, frame)
+
+    previous: dict[int, Any] = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            previous[sig] = signal.signal(sig, forward)
+    try:
+        yield caught
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def deferred_stops() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP back for the block (a checkpoint being written); they act when it ends.
+
+    Within the block their handlers only record them; when it ends the handlers in force before come
+    back and the first signal that came is handed to its own (a default action is taken by sending
+    the signal again). A stop therefore never leaves the checkpoint it interrupted half-written or its
+    step unrecorded. (Blocking with ``pthread_sigmask`` would not do: another thread of the process
+    takes the signal and Python runs the handler in the main thread all the same.) An ignored signal
+    stays ignored; outside the main thread nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        held.append(signum)
+
+    previous: dict[int, Any] = {}
+    for sig in STOP_SIGNALS:
+        handler = signal.getsignal(sig)
+        if handler is not signal.SIG_IGN and handler is not None:
+            previous[sig] = signal.signal(sig, hold)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if held:
+            handler = previous[held[0]]
+            if callable(handler):
+                handler(held[0], None)
+            else:  # SIG_DFL: the signal's own action, now that the block is over
+                os.kill(os.getpid(), held[0])
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:

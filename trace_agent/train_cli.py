@@ -19,6 +19,8 @@ before training), TensorBoard events (``tb/``: scalars, tree pictures, transcrip
 policy (``policy/``, loadable with ``HFPolicy.from_pretrained``), ``learning_curves.png``
 and ``summary.json``. ``--resume DIR`` refuses a conflicting config and names the
 differences; a fresh run refuses a directory that holds a run (``--overwrite`` replaces it).
+One run writes a directory at a time (``run.lock``, :func:`~trace_agent.rundir.lock_run_dir`), and
+Ctrl-C, SIGTERM and SIGHUP stop it with the resume command (:class:`~trace_agent.rundir.TrainingStopped`).
 Splits: every env's ``train`` split trains and its ``test`` split is held out
 (:func:`trace_agent.env_factory.split_kwargs`).
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -151,16 +154,29 @@ def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool | 
     continues from its step; metrics lines after that step are dropped and rewritten, and an
     evaluation already logged for the final step is not repeated. ``evaluate="after"`` skips the
     evaluation before training (e.g. when comparing runs that start from the same policy).
-    Ctrl-C raises :class:`~trace_agent.rundir.TrainingStopped`, which names the last completed
-    step, the last checkpoint and the command that resumes.
+    Ctrl-C (SIGINT), SIGTERM and SIGHUP raise :class:`~trace_agent.rundir.TrainingStopped`, which
+    names the last completed step, the last checkpoint and the command that resumes.
+
+    The run directory is locked for the whole call (:func:`~trace_agent.rundir.lock_run_dir`):
+    another process training or resuming there raises :class:`~trace_agent.errors.RunDirError`
+    before anything is written.
     """
+    from trace_agent.rundir import lock_run_dir, stop_signals
+
+    with lock_run_dir(config.out_dir), stop_signals() as stops:
+        return _train(config, resume=resume, evaluate=evaluate, log=log, stops=stops)
+
+
+def _train(config: TrainConfig, *, resume: bool, evaluate: bool | Literal["after"], log: Callable[[str], None],
+           stops: Sequence[int]) -> TrainReport:
+    """:func:`run_training` under its lock; ``stops`` collects the stop signals (SIGTERM, SIGHUP) that arrived."""
     from tqdm import tqdm
 
     from trace_agent.config_io import save_config
     from trace_agent.env_factory import check_env_id
     from trace_agent.metrics import MetricsLogger, plot_learning_curves, read_metrics
     from trace_agent.preflight import policy_dir, policy_env_ids, write_policy_meta
-    from trace_agent.rundir import TrainingStopped, config_differences
+    from trace_agent.rundir import TrainingStopped, config_differences, deferred_stops
     from trace_agent.trainer import Trainer
 
     check_env_id(config.env_id)
@@ -208,14 +224,16 @@ def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool | 
                 bar.set_postfix(success=f"{metrics['rollout/success_rate']:.2f}",
                                 eff=f"{metrics['rollout/effective_ratio']:.2f}", loss=f"{metrics['update/loss']:.3f}")
                 if config.log.checkpoint_every and k % config.log.checkpoint_every == 0:
-                    trainer.save_checkpoint()
-                    trainer.prune_checkpoints()
-                    last_checkpoint = k
+                    with deferred_stops():  # a stop waits for the checkpoint it would cut in half
+                        trainer.save_checkpoint()
+                        trainer.prune_checkpoints()
+                        last_checkpoint = k
             bar.close()
             if trainer.step_count and last_checkpoint != trainer.step_count:
-                trainer.save_checkpoint()
-                trainer.prune_checkpoints()
-                last_checkpoint = trainer.step_count
+                with deferred_stops():
+                    trainer.save_checkpoint()
+                    trainer.prune_checkpoints()
+                    last_checkpoint = trainer.step_count
             done = any(r.get("step") == trainer.step_count and "eval/success" in r for r in earlier)
             if evaluate and not done:
                 after = evaluate_heldout(trainer.generator, config, progress=progress)
@@ -223,7 +241,8 @@ def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool | 
                 log(f"held-out success after: {after.success:.3f} ± {after.success_se:.3f} ({after.tasks} tasks x "
                     f"{after.samples} samples, {after.seconds:.0f}s)")
         except KeyboardInterrupt:
-            raise TrainingStopped(out_dir=out, step=trainer.step_count, checkpoint_step=last_checkpoint) from None
+            raise TrainingStopped(out_dir=out, step=trainer.step_count, checkpoint_step=last_checkpoint,
+                                  signum=stops[-1] if stops else signal.SIGINT) from None
     finally:
         logger.close()
         trainer.close()  # the collector and the generator it built (vLLM: its memory comes back now)
@@ -372,18 +391,19 @@ def _preflight(args: argparse.Namespace, config: TrainConfig, *, train: bool) ->
 
 
 def _train_main(args: argparse.Namespace) -> int:
-    from trace_agent.rundir import check_fresh, clear_run
+    from trace_agent.rundir import check_fresh, clear_run, lock_run_dir
 
     config = config_from_args(args)
     code = _preflight(args, config, train=True)
     if code is not None:
         return code
     resume = args.resume is not None
-    if not resume:
-        if args.overwrite:
-            clear_run(config.out_dir)
-        check_fresh(config.out_dir)
-    report = run_training(config, resume=resume, evaluate=not args.no_eval, log=lambda m: print(m, flush=True))
+    with lock_run_dir(config.out_dir):  # before the directory is checked or cleared: one writer
+        if not resume:
+            if args.overwrite:
+                clear_run(config.out_dir)
+            check_fresh(config.out_dir)
+        report = run_training(config, resume=resume, evaluate=not args.no_eval, log=lambda m: print(m, flush=True))
     ratios = ", ".join("nan" if math.isnan(x) else f"{x:.2f}" for x in report.effective_ratio)
     print(f"effective ratio per step: {ratios}")
     if report.before and report.after:

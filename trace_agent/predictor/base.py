@@ -4,6 +4,10 @@ A predictor maps *contexts* (a prompt plus the interaction history up to a node,
 :data:`~trace_agent.tree.CONTEXT_SEPARATOR`) to success probabilities, learns from soft
 targets, and hands its learned state out as data (``state_dict``) and takes it back
 (``load_state_dict``) so that :mod:`trace_agent.checkpoint` never reaches into its attributes.
+A predictor may also have ``end_step()``, which :func:`~trace_agent.predictor.refresh_predictor`
+calls once a step's refresh is done: it drops what only speeds up scoring and is not in
+``state_dict`` (a cache whose hits change the floats), so that a run resumed from a checkpoint
+starts its next step from the same state as the run that went on.
 
 :func:`checked_predictions` is the one gate between a predictor and the allocators (a NaN
 never reaches them); :func:`score_nodes` scores a tree's nodes through it.

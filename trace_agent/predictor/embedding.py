@@ -106,6 +106,12 @@ class EmbeddingPredictor:
         self._x, self._y, self._w = self._x[-keep:], self._y[-keep:], self._w[-keep:]
         return self._fit()
 
+    def end_step(self) -> None:
+        """A step ended: the featurizer drops its per-step caches (``end_step``, when it has one)."""
+        end_step = getattr(self.featurizer, "end_step", None)
+        if callable(end_step):
+            end_step()
+
     def state_dict(self) -> dict[str, Any]:
         """Replay buffer, head and standardisation as arrays, plus the featurizer's embedding cache.
 

@@ -223,7 +223,8 @@ def refresh_predictor(
     :func:`tree_examples` keeps with ``prefix_share`` (default the paper's
     :data:`PAPER_PREFIX_SHARE`; None: every prefix) and ``seed``; its own metrics follow under
     ``update_``, its size and prefix share under ``train_examples`` / ``train_prefix_share``.
-    Returns an empty-update report when no tree has a finished leaf.
+    Returns an empty-update report when no tree has a finished leaf. Ends with the predictor's
+    ``end_step()`` when it has one (:mod:`~trace_agent.predictor.base`).
     """
     trees = list(trees)
     examples = tree_examples(trees, prefixes=prefixes, include_leaves=include_leaves)
@@ -240,4 +241,7 @@ def refresh_predictor(
     out["examples"] = float(len(examples))
     out["train_examples"] = float(len(train))
     out["train_prefix_share"] = float(np.mean(~train.is_root)) if len(train) else math.nan
+    end_step = getattr(predictor, "end_step", None)
+    if callable(end_step):  # a step boundary: what is not in the checkpoint goes (exact resume)
+        end_step()
     return out

@@ -110,6 +110,9 @@ class CachingFeaturizer:
                 self.cache.put(k, np.asarray(v, dtype=np.float64))
         return [f if f is not None else self.cache.get(k) for k, f in zip(keys, found, strict=True)]  # type: ignore[misc]
 
+    def end_step(self) -> None:
+        """Drop what only speeds up one training step (nothing here: the embedding cache is learned state)."""
+
     def cache_state(self) -> dict[str, Any]:
         """The embedding cache as data: hex digests and one array of vectors (LRU order kept)."""
         items = self.cache.items()

@@ -28,7 +28,11 @@ only past the longest prefix a sequence run before shares with it (its keys and 
 every layer's outputs for the pooling), so a prompt's states are computed once for the prompt
 and all its prefixes, a deeper prefix starts from its parent, and prompts that open with the
 same system prompt run it once. The features equal a full forward pass up to floating-point
-rounding (the tests hold them to the hand-pooled pass at rtol 1e-4). During training
+rounding (the tests hold them to the hand-pooled pass at rtol 1e-4). Because that rounding
+depends on which prefixes are cached, the prefix cache lives for one training step
+(:meth:`HiddenStateFeaturizer.end_step` empties it): it is not in a checkpoint, and a resumed
+run's next step starts from the same empty cache as the run that went on, so both compute the
+same floats (the features themselves, cached by context, are in the checkpoint). During training
 the copy stays as the policy was when the predictor was built (the live policy moves on);
 the head keeps learning from the trees. Importing this module does not import torch.
 """
@@ -106,6 +110,10 @@ class HiddenStateFeaturizer(CachingFeaturizer):
     @property
     def dim(self) -> int:
         return 2 * self.layers * self.hidden + self.hidden + 1
+
+    def end_step(self) -> None:
+        """Empty the prefix cache (see the module doc: it lives for one training step, for exact resume)."""
+        self.prefixes = PrefixStates(self.prefixes.max_bytes)
 
     def encode(self, contexts: Sequence[str]) -> NDArray[np.float64]:
         if not contexts:

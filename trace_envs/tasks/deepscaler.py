@@ -1,10 +1,10 @@
-"""DeepScaleR-Preview math problems as a TaskSet, loaded through ``datasets``.
+"""DeepScaleR-Preview math problems as a TaskSet, from a local file (bounded) or through ``datasets``.
 
 DeepScaleR-Preview-Dataset (agentica-org) rows have ``problem``, ``answer``
 and ``solution``. :func:`load_deepscaler` reads
 
 * a local ``.json`` (a list of objects), ``.jsonl`` or ``.parquet`` file with
-  ``datasets.load_dataset("json" | "parquet", data_files=...)`` — works offline;
+  :func:`trace_envs.tasks.files.read_rows` (offline, within the read limits of that module);
 * a local directory that ``datasets.load_dataset`` understands;
 * a Hugging Face hub name (on machines with network access).
 
@@ -13,7 +13,7 @@ few) are skipped with a :class:`SkippedRowsWarning` that counts them; with
 ``strict=True`` the first such row raises instead. Task ids keep the row's
 index in the file, so skipping never renumbers the other tasks.
 
-``datasets`` is imported on first call only.
+``datasets`` is imported only for a hub name or a dataset folder.
 """
 
 from __future__ import annotations
@@ -39,25 +39,27 @@ class SkippedRowsWarning(UserWarning):
     """Rows of a task file were skipped (no problem or no answer); the message counts them."""
 
 
+def _answer_text(value: Any) -> str | None:
+    """An answer as text: a string as it is, an int or a float as its ``str()`` (the one conversion); else None."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
 def _looks_like_path(text: str) -> bool:
     return text.startswith((".", "/", "~")) or Path(text).suffix.lower() in _BUILDERS or "\\" in text
 
 
 def _load(path_or_name: str, split: str, cache_dir: str | None) -> Any:
-    import datasets
-
     path = Path(path_or_name).expanduser()
     if path.is_file():
-        builder = _BUILDERS.get(path.suffix.lower())
-        if builder is None:
-            raise InvalidTaskError(
-                f"{path} is not a .json, .jsonl or .parquet file: convert it, or pass a hub name or a dataset folder"
-            )
-        try:
-            return datasets.load_dataset(builder, data_files={split: str(path)}, split=split, cache_dir=cache_dir)
-        except datasets.exceptions.DatasetGenerationError as exc:
-            cause = exc.__cause__ or exc
-            raise InvalidTaskError(f"{path} could not be read as {builder}: {cause}") from exc
+        from trace_envs.tasks.files import read_rows
+
+        return read_rows(path)  # bounded, by extension (trace_envs.tasks.files)
+    import datasets
+
     if path.is_dir():
         return datasets.load_dataset(str(path), split=split, cache_dir=cache_dir)
     if _looks_like_path(path_or_name):
@@ -92,12 +94,16 @@ def load_deepscaler(
         A TaskSet named ``"deepscaler-<split>"`` whose tasks have ids
         ``"deepscaler-<split>-00007"``, prompt = the problem plus the answer
         instruction, and data ``{"answer", "solution", "source": "deepscaler", "index"}``.
-        ``answer`` is always a string (numbers in the file are converted).
+        ``answer`` is always a string: a number in the file becomes its ``str()`` (the one
+        conversion); ``problem`` and ``solution`` must be text. A local file is read within the
+        bounds of :mod:`trace_envs.tasks.files`.
 
     Raises:
         TaskNotFoundError: the file is missing, or the hub data set cannot be fetched.
-        InvalidTaskError: an unsupported or unreadable file, a missing ``problem``/``answer``
-            column, no usable row at all, or (``strict``) a row whose problem or answer is empty.
+        InvalidTaskError: an unsupported, unreadable, empty or oversized file, a missing
+            ``problem``/``answer`` column, a field of another type (a problem that is a mapping, an
+            answer that is a list), no usable row at all, or (``strict``) a row whose problem or
+            answer is empty.
 
     Warns:
         SkippedRowsWarning: rows without a problem or an answer were skipped (not in strict mode).
@@ -117,18 +123,23 @@ def load_deepscaler(
     tasks = []
     skipped: list[int] = []
     for index, row in enumerate(dataset):
-        problem, answer = row["problem"], row["answer"]
+        problem, answer, solution = row["problem"], _answer_text(row["answer"]), row.get("solution")
+        for name, value, ok in (("problem", problem, problem is None or isinstance(problem, str)),
+                                ("answer", row["answer"], answer is not None or row["answer"] is None),
+                                ("solution", solution, solution is None or isinstance(solution, str))):
+            if not ok:
+                raise InvalidTaskError(f"{path_or_name}: row {index}: field {name!r} is a {type(value).__name__}, "
+                                       f"expected text{' or a number' if name == 'answer' else ''}")
         if problem is None or not str(problem).strip() or answer is None or not str(answer).strip():
             if strict:
                 raise InvalidTaskError(f"{path_or_name}: row {index} has an empty problem or answer "
                                        "(strict=False skips such rows with a warning)")
             skipped.append(index)
             continue
-        solution = row.get("solution")
         tasks.append(Task(
             task_id=f"deepscaler-{split}-{index:05d}",
             prompt=f"{str(problem).strip()}\n\n{ANSWER_INSTRUCTION}",
-            data={"answer": str(answer).strip(), "solution": "" if solution is None else str(solution),
+            data={"answer": answer.strip(), "solution": "" if solution is None else solution,
                   "source": "deepscaler", "index": index},
         ))
     if skipped:

@@ -1,4 +1,4 @@
-"""HotpotQA as WikiQA tasks, read with ``datasets``.
+"""HotpotQA as WikiQA tasks, read from local files (bounded) or with ``datasets`` from the hub.
 
 On a machine with the hub: ``load_hotpotqa("hotpot_qa", config="distractor",
 split="validation")``. Offline, from a local file in HotpotQA's format (the
@@ -44,17 +44,18 @@ def hotpotqa_records(
     config: str = "distractor",
     limit: int | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """Records from a local JSON/JSONL file or a hub data set name, through ``datasets``."""
-    try:
-        import datasets
-    except ImportError as exc:  # pragma: no cover - depends on the [data] extra
-        raise ImportError("reading HotpotQA needs `datasets` (pip install 'trace-gym[data]')") from exc
+    """Records from a local JSON/JSONL/Parquet file (:func:`~trace_envs.tasks.files.read_rows`, bounded) or a hub
+    data set name (through ``datasets``)."""
     path = Path(source)
     if path.suffix.lower() in BUILDERS or path.exists():
         if not path.is_file():
             raise FileNotFoundError(f"HotpotQA file {path} does not exist")
-        dataset = read_rows(path)  # parquet, json or jsonl, by extension
+        dataset: Any = read_rows(path)  # parquet, json or jsonl, by extension
     else:
+        try:
+            import datasets
+        except ImportError as exc:  # pragma: no cover - depends on the [data] extra
+            raise ImportError("reading HotpotQA from the hub needs `datasets` (pip install 'trace-gym[data]')") from exc
         dataset = datasets.load_dataset(str(source), config, split=split)
     for i, record in enumerate(dataset):
         if limit is not None and i >= limit:
@@ -63,12 +64,25 @@ def hotpotqa_records(
 
 
 def record_to_task(record: Mapping[str, Any]) -> Task:
-    """One HotpotQA record -> a WikiQA Task (``data``: question, answers, type, level, supporting titles)."""
+    """One HotpotQA record -> a WikiQA Task (``data``: question, answers, type, level, supporting titles).
+
+    ``_id``/``id``, ``type`` and ``level`` are text or integers (written as text); another type, or
+    malformed ``supporting_facts``, raises :class:`InvalidTaskError`.
+    """
     question, answer = record.get("question"), record.get("answer")
     if not isinstance(question, str) or not isinstance(answer, str):
         raise InvalidTaskError(f"HotpotQA record needs 'question' and 'answer' strings: {str(record)[:160]}")
     rid = record.get("_id") or record.get("id") or hashlib.sha256(question.encode()).hexdigest()[:12]
-    facts = _pairs(record.get("supporting_facts"), "sent_id")
+    for name, value in (("_id", rid), ("type", record.get("type", "")), ("level", record.get("level", ""))):
+        if not isinstance(value, str) and (not isinstance(value, int) or isinstance(value, bool)):
+            raise InvalidTaskError(f"HotpotQA record field {name!r} is a {type(value).__name__}, expected text "
+                                   f"or an integer: {str(record)[:160]}")
+    try:
+        facts = _pairs(record.get("supporting_facts"), "sent_id")
+        fact_list = [[t, int(s)] for t, s in facts]
+    except (TypeError, ValueError, IndexError, KeyError):
+        raise InvalidTaskError(f"HotpotQA record has malformed supporting_facts (expected [[title, sentence "
+                               f"index], ...]): {str(record)[:160]}") from None
     titles = list(dict.fromkeys(t for t, _ in facts))
     return Task(
         task_id=f"hotpotqa-{rid}",
@@ -79,7 +93,7 @@ def record_to_task(record: Mapping[str, Any]) -> Task:
             "type": str(record.get("type", "")),
             "level": str(record.get("level", "")),
             "supporting_titles": titles,
-            "supporting_facts": [[t, int(s)] for t, s in facts],
+            "supporting_facts": fact_list,
             "queries": titles,
         },
     )

@@ -79,15 +79,24 @@ def _messages(value: Any) -> list[dict[str, str]]:
     return out
 
 
+def _typed(record: Mapping[str, Any], index: int, **fields: Any) -> None:
+    """Refuse (``InvalidTaskError``) a field that is neither text nor an integer: nothing is ``str()``-ed but those."""
+    for name, value in fields.items():
+        if not isinstance(value, str) and (not isinstance(value, int) or isinstance(value, bool)):
+            raise InvalidTaskError(f"row {index}: field {name!r} is a {type(value).__name__}, expected text or an "
+                                   f"integer")
+
+
 def search_r1_record_to_task(record: Mapping[str, Any], index: int = 0) -> Task:
     """One Search-R1 / verl-preprocessed row -> a WikiQA Task.
 
     ``data``: ``question``, ``answers``, ``data_source``, ``prompt_messages`` and
     ``index``. Task ids: ``search-r1-<data_source>-<id>`` (the row's ``id``, else
-    ``extra_info.index``, else the row's position).
+    ``extra_info.index``, else the row's position; text or an integer, written as text).
 
     Raises:
-        InvalidTaskError: the row has no question or no answer string.
+        InvalidTaskError: the row has no question or no answer string, or a ``data_source`` / ``id``
+            that is neither text nor an integer.
     """
     extra = record.get("extra_info") if isinstance(record.get("extra_info"), Mapping) else {}
     question = record.get("question") if isinstance(record.get("question"), str) else extra.get("question")
@@ -100,10 +109,11 @@ def search_r1_record_to_task(record: Mapping[str, Any], index: int = 0) -> Task:
         raise InvalidTaskError(f"row {index} has no 'question' (nor extra_info.question): {str(record)[:160]}")
     if not answers:
         raise InvalidTaskError(f"row {index} has no answer in reward_model.ground_truth.target or golden_answers")
-    source = str(record.get("data_source") or "search-r1")
+    source = record.get("data_source") or "search-r1"
     rid = record.get("id")
     if rid is None:
         rid = extra.get("index", index)
+    _typed(record, index, data_source=source, id=rid)
     rid = str(rid) if str(rid) else hashlib.sha256(question.encode()).hexdigest()[:12]
     return Task(
         task_id=f"search-r1-{source}-{rid}",
@@ -141,7 +151,7 @@ def _to_taskset(rows: Any, path: str | Path, *, limit: int | None, strict: bool,
         try:
             task = convert(row, index)
         except InvalidTaskError as exc:
-            if strict:
+            if strict or "expected text" in str(exc):  # a field of the wrong type is never skipped quietly
                 raise InvalidTaskError(f"{path}: {exc} (strict=False skips such rows with a warning)") from None
             skipped.append(index)
             continue

@@ -1,0 +1,145 @@
+"""A run directory has one writer, and SIGTERM / SIGHUP stop a run as Ctrl-C does (real processes, tiny runs)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.agent.test_cli import _comparable, _config_file, _steps, _weights
+from tests.agent.test_trainer import ROOT, state_equal
+from trace_agent.cli import main
+from trace_agent.errors import RunDirError
+from trace_agent.rundir import LOCK_FILE, deferred_stops, lock_run_dir, stop_signals
+
+_ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _train(*args: str) -> subprocess.Popen:
+    """``trace-gym train ARGS`` in a fresh Python (the Parity test env registered), Ctrl-C handled as in a terminal."""
+    script = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+              "import tests.agent.test_trainer; from trace_agent.cli import main; "
+              f"sys.exit(main(['train', *{list(args)!r}]))")
+    return subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=_ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _holder(run: Path) -> subprocess.Popen:
+    """A process that holds ``run``'s lock until it is killed (it prints ``held`` once it has it)."""
+    script = ("import sys, time; from trace_agent.rundir import lock_run_dir\n"
+              f"with lock_run_dir({str(run)!r}):\n    print('held', flush=True)\n    time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=_ENV, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_two_trains_on_one_directory_one_runs_the_other_is_refused(tmp_path: Path) -> None:
+    cfg = _config_file(tmp_path, steps=6)  # the first holds the directory long after the second has started
+    run = tmp_path / "run"
+    procs = [_train("--config", str(cfg), "--out", str(run), "--no-eval") for _ in range(2)]
+    results = [(p.pid, *p.communicate(timeout=300), p.returncode) for p in procs]
+    codes = sorted(r[3] for r in results)
+    assert codes == [0, 1], [r[2][-2000:] for r in results]
+    (winner, *_), (_, _, err, _) = sorted(results, key=lambda r: r[3])
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("trace-gym: error: ") and err.strip().count("\n") == 0, err
+    assert f"in use by another trace-gym run (pid {winner} on host {socket.gethostname()})" in line
+    assert _steps(run) == [1, 2, 3, 4, 5, 6]  # every step once: the refused run wrote nothing
+
+
+def test_a_locked_directory_refuses_train_and_resume_and_a_dead_holders_lock_is_taken_over(
+        tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    holder = _holder(run)
+    try:
+        with pytest.raises(RunDirError, match=f"pid {holder.pid} on host "), lock_run_dir(run):
+            pass
+        cfg = _config_file(tmp_path, steps=1)
+        capsys.readouterr()
+        assert main(["train", "--config", str(cfg), "--out", str(run), "--no-eval"]) == 1
+        assert f"pid {holder.pid}" in capsys.readouterr().err
+        assert sorted(p.name for p in run.iterdir()) == [LOCK_FILE]  # nothing was written
+        shutil.copy(cfg, run / "config.yaml")  # a run directory, as far as --resume is concerned
+        assert main(["train", "--resume", str(run), "--no-eval"]) == 1
+        assert f"in use by another trace-gym run (pid {holder.pid} on host" in capsys.readouterr().err
+        assert sorted(p.name for p in run.iterdir()) == ["config.yaml", LOCK_FILE]
+    finally:
+        holder.kill()  # SIGKILL: no cleanup runs; the kernel drops the flock with the process
+        holder.wait()
+    with lock_run_dir(run), lock_run_dir(run):  # taken over, and re-entrant within this process
+        assert f"pid={os.getpid()} " in (run / LOCK_FILE).read_text()
+    with lock_run_dir(run):  # released when the outermost block ended
+        pass
+
+
+def test_sighup_stops_like_ctrl_c_and_an_ignored_sighup_stays_ignored() -> None:
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt), stop_signals() as caught:
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(5)  # the handler raises before this ends
+        assert caught == [signal.SIGHUP]
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL  # restored
+        hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+        try:
+            with stop_signals():
+                assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        finally:
+            signal.signal(signal.SIGHUP, hup)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_stop_during_a_checkpoint_write_arrives_when_the_write_is_done() -> None:
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    done = []
+    try:
+        with pytest.raises(KeyboardInterrupt), stop_signals() as caught:
+            with deferred_stops():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.2)  # delivered at once if it were not held back
+                done.append("written")
+            time.sleep(5)  # the handler raises before this ends
+        assert done == ["written"] and caught == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.slow
+def test_sigterm_mid_run_stops_cleanly_and_resumes_to_the_uninterrupted_run(tmp_path: Path) -> None:
+    cfg = _config_file(tmp_path, steps=40)
+    run = tmp_path / "stopped"
+    proc = _train("--config", str(cfg), "--out", str(run), "--no-eval")
+    deadline = time.monotonic() + 240
+    while not (run / "checkpoints" / "step_000001" / "manifest.json").exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no checkpoint within 240 s"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("trace-gym: stopped after step ") and " by SIGTERM" in last, last
+    assert last.endswith(f"resume with: trace-gym train --resume {run}"), last
+    from trace_agent.trainer import Trainer
+
+    ckpt = Trainer.latest_checkpoint(run)
+    assert ckpt is not None
+    target = int(ckpt.name.split("_")[1]) + 1
+    assert main(["train", "--resume", str(run), "--steps", str(target), "--no-eval"]) == 0
+    straight = tmp_path / "straight"
+    assert main(["train", "--config", str(cfg), "--out", str(straight), "--steps", str(target), "--no-eval"]) == 0
+    assert _steps(run) == list(range(1, target + 1))
+    assert _comparable(run) == _comparable(straight)
+    trees = sorted(p.name for p in (straight / "trees").iterdir())
+    assert trees == sorted(p.name for p in (run / "trees").iterdir()) and len(trees) == target
+    assert all((run / "trees" / n).read_bytes() == (straight / "trees" / n).read_bytes() for n in trees)
+    assert state_equal(_weights(run), _weights(straight))
