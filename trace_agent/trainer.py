@@ -48,7 +48,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -199,9 +199,8 @@ class Trainer:
                                  pool_ids=self.pool.prompt_ids)
         for k in TOTALS:
             self.totals[k] = self.totals.get(k, 0.0) + warm.metrics[f"warm_start/{k}"]
-            warm.metrics[f"budget/total_{k}"] = self.totals[k]
         self.warm_started = {k: v for k, v in warm.metrics.items() if k.startswith("warm_start/")}
-        return warm
+        return replace(warm, metrics={**warm.metrics, **{f"budget/total_{k}": self.totals[k] for k in TOTALS}})
 
     # ---------------------------------------------------------------- one step
     def step(self) -> StepResult:

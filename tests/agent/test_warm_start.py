@@ -157,3 +157,20 @@ def test_resume_after_step_1_does_not_repeat_the_warm_up_and_is_bit_exact(tmp_pa
         assert not np.allclose(predictor_before, trainer.predictor.predict(["Task 1: write text of even length."]))
     finally:
         trainer.close()
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("record", ["yes", ["warm_start/tasks", 6], {"warm_start/paper_units": True},
+                                    {"warm_start/paper_units": "12"}, {"warm_start/paper_units": float("inf")}])
+def test_a_forged_warm_up_record_in_a_checkpoint_is_refused(tmp_path: Path, record) -> None:
+    from trace_agent.checkpoint import CheckpointError, write_checkpoint
+
+    trainer = Trainer(warm_config(tmp_path / "run"))
+    try:
+        path = write_checkpoint(tmp_path / "run" / "checkpoints" / "step_000000",
+                                {**trainer.checkpoint_state(), "warm_start": record})
+        with pytest.raises(CheckpointError, match="warm-up"):
+            trainer.load_checkpoint(path)
+        assert trainer.warm_started is None and trainer.warm_start() is not None  # nothing was half-loaded
+    finally:
+        trainer.close()
