@@ -272,7 +272,7 @@ class Trainer:
                 "pool": self.pool.state_dict(), "totals": dict(self.totals),
                 "rng": capture_rng_state(self.rng), "predictor": predictor_state(self.predictor),
                 "collector": getattr(self.collector, "state_dict", lambda: None)(),
-                "warm_start": None if self.warm_started is None else dict(self.warm_started)}
+                **({} if self.warm_started is None else {"warm_start": dict(self.warm_started)})}
 
     def save_checkpoint(self, path: str | Path | None = None) -> Path:
         """Write :meth:`checkpoint_state` to ``path`` (default ``<out>/checkpoints/step_<k>``), atomically.

@@ -128,6 +128,7 @@ def test_off_by_default_run_training_is_the_cold_trainer(tmp_path: Path) -> None
         bare.close()
     for k in (1, 2):
         assert sha(tmp_path / "run" / "trees" / f"step_{k:06d}.jsonl") == sha(tmp_path / f"bare_{k}.jsonl")
+    assert "warm_start" not in bare.checkpoint_state()  # a cold run's checkpoint is what it was
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2] and not any(k.startswith("warm_start/") for r in records for k in r)
 
