@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from trace_agent.env_factory import make_env_factory
 
 if TYPE_CHECKING:  # pragma: no cover
+    from trace_agent.budget import Budget
     from trace_agent.config import TrainConfig
     from trace_agent.rollout import Collection, RolloutConfig
     from trace_agent.strategies import Strategy
@@ -85,11 +86,17 @@ class StrategyCollector:
             policy=generator, predictor=predictor, config=rollout_config(config),
         )
 
-    def collect(self, prompt_ids: Sequence[str], *, step: int, seed: int) -> CollectedBatch:
+    def collect(self, prompt_ids: Sequence[str], *, step: int, seed: int, strategy: Strategy | None = None,
+                budget: Budget | None = None) -> CollectedBatch:
+        """One batch over ``prompt_ids`` (episode reset seed ``seed % 2**31``, request seeds from ``seed``).
+
+        ``strategy`` and ``budget`` replace the run's for this batch only (the predictor's warm-up,
+        :mod:`trace_agent.warm_start`, collects GRPO groups without continuations this way).
+        """
         from trace_agent.rollout import PromptSpec
 
         prompts = [PromptSpec(task_id=t, reset_seed=seed % 2**31) for t in prompt_ids]
-        batch = self.collector.collect(prompts, self.strategy, self.budget, seed=seed)
+        batch = self.collector.collect(prompts, strategy or self.strategy, budget or self.budget, seed=seed)
         gen, pred = batch.engine.generate_seconds, batch.predictor_seconds
         timings = {"generation": gen, "predictor": pred, "env": max(batch.wall_seconds - gen - pred, 0.0),
                    "wall": batch.wall_seconds}

@@ -411,6 +411,14 @@ class PredictorSettings:
         refresh: step 4 — ``auto`` refreshes it only when the rollout strategy reads it
             (TRACE and its ablations, PCL; not GRPO, TreePO or Oracle, which would only pay
             for it), ``always`` every step (to report its quality under any strategy).
+        warm_start_tasks: W, train tasks of the predictor's warm-up before step 1 (0, the default:
+            no warm-up). When W > 0 and the strategy reads the predictor, the starting policy plays
+            W tasks of the run's train pool (``numpy.random.default_rng(10_000 + seed).choice(pool
+            size, W, replace=False)``) in GRPO groups of ``warm_start_roots`` root rollouts, no
+            continuations; the predictor is refreshed on those trees as in step 4 and the policy is
+            not updated. Its paper units, tokens and env steps start the run's budget totals
+            (:mod:`trace_agent.warm_start`).
+        warm_start_roots: G, root rollouts per warm-up task (>= 2; the warm-up costs W * G paper units).
     """
 
     kind: PredictorKind = "embedding"
@@ -418,6 +426,8 @@ class PredictorSettings:
     prefixes: PredictorPrefixes = "all"
     prefix_share: float | None = 0.06
     refresh: Literal["auto", "always"] = "auto"
+    warm_start_tasks: int = 0
+    warm_start_roots: int = 4
 
     def __post_init__(self) -> None:
         if self.prefixes not in PREDICTOR_PREFIXES:
@@ -428,6 +438,10 @@ class PredictorSettings:
             raise ConfigError(f"predictor.kind must be {either(PREDICTOR_KINDS)}, got {self.kind!r}")
         if self.refresh not in ("auto", "always"):
             raise ConfigError(f"predictor.refresh must be auto or always, got {self.refresh!r}")
+        for name, low in (("warm_start_tasks", 0), ("warm_start_roots", 2)):
+            value = getattr(self, name)
+            if type(value) is not int or value < low:
+                raise ConfigError(f"predictor.{name} must be an integer >= {low}, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,8 +6,10 @@ file per finished run, ``DIR/<arm>_s<seed>.json``; :func:`build_table` rebuilds 
 the comparison from those files alone, and :func:`table_markdown` renders it
 (``scripts/paper_claims.py table --runs DIR``).
 
-Arm names (:func:`parse_arm`): ``STRATEGY[@Kx][/MxN]``: ``grpo@2x`` is GRPO at twice the
-config's roots; ``trace/24x6`` is TRACE with 24 roots and 6 continuations per root.
+Arm names (:func:`parse_arm`): ``STRATEGY[@Kx][/MxN][+warmWxG]``: ``grpo@2x`` is GRPO at twice the
+config's roots; ``trace/24x6`` is TRACE with 24 roots and 6 continuations per root; ``trace+warm45x4`` is
+TRACE whose predictor is warmed up on 45 train tasks in groups of 4 roots before step 1
+(``predictor.warm_start_tasks`` / ``warm_start_roots``, :mod:`trace_agent.warm_start`).
 
 The metric: the area under the held-out learning curve (:func:`curve_auc_steps`: trapezoids
 over the evaluated steps, divided by their span), compared between arms seed by seed with a
@@ -18,13 +20,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from trace_agent.analysis import spread
 
 __all__ = [
+    "Arm",
     "PLAN_PAIRS",
     "RUN_STEP_KEYS",
     "RUN_STEP_PREFIXES",
@@ -61,14 +65,43 @@ def kept_step_metric(key: str, value: Any) -> bool:
     return (key.startswith(RUN_STEP_PREFIXES) or key in RUN_STEP_KEYS) and isinstance(value, int | float)
 
 
-def parse_arm(arm: str) -> tuple[str, int, tuple[int, int] | None]:
-    """An arm name: ``STRATEGY[@Kx][/MxN]``.
+class Arm(NamedTuple):
+    """A parsed arm name (:func:`parse_arm`).
 
-    ``"grpo@2x"`` -> ``("grpo", 2, None)`` (``rollout.roots`` times 2); ``"trace/24x6"`` -> ``("trace", 1, (24, 6))``
-    (``rollout.roots = 24``, ``rollout.continuations_per_root = 6``: a budget shape); ``"trace"`` -> ``("trace", 1,
-    None)`` (the config's own rollout).
+    Attributes:
+        strategy: the rollout strategy (``rollout.strategy``).
+        multiple: K of ``@Kx``: ``rollout.roots`` times K (1 without it).
+        shape: (M, N) of ``/MxN``: ``rollout.roots`` and ``rollout.continuations_per_root`` (None: the config's).
+        warm: (W, G) of ``+warmWxG``: ``predictor.warm_start_tasks`` and ``warm_start_roots`` (None: the config's).
     """
-    head, _, shape_text = arm.partition("/")
+
+    strategy: str
+    multiple: int
+    shape: tuple[int, int] | None
+    warm: tuple[int, int] | None
+
+
+_WARM = re.compile(r"warm([0-9]+)x([0-9]+)")
+
+
+def parse_arm(arm: str) -> Arm:
+    """An arm name: ``STRATEGY[@Kx][/MxN][+warmWxG]``.
+
+    ``"grpo@2x"`` -> ``("grpo", 2, None, None)`` (``rollout.roots`` times 2); ``"trace/24x6"`` -> ``("trace", 1,
+    (24, 6), None)`` (``rollout.roots = 24``, ``rollout.continuations_per_root = 6``: a budget shape);
+    ``"trace+warm45x4"`` -> ``("trace", 1, None, (45, 4))`` (the predictor warmed up on 45 train tasks x 4 roots:
+    ``predictor.warm_start_tasks = 45``, ``predictor.warm_start_roots = 4``); ``"trace"`` -> ``("trace", 1, None,
+    None)`` (the config's own rollout and predictor).
+    """
+    body, plus, warm_text = arm.partition("+")
+    warm = None
+    if plus:
+        match = _WARM.fullmatch(warm_text)
+        if match is None or int(match[1]) < 1 or int(match[2]) < 2:
+            raise RunTableError(f"arm {arm!r}: a predictor warm-up is written like 'trace+warm45x4' "
+                                "(W >= 1 train tasks x G >= 2 roots each)")
+        warm = (int(match[1]), int(match[2]))
+    head, _, shape_text = body.partition("/")
     name, _, mult = head.partition("@")
     shape = None
     if shape_text:
@@ -77,15 +110,16 @@ def parse_arm(arm: str) -> tuple[str, int, tuple[int, int] | None]:
             raise RunTableError(f"arm {arm!r}: a budget shape is written like 'trace/24x6' (M roots x N)")
         shape = (int(m), int(n))
     if not mult:
-        return name, 1, shape
+        return Arm(name, 1, shape, warm)
     if not mult.endswith("x") or not mult[:-1].isdigit() or int(mult[:-1]) < 1:
         raise RunTableError(f"arm {arm!r}: a budget multiple is written like 'grpo@2x'")
-    return name, int(mult[:-1]), shape
+    return Arm(name, int(mult[:-1]), shape, warm)
 
 
 def arm_file_stem(arm: str) -> str:
-    """``"grpo@2x"`` -> ``"grpo_2x"``, ``"trace/24x6"`` -> ``"trace_24x6"``: the arm's part of a run file name."""
-    return arm.replace("@", "_").replace(":", "_").replace("/", "_")
+    """``"grpo@2x"`` -> ``"grpo_2x"``, ``"trace/24x6"`` -> ``"trace_24x6"``, ``"trace+warm45x4"`` -> ``"trace_warm45x4"``:
+    the arm's part of a run file name."""
+    return arm.replace("@", "_").replace(":", "_").replace("/", "_").replace("+", "_")
 
 
 def curve_auc_steps(evals: Sequence[dict[str, Any]]) -> float:
@@ -175,12 +209,14 @@ def _per_run(r: dict[str, Any]) -> dict[str, float]:
             "effective_ratio": sum(ratios) / len(ratios) if ratios else math.nan,
             "effective_ratio_step1": first[0] if first else math.nan,
             "generated_tokens": float(r["generated_tokens"]), "paper_units": float(r["paper_units"]),
+            "warm_start_generated_tokens": float((r.get("warm_start") or {}).get("generated_tokens", 0.0)),
             "seconds": float(r["seconds"])}
 
 
 def run_figures(run: dict[str, Any]) -> dict[str, float]:
     """One run file's figures: ``auc``, ``final``, ``effective_ratio`` (mean over its steps),
-    ``effective_ratio_step1``, ``generated_tokens``, ``paper_units``, ``seconds``."""
+    ``effective_ratio_step1``, ``generated_tokens``, ``paper_units`` (both with a predictor warm-up's included),
+    ``warm_start_generated_tokens`` (the warm-up's alone; 0 without one), ``seconds``."""
     return _per_run(run)
 
 
@@ -204,7 +240,7 @@ def build_table(runs: Sequence[dict[str, Any]], reference: str = "grpo",
     for arm, by_seed in values.items():
         entry: dict[str, Any] = {"seeds": sorted(by_seed)}
         for k in ("auc", "final", "effective_ratio", "effective_ratio_step1", "generated_tokens", "paper_units",
-                  "seconds"):
+                  "warm_start_generated_tokens", "seconds"):
             entry[k] = _finite_mean([v[k] for v in by_seed.values()])
         for k in ("effective_ratio", "effective_ratio_step1"):  # its spread over seeds (sample sd; 0 for one seed)
             entry[f"{k}_sd"] = spread(v[k] for v in by_seed.values())["std"]

@@ -206,6 +206,8 @@ def _train(config: TrainConfig, *, resume: bool, evaluate: bool | Literal["after
                 logger.log(0, _eval_metrics(before))
                 log(f"held-out success before: {before.success:.3f} ± {before.success_se:.3f} ({before.tasks} tasks x "
                     f"{before.samples} samples, {before.seconds:.0f}s)")
+            if warm := trainer.warm_start():  # predictor.warm_start_tasks: once, before step 1 (not on resume)
+                logger.log(0, warm.metrics)
             bar = tqdm(range(start, config.steps), initial=start, total=config.steps, desc="train", unit="step",
                        disable=not progress, dynamic_ncols=True)
             for _ in bar:

@@ -14,6 +14,9 @@ One :meth:`Trainer.step` (docs/design.md, "One training step"):
    :mod:`trace_agent.objectives`, clipped surrogate, AdamW, gradient clipping), then
    sync the new weights to the generator (:func:`~trace_agent.update.sync_weights`).
 
+Before step 1, :meth:`Trainer.warm_start` can fit the predictor on the starting policy's
+rollouts of train tasks (``predictor.warm_start_tasks``; :mod:`trace_agent.warm_start`).
+
 The parts live beside it: :mod:`trace_agent.update` (step 5), :mod:`trace_agent.collector`
 (steps 1-3 as the trainer sees them), :mod:`trace_agent.checkpoint` (RNG and predictor
 state), :mod:`trace_agent.pool` (the prompt pool), :mod:`trace_agent.wiring` (building a
@@ -28,7 +31,8 @@ update.
 Checkpoints (:meth:`Trainer.save_checkpoint` / :meth:`Trainer.load_checkpoint`) hold
 everything the next step reads: model and optimiser state (and the KL reference),
 the predictor's state, every RNG (python, numpy global, torch, the trainer's
-own generator), the step, the prompt pool's position and the budget totals. A run
+own generator), the step, the prompt pool's position, the budget totals and the
+predictor's warm-up figures (so a resumed run never repeats the warm-up). A run
 killed after checkpoint k and resumed from it produces the same step k+1 batch and
 the same weights as a run that never stopped (same machine, same thread count).
 They are data, never code: safetensors for tensors, JSON for the rest, a sha256 manifest
@@ -44,7 +48,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +74,7 @@ from trace_agent.objectives import Segment, batch_segments
 from trace_agent.pool import PromptPool
 from trace_agent.strategies import reads_of
 from trace_agent.update import sync_weights, update_policy
+from trace_agent.warm_start import TOTALS, WarmStart, check_warm_start, warm_up_predictor
 from trace_agent.wiring import build_policies, build_predictor
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -145,6 +150,9 @@ class Trainer:
             self.reference = HFPolicy(ref_model, learner.tokenizer, max_batch_size=learner.max_batch_size)
         ids = task_ids(config.env_id, config.train_split, env_kwargs=config.env_kwargs)
         self.pool = PromptPool(ids[:config.train_tasks] if config.train_tasks else ids, seed=config.seed)
+        check_warm_start(config.predictor.warm_start_tasks, len(self.pool.prompt_ids))
+        #: The warm-up's figures once it ran (``warm_start/*``; kept in checkpoints), else None.
+        self.warm_started: dict[str, float] | None = None
         self.rng = np.random.default_rng([config.seed, 7])
         self.step_count = 0
         self.totals: dict[str, float] = {}
@@ -169,6 +177,30 @@ class Trainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # ---------------------------------------------------------------- the predictor's warm-up
+    def warm_start(self) -> WarmStart | None:
+        """Warm the predictor up before step 1 (:mod:`trace_agent.warm_start`); at most once per run.
+
+        Runs when ``predictor.warm_start_tasks > 0``, the strategy reads the predictor, no step has run and
+        no warm-up is recorded (a checkpoint carries the record: a resumed run does not repeat it). Its
+        paper units, generated tokens and env steps start :attr:`totals`; its metrics (``warm_start/*``,
+        the refresh's ``predictor/*``, ``budget/total_*``) are step 0's. Returns None when it does not run
+        (a strategy that does not read the predictor gets a logged warning and no warm-up, at no cost).
+        """
+        cfg = self.config
+        if not cfg.predictor.warm_start_tasks or self.step_count or self.warm_started is not None:
+            return None
+        if not reads_of(self.collector.strategy).predictor:
+            _log.warning("predictor.warm_start_tasks=%d: no warm-up, the strategy %r does not read the predictor",
+                         cfg.predictor.warm_start_tasks, getattr(self.collector.strategy, "name", "?"))
+            return None
+        warm = warm_up_predictor(cfg, collector=self.collector, predictor=self.predictor,
+                                 pool_ids=self.pool.prompt_ids)
+        for k in TOTALS:
+            self.totals[k] = self.totals.get(k, 0.0) + warm.metrics[f"warm_start/{k}"]
+        self.warm_started = {k: v for k, v in warm.metrics.items() if k.startswith("warm_start/")}
+        return replace(warm, metrics={**warm.metrics, **{f"budget/total_{k}": self.totals[k] for k in TOTALS}})
 
     # ---------------------------------------------------------------- one step
     def step(self) -> StepResult:
@@ -239,7 +271,8 @@ class Trainer:
                 "reference": None if self.reference is None else self.reference.model.state_dict(),
                 "pool": self.pool.state_dict(), "totals": dict(self.totals),
                 "rng": capture_rng_state(self.rng), "predictor": predictor_state(self.predictor),
-                "collector": getattr(self.collector, "state_dict", lambda: None)()}
+                "collector": getattr(self.collector, "state_dict", lambda: None)(),
+                **({} if self.warm_started is None else {"warm_start": dict(self.warm_started)})}
 
     def save_checkpoint(self, path: str | Path | None = None) -> Path:
         """Write :meth:`checkpoint_state` to ``path`` (default ``<out>/checkpoints/step_<k>``), atomically.
@@ -264,6 +297,7 @@ class Trainer:
         try:
             step = _checked_step(state.get("step"), path)
             totals = _checked_totals(state.get("totals"))
+            warm = _checked_warm_start(state.get("warm_start"))
             _check_pool(state.get("pool"), len(self.pool.prompt_ids))
             _check_fits(self.learner.model.state_dict(), state["model"], "model")
             if self.reference is not None and state.get("reference") is not None:
@@ -274,6 +308,7 @@ class Trainer:
                 self.reference.model.load_state_dict(state["reference"])
             self.pool.load_state_dict(state["pool"])
             self.totals = totals
+            self.warm_started = warm
             load_predictor_state(self.predictor, state["predictor"])
             if state.get("collector") is not None:
                 self.collector.load_state_dict(state["collector"])
@@ -350,6 +385,20 @@ def _checked_totals(totals: Any) -> dict[str, float]:
     for key, value in totals.items():
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
             raise CheckpointError(f"its budget total {key!r} is {value!r}, not a finite non-negative number")
+        out[str(key)] = float(value)
+    return out
+
+
+def _checked_warm_start(record: Any) -> dict[str, float] | None:
+    """The warm-up record (None: none, as in a checkpoint written before warm-ups existed); finite numbers."""
+    if record is None:
+        return None
+    if not isinstance(record, dict):
+        raise CheckpointError("its warm-up record is not a mapping")
+    out = {}
+    for key, value in record.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or math.isinf(value):
+            raise CheckpointError(f"its warm-up figure {key!r} is {value!r}, not a number")
         out[str(key)] = float(value)
     return out
 

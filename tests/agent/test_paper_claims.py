@@ -552,6 +552,27 @@ def test_train_runs_writes_one_file_per_arm_and_seed_with_its_shape(claims, tmp_
     assert claims.main(argv)["runs"] == []  # finished runs are skipped on a rerun
 
 
+@pytest.mark.slow
+def test_train_runs_with_a_warm_arm_record_the_warm_up_in_budget(claims, tmp_path) -> None:
+    """``trace+warm3x2``: 3 train tasks x 2 roots warm the predictor; the run file counts and records them."""
+    runs = tmp_path / "runs"
+    data = claims.main(["train", "--small", "--seeds", "0", "--strategies", "trace+warm3x2,grpo", "--runs", str(runs),
+                        "--out", str(tmp_path / "out")])
+    assert data["runs"] == ["trace_warm3x2_s0.json", "grpo_s0.json"]
+    warm, grpo = (json.loads((runs / name).read_text()) for name in data["runs"])
+    assert warm["config"]["predictor"]["warm_start_tasks"] == 3 and grpo["config"]["predictor"]["warm_start_tasks"] == 0
+    w = warm["warm_start"]
+    assert (w["tasks"], w["roots"], w["paper_units"]) == (3, 2, 6) and "predictor/pre_mse_root" in w
+    assert warm["paper_units"] == pytest.approx(6 + 12) and grpo["paper_units"] == pytest.approx(12)
+    assert warm["generated_tokens"] > w["generated_tokens"] > 0 and grpo["warm_start"] is None
+    assert warm["steps"][0]["budget/total_paper_units"] == pytest.approx(18)
+    from trace_agent.preregistered import build_table, load_runs
+
+    table = build_table(load_runs(runs))
+    assert table["arms"]["trace+warm3x2"]["warm_start_generated_tokens"] == w["generated_tokens"]
+    assert table["arms"]["grpo"]["warm_start_generated_tokens"] == 0
+
+
 # --------------------------------------------------------------------------------------------------
 # the pre-registered comparison's table, rebuilt from per-run files
 
@@ -623,11 +644,15 @@ def test_table_from_run_files_matches_hand_computed_numbers(claims, tmp_path) ->
 def test_arm_names_carry_a_budget_multiple_and_shape(claims, tmp_path) -> None:
     from trace_agent.preregistered import RunTableError, arm_file_stem, parse_arm
 
-    assert parse_arm("grpo@2x") == ("grpo", 2, None) and parse_arm("trace") == ("trace", 1, None)
-    assert parse_arm("trace/24x6") == ("trace", 1, (24, 6))
-    assert parse_arm("grpo@2x/48x0") == ("grpo", 2, (48, 0))
+    assert parse_arm("grpo@2x") == ("grpo", 2, None, None) and parse_arm("trace") == ("trace", 1, None, None)
+    assert parse_arm("trace/24x6") == ("trace", 1, (24, 6), None)
+    assert parse_arm("grpo@2x/48x0") == ("grpo", 2, (48, 0), None)
+    assert parse_arm("trace+warm45x4") == ("trace", 1, None, (45, 4)) and parse_arm("trace+warm45x4").warm == (45, 4)
+    assert parse_arm("trace@2x/48x1+warm3x2") == ("trace", 2, (48, 1), (3, 2))
     assert arm_file_stem("grpo@2x") == "grpo_2x" and arm_file_stem("trace/24x6") == "trace_24x6"
-    for bad in ("grpo@two", "trace/24", "trace/x6", "trace/0x6", "trace/24x-1"):
+    assert arm_file_stem("trace+warm45x4") == "trace_warm45x4"
+    for bad in ("grpo@two", "trace/24", "trace/x6", "trace/0x6", "trace/24x-1", "trace+warm45", "trace+warm0x4",
+                "trace+warm45x1", "trace+cold45x4", "trace+warm45x4+warm1x2", "trace+warm45x4/48x1"):
         with pytest.raises(RunTableError):
             parse_arm(bad)
     with pytest.raises(SystemExit, match="paper_claims train: arm 'trace/24'"):  # the command says it in one line

@@ -1,5 +1,6 @@
 """The training claims: ``train`` (held-out success after training at equal budget) and the pre-registered
-comparison (``train --runs DIR``: one compact file per (arm, seed) run; ``table``: the table rebuilt from those files).
+comparison (``train --runs DIR``: one compact file per (arm, seed) run, arms named as
+:func:`~trace_agent.preregistered.parse_arm` reads them; ``table``: the table rebuilt from those files).
 
 ``train`` is :func:`trace_agent.compare.compare_training` on a training config (``--config``, default
 docs/configs/demo.yaml; ``--set`` overrides); the table's arithmetic is :mod:`trace_agent.preregistered`'s.
@@ -121,12 +122,14 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
             if path.is_file():
                 log(f"{path.name}: already there, skipped")
                 continue
-            strategy, mult, shape = parse_arm(arm)
+            strategy, mult, shape, warm = parse_arm(arm)
             roots, continuations = shape or (config.rollout.roots, config.rollout.continuations_per_root)
+            tasks, group = warm or (config.predictor.warm_start_tasks, config.predictor.warm_start_roots)
             run_dir = Path(config.out_dir) / path.stem
             cfg = replace(config, seed=seed, out_dir=str(run_dir),
                           rollout=replace(config.rollout, strategy=strategy, roots=roots * mult,
-                                          continuations_per_root=continuations))
+                                          continuations_per_root=continuations),
+                          predictor=replace(config.predictor, warm_start_tasks=tasks, warm_start_roots=group))
             t = time.perf_counter()
             rep = run_training(cfg, evaluate="after", log=lambda _m: None)
             seconds = time.perf_counter() - t
@@ -136,17 +139,28 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
                               for r in records if "eval/success" in r and int(r["step"]) > 0]
             steps = [{"step": int(r["step"]), **{k: v for k, v in r.items() if kept_step_metric(k, v)}}
                      for r in records if "rollout/effective_ratio" in r]
+            warm_record = next((r for r in records if "warm_start/tasks" in r), None)
             data = {"arm": arm, "strategy": strategy, "budget_multiple": mult,
                     "shape": [cfg.rollout.roots, cfg.rollout.continuations_per_root], "seed": seed, **code,
                     "command": args.command_line, "config": config_to_dict(cfg), "seconds": seconds,
                     "paper_units": rep.paper_units, "generated_tokens": rep.generated_tokens, "evals": evals,
-                    "steps": steps}
+                    "steps": steps, "warm_start": _warm_start_data(warm_record)}
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(data, separators=(",", ":"), default=float))
             tmp.replace(path)
             done.append(path.name)
             log(f"{path.name}: {seconds:.0f}s, held-out " + " ".join(f"{e['step']}:{e['success']:.3f}" for e in evals))
     return {"runs": done, "base": base}
+
+
+def _warm_start_data(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A run's predictor warm-up as its run file records it: the ``warm_start/*`` figures (paper units, generated
+    tokens, env steps, seconds ...) and the refresh's ``predictor/*`` at step 0; None for a run without one.
+    The run's ``paper_units`` and ``generated_tokens`` include the warm-up's."""
+    if record is None:
+        return None
+    return {k.split("/", 1)[1] if k.startswith("warm_start/") else k: v for k, v in record.items()
+            if k.startswith(("warm_start/", "predictor/")) and isinstance(v, int | float)}
 
 
 def run_table(args: argparse.Namespace, policy: Any = None) -> dict[str, Any]:
