@@ -47,10 +47,21 @@ def build_parser() -> argparse.ArgumentParser:
         prog="trace-gym",
         description="Branchable agent environments and the TRACE trainer.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name, function_name in _SUBCOMMANDS:
         getattr(importlib.import_module(module_name), function_name)(subparsers)
     return parser
+
+
+def _version() -> str:
+    """The installed ``trace-gym`` distribution's version (without importing the trainer's modules)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trace-gym")
+    except PackageNotFoundError:
+        return "0+unknown (not installed)"
 
 
 def _one_line(exc: BaseException) -> str:

@@ -1,6 +1,7 @@
 """Checks before a run starts: the env, its splits, the policy and predictor paths, CUDA, vLLM, the run directory.
 
-``trace-gym train`` and ``eval`` call :func:`require` before anything slow (loading a policy,
+``trace-gym train`` and ``eval`` call :func:`require` before anything slow (the checks include every
+module the run imports, :func:`required_imports`, and the env's tool backend, :func:`backend_check`) (loading a policy,
 building an index), so a wrong env id, a missing model directory on an offline machine, a CUDA
 device on a machine without one or a vLLM backend in a Python without vLLM ends in one line
 that says what to do, within a second or two. ``trace-gym train --preflight`` prints every
@@ -30,6 +31,9 @@ __all__ = [
     "Check",
     "PreflightError",
     "preflight",
+    "backend_check",
+    "import_checks",
+    "required_imports",
     "require",
     "format_checks",
     "model_check",
@@ -58,6 +62,15 @@ def _offline() -> bool:
                for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
+#: Last path components of what trace-gym saves (``<run>/policy``, ``<run>/checkpoints/step_<k>``): never hub ids.
+_SAVED_NAMES = re.compile(r"^(policy|predictor|critic|step_\d+|checkpoints?)$")
+
+
+def _local_looking(p: Path) -> bool:
+    """``owner/name`` that is a local path gone wrong: ``<run>/policy``, or an owner that is a local directory."""
+    return bool(_SAVED_NAMES.match(p.name)) or p.parent.is_dir()
+
+
 def model_check(name: str, path: str, *, what: str) -> Check:
     """A model reference: an existing directory, or a hub id (cached when this machine is offline)."""
     if not path:
@@ -68,7 +81,7 @@ def model_check(name: str, path: str, *, what: str) -> Check:
             return Check(name=name, ok=False, message=f"{what} {path} has no config.json: pass the directory a "
                                                       f"model was saved to (a run saves <run>/policy)")
         return Check(name=name, ok=True, message=f"{what}: {p}")
-    if not _HUB_ID.match(path) or path.startswith((".", "/", "~")) or p.exists():
+    if not _HUB_ID.match(path) or path.startswith((".", "/", "~")) or p.exists() or _local_looking(p):
         return Check(name=name, ok=False, message=f"{what} {path}: no such directory (a run saves its policy in "
                                                   f"<run>/policy; a hub id looks like Qwen/Qwen3-8B)")
     if _offline():
@@ -146,6 +159,10 @@ def preflight(config: TrainConfig, *, train: bool = True) -> list[Check]:
         checks.append(Check(name="env", ok=True, message=f"env: {config.env_id}"))
     except EnvSetupError as exc:
         return [Check(name="env", ok=False, message=str(exc))]
+    checks.extend(import_checks(config, train=train))
+    backend = backend_check(config)
+    if backend is not None:
+        checks.append(backend)
     splits = [("eval split", config.eval.split)] + ([("train split", config.train_split)] if train else [])
     for name, split in splits:
         try:
@@ -193,6 +210,58 @@ def preflight(config: TrainConfig, *, train: bool = True) -> list[Check]:
         checks.append(Check(name="out_dir", ok=ok, message=f"run directory: {out}" if ok else
                             f"cannot write to {parent}: choose another --out"))
     return checks
+
+
+def required_imports(config: TrainConfig, *, train: bool = True) -> dict[str, str]:
+    """The modules a run of ``config`` imports (module -> what installs it), beyond trace-gym's base dependencies."""
+    agent = "pip install 'trace-gym[agent]' (CPU machines: pip install torch==2.13.0 first)"
+    needed: dict[str, str] = {}
+    if config.policy.kind != "vllm-server" or train:
+        needed.update({m: agent for m in ("torch", "transformers", "tokenizers", "safetensors")})
+    if train:
+        needed.update({m: agent for m in ("scipy", "matplotlib")})
+    if config.policy.kind == "vllm-server":
+        needed["httpx"] = "pip install 'trace-gym[vllm-client]'"
+    if config.rollout.backend == "ray" and train:
+        needed["ray"] = "pip install 'trace-gym[ray]'"
+    if train and config.predictor.kind == "lm-critic":
+        needed.update({m: agent for m in ("torch", "transformers")})
+    return needed
+
+
+def import_checks(config: TrainConfig, *, train: bool = True) -> list[Check]:
+    """One check per module of :func:`required_imports` that this Python cannot import (found without importing)."""
+    missing = [(m, how) for m, how in required_imports(config, train=train).items()
+               if importlib.util.find_spec(m) is None]
+    if not missing:
+        return [Check(name="imports", ok=True, message=f"imports: {', '.join(required_imports(config, train=train))}")]
+    return [Check(name=f"import {m}", ok=False, message=f"this run imports {m}, which this Python lacks: {how}")
+            for m, how in missing]
+
+
+def backend_check(config: TrainConfig) -> Check | None:
+    """The env's tool backend (a retrieval server ...), checked by its env class's ``preflight_backend``.
+
+    None when the env class has no such check. The env class is imported, not instantiated.
+    """
+    import gymnasium as gym
+
+    import trace_envs  # noqa: F401  (registers the suite)
+    from trace_envs.errors import TraceEnvError
+
+    try:
+        entry = gym.spec(config.env_id).entry_point
+        cls = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
+    except Exception:  # noqa: BLE001 - the env check reports an unknown id
+        return None
+    hook = getattr(cls, "preflight_backend", None)
+    if not callable(hook):
+        return None
+    try:
+        described = hook(dict(config.env_kwargs))
+    except (TraceEnvError, ImportError) as exc:
+        return Check(name="backend", ok=False, message=str(exc))
+    return Check(name="backend", ok=True, message=f"backend: {described}")
 
 
 def format_checks(checks: Sequence[Check]) -> str:
