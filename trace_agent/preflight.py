@@ -240,28 +240,21 @@ def import_checks(config: TrainConfig, *, train: bool = True) -> list[Check]:
 
 
 def backend_check(config: TrainConfig) -> Check | None:
-    """The env's tool backend (a retrieval server ...), checked by its env class's ``preflight_backend``.
+    """The env's tool backend (:func:`trace_envs.health.check_backend`: a retrieval server, a worker process).
 
-    None when the env class has no such check. The env class is imported, not instantiated.
+    None when the env has no backend check or its id is unknown (the env check reports that).
     """
-    import gymnasium as gym
-
     import trace_envs  # noqa: F401  (registers the suite)
     from trace_envs.errors import TraceEnvError
+    from trace_envs.health import check_backend
 
     try:
-        entry = gym.spec(config.env_id).entry_point
-        cls = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
-    except Exception:  # noqa: BLE001 - the env check reports an unknown id
-        return None
-    hook = getattr(cls, "preflight_backend", None)
-    if not callable(hook):
-        return None
-    try:
-        described = hook(dict(config.env_kwargs))
+        described = check_backend(config.env_id, config.env_kwargs)
     except (TraceEnvError, ImportError) as exc:
         return Check(name="backend", ok=False, message=str(exc))
-    return Check(name="backend", ok=True, message=f"backend: {described}")
+    except Exception:  # noqa: BLE001 - an unknown env id: the env check says so
+        return None
+    return None if described is None else Check(name="backend", ok=True, message=f"backend: {described}")
 
 
 def format_checks(checks: Sequence[Check]) -> str:
