@@ -56,7 +56,8 @@ class BackendCounter:
         if failures >= self.limit:
             backend = info.get("backend") or "its tool backend"
             raise BackendFailureError(
-                f"{env_id}: {backend} failed on {failures} tool calls in a row (max_backend_failures="
+                f"{env_id}: {backend} failed on {failures} tool call{'s' if failures > 1 else ''} in a row "
+                f"(max_backend_failures="
                 f"{self.limit}): the episodes would only see error messages. Start or fix the backend and "
                 f"rerun (or resume); --set max_backend_failures=N changes the limit"
             )

@@ -152,3 +152,59 @@ def test_eval_and_preflight_refuse_a_dead_server(tmp_path: Path, capsys) -> None
     assert main(["train", *common, "--out", str(tmp_path / "run"), "--preflight"]) != 0
     out = capsys.readouterr()
     assert f"FAIL  WikiQA-v0's retrieval server {url}/retrieve does not work" in out.out + out.err
+
+
+class SearchingPolicy:
+    """A Policy whose every turn is one search; it kills the retrieval server at its second call (its
+    first turn's searches were answered)."""
+
+    stop_token_ids = (256,)
+
+    def __init__(self, on_second_call) -> None:
+        self.on_second_call = on_second_call
+        self.calls = 0
+
+    def render(self, messages, tools=None):
+        from trace_agent.policy.base import TokenContext
+
+        return TokenContext.from_prompt(list(b"prompt"))
+
+    def decode(self, token_ids) -> str:
+        return bytes(t for t in token_ids if t < 256).decode()
+
+    def generate(self, contexts, sampling=None, *, seeds=None, sessions=None):
+        from trace_agent.policy.base import Generation
+
+        self.calls += 1
+        if self.calls == 2:
+            self.on_second_call()
+        ids = (*_search().encode(), 256)
+        return [Generation(token_ids=ids, logprobs=tuple(-0.5 for _ in ids), text=_search(), finish_reason="stop")
+                for _ in contexts]
+
+    def extend(self, context, generation, observation):
+        return context.append(generation.token_ids, generated=True, logprobs=generation.logprobs) \
+            .append([10], generated=False)
+
+    def logprobs(self, contexts, targets, *, temperature=1.0):
+        return [tuple(-0.5 for _ in t) for t in targets]
+
+
+def test_the_collector_stops_a_run_whose_search_server_died(server: Server, small_enc) -> None:
+    """Trees are never grown from error messages: the collection ends with an error naming the server
+    (from the failure counter, the next reset's check or the check of an env the engine makes later)."""
+    from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer
+    from trace_agent.rollout import PromptSpec, RolloutConfig, TreeCollector
+    from trace_agent.strategies import GRPO, Budget
+
+    def make():
+        return gym.make(WIKI, retriever=HTTPRetriever(server.url, retries=0, timeout=5), tasks=small_enc.tasks,
+                        max_turns=8).unwrapped
+
+    prompts = [PromptSpec(task_id=list(small_enc.tasks.ids())[0])]
+    with TreeCollector(make_env=watch_backend(make, limit=2), policy=SearchingPolicy(server.kill),
+                       predictor=EmbeddingPredictor(HashedNGramFeaturizer(dim=16)),
+                       config=RolloutConfig(workers=1, seed=0)) as collector:
+        with pytest.raises((EnvSetupError, BackendFailureError, RuntimeError),
+                           match=rf"retrieval server {server.url}/retrieve"):
+            collector.collect(prompts, GRPO(), Budget(roots=4, continuations_per_root=0, group_size=4), seed=0)
