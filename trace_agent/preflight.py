@@ -148,8 +148,12 @@ def write_policy_meta(directory: str | Path, *, env_ids: Sequence[str], **extra:
     return path
 
 
-def preflight(config: TrainConfig, *, train: bool = True) -> list[Check]:
-    """Every check for ``config`` (``train=False``: only what ``trace-gym eval`` needs)."""
+def preflight(config: TrainConfig, *, train: bool = True, stop_early: bool = False) -> list[Check]:
+    """Every check for ``config`` (``train=False``: only what ``trace-gym eval`` needs).
+
+    The env's backend (:func:`backend_check`, which may start a worker process or ask a server) is
+    checked last; with ``stop_early`` it is left out when a cheaper check already failed.
+    """
     from trace_agent.env_factory import check_env_id, split_kwargs
     from trace_agent.errors import EnvSetupError
 
@@ -160,9 +164,6 @@ def preflight(config: TrainConfig, *, train: bool = True) -> list[Check]:
     except EnvSetupError as exc:
         return [Check(name="env", ok=False, message=str(exc))]
     checks.extend(import_checks(config, train=train))
-    backend = backend_check(config)
-    if backend is not None:
-        checks.append(backend)
     splits = [("eval split", config.eval.split)] + ([("train split", config.train_split)] if train else [])
     for name, split in splits:
         try:
@@ -209,6 +210,11 @@ def preflight(config: TrainConfig, *, train: bool = True) -> list[Check]:
         ok = os.access(parent, os.W_OK)
         checks.append(Check(name="out_dir", ok=ok, message=f"run directory: {out}" if ok else
                             f"cannot write to {parent}: choose another --out"))
+    if stop_early and any(not c.ok and c.fatal for c in checks):
+        return checks  # the backend check may start a process: not worth it for a run that cannot start
+    backend = backend_check(config)
+    if backend is not None:
+        checks.append(backend)
     return checks
 
 

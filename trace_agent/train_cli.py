@@ -365,7 +365,7 @@ def _preflight(args: argparse.Namespace, config: TrainConfig, *, train: bool) ->
 
     from trace_agent.preflight import format_checks, preflight, require
 
-    checks = preflight(config, train=train)
+    checks = preflight(config, train=train, stop_early=not args.preflight)
     if args.preflight:
         print(format_checks(checks))
         return 0 if all(c.ok or not c.fatal for c in checks) else 1

@@ -327,6 +327,9 @@ class BranchableEnv(gym.Env[str, str]):
         max_action_chars: int = 200_000,
         max_observation_chars: int = 200_000,
     ) -> None:
+        from trace_envs.validation import check_arguments
+
+        check_arguments(self.env_id, BranchableEnv.__init__, locals())
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if render_mode not in (None, "ansi"):

@@ -17,6 +17,7 @@ __all__ = [
     "SandboxError",
     "ResetNeededError",
     "EnvSetupError",
+    "EnvArgumentError",
 ]
 
 
@@ -63,3 +64,7 @@ class EnvSetupError(TraceEnvError, RuntimeError):
     that fails during an episode gives error observations and ``info["backend_error"] = True``
     instead (see each env's docstring), so a trainer can count the failures and stop.
     """
+
+
+class EnvArgumentError(TraceEnvError, TypeError):
+    """A constructor argument (``gym.make(id, **kwargs)``) has the wrong type; the message names it."""

@@ -37,6 +37,7 @@ from trace_envs.tasks.bfcl import (
     load_function_docs,
     normalize_category,
 )
+from trace_envs.validation import check_arguments
 
 __all__ = ["BFCLEnv", "SYSTEM_PROMPT", "ADDED_FUNCTIONS_PROMPT", "MAX_STEPS_PER_TURN"]
 
@@ -213,6 +214,7 @@ class BFCLEnv(BranchableEnv):
         max_observation_chars: int = 200_000,
         backend_timeout_s: float = CALL_TIMEOUT_S,
     ) -> None:
+        check_arguments(self.env_id, BFCLEnv.__init__, locals())
         self.category = normalize_category(category)
         if max_steps_per_turn < 1:
             raise ValueError(f"max_steps_per_turn must be >= 1, got {max_steps_per_turn}")

@@ -11,6 +11,7 @@ from typing import Any
 from trace_envs.actions import format_tool_call, parse_action
 from trace_envs.core import BranchableEnv, Task, TaskSet, TurnResult
 from trace_envs.errors import EnvSetupError, InvalidTaskError
+from trace_envs.validation import check_arguments
 from trace_envs.wiki_search.grading import best_em_f1
 from trace_envs.wiki_search.search_r1_format import (
     INVALID_ACTION,
@@ -241,6 +242,7 @@ class WikiQAEnv(BranchableEnv):
         cache_dir: str | Path | None = None,
         render_mode: str | None = None,
     ) -> None:
+        check_arguments(self.env_id, WikiQAEnv.__init__, locals())
         if action_format not in ACTION_FORMATS:
             raise ValueError(f"action_format must be one of {ACTION_FORMATS}, got {action_format!r}")
         if not 1 <= top_k <= 20:
