@@ -60,6 +60,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 from gymnasium.utils import RecordConstructorArgs
 
+from trace_envs._async_refusal import in_async_worker, refused_snapshot
 from trace_envs.core import BranchableEnv, Snapshot
 from trace_envs.errors import ForeignSnapshotError, SnapshotError
 
@@ -370,11 +371,8 @@ class BranchingWrapper(BranchableWrapper, RecordConstructorArgs):
         if name not in CHAIN_METHODS:
             return super().get_wrapper_attr(name)
         caller = sys._getframe(1)
-        if name == "snapshot":
-            from trace_envs.vector import in_async_worker, refused_snapshot
-
-            if in_async_worker(caller):
-                return refused_snapshot
+        if name == "snapshot" and in_async_worker(caller):
+            return refused_snapshot
         head = _chain_head(self, caller)
         if head is self:
             return getattr(self, name)
