@@ -236,11 +236,20 @@ def check_wrapper_attr_branching(env: gym.Env, actions: Sequence[str], seed: int
     ``env`` is wrapped in ``RecordEpisodeStatistics(TimeLimit(env, n))``; after a branch, the restore
     reached through ``get_wrapper_attr`` must put back the env, ``TimeLimit``'s step count and the
     episode statistics (never a half restore), and replaying gives the same transitions.
-    Skipped for an env with no :class:`~trace_envs.wrappers.BranchingWrapper` (not made by ``gym.make``).
+    An env with no :class:`~trace_envs.wrappers.BranchableWrapper` (a bare env, not made by ``gym.make``)
+    must refuse instead, with an error naming ``trace_envs.wrappers.snapshot``.
     """
     wrappers, _ = _wrappers.wrapper_chain(env)
-    if not any(isinstance(w, _wrappers.BranchingWrapper) for w in wrappers):
-        return
+    if not any(isinstance(w, _wrappers.BranchableWrapper) for w in wrappers):
+        limited = gym.wrappers.TimeLimit(env, max_episode_steps=len(actions) + 8)
+        _reset_to(limited, seed, task_id)
+        try:
+            limited.get_wrapper_attr("snapshot")()
+        except SnapshotError as exc:
+            assert "trace_envs.wrappers.snapshot" in str(exc), f"get_wrapper_attr refusal: {exc}"
+            return
+        raise AssertionError("get_wrapper_attr('snapshot') through TimeLimit on a bare env neither branched the "
+                             "whole chain nor refused: a half snapshot")
     prefix, branch, _ = _split(actions)
     outer = gym.wrappers.RecordEpisodeStatistics(gym.wrappers.TimeLimit(env, max_episode_steps=len(actions) + 8),
                                                  stats_key="check_wrapper_attr_episode")  # env may record its own

@@ -257,6 +257,9 @@ def _chain_head(wrapper: gym.Wrapper, frame: Any) -> gym.Wrapper:
     head: gym.Wrapper = wrapper
     while frame is not None and frame.f_code.co_name == "get_wrapper_attr":
         outer = frame.f_locals.get("self")
+        if outer is head:  # a subclass's override calling up to Wrapper.get_wrapper_attr: the same wrapper
+            frame = frame.f_back
+            continue
         if not isinstance(outer, gym.Wrapper) or outer.__dict__.get("env") is not head:
             break
         head = outer
@@ -308,7 +311,8 @@ class BranchableWrapper(gym.Wrapper[str, str, str, str]):
     ``gym.Wrapper``; a wrapper that keeps its own state overrides
     ``wrapper_state()`` / ``load_wrapper_state()`` and that state travels in the snapshot.
     ``snapshot()`` / ``restore()`` cover this wrapper and every wrapper below it
-    (see :func:`snapshot`).
+    (see :func:`snapshot`); reached with ``get_wrapper_attr`` through wrappers above it, they cover
+    those too (:meth:`get_wrapper_attr`).
     """
 
     def wrapper_state(self) -> Any:
@@ -322,6 +326,25 @@ class BranchableWrapper(gym.Wrapper[str, str, str, str]):
 
     def restore(self, snapshot: Snapshot) -> None:
         restore(self, snapshot)
+
+    def get_wrapper_attr(self, name: str) -> Any:
+        """Gymnasium's ``get_wrapper_attr``, with the branching methods bound to the whole chain.
+
+        Reached through outer wrappers (``RecordEpisodeStatistics(TimeLimit(gym.make(id), 3))
+        .get_wrapper_attr("snapshot")``), ``snapshot`` / ``restore`` and (on a :class:`BranchingWrapper`)
+        the handle methods (:data:`CHAIN_METHODS`) branch the chain from the outermost of those wrappers, so no
+        wrapper's state is left behind. In an ``AsyncVectorEnv`` worker, ``snapshot`` returns a
+        value whose arrival raises :class:`SnapshotError` in the caller (use ``snapshot_handle``).
+        """
+        if name not in CHAIN_METHODS or not hasattr(self, name):
+            return super().get_wrapper_attr(name)
+        caller = sys._getframe(1)
+        if name == "snapshot" and in_async_worker(caller):
+            return refused_snapshot
+        head = _chain_head(self, caller)
+        if head is self:
+            return getattr(self, name)
+        return getattr(_HeadBound(self, head), name)
 
 
 class BranchingWrapper(BranchableWrapper, RecordConstructorArgs):
@@ -358,25 +381,6 @@ class BranchingWrapper(BranchableWrapper, RecordConstructorArgs):
         if inner is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return inner.get_wrapper_attr(name)
-
-    def get_wrapper_attr(self, name: str) -> Any:
-        """Gymnasium's ``get_wrapper_attr``, with the branching methods bound to the whole chain.
-
-        Reached through outer wrappers (``RecordEpisodeStatistics(TimeLimit(gym.make(id), 3))
-        .get_wrapper_attr("snapshot")``), ``snapshot`` / ``restore`` and the handle methods
-        (:data:`CHAIN_METHODS`) branch the chain from the outermost of those wrappers, so no
-        wrapper's state is left behind. In an ``AsyncVectorEnv`` worker, ``snapshot`` returns a
-        value whose arrival raises :class:`SnapshotError` in the caller (use ``snapshot_handle``).
-        """
-        if name not in CHAIN_METHODS:
-            return super().get_wrapper_attr(name)
-        caller = sys._getframe(1)
-        if name == "snapshot" and in_async_worker(caller):
-            return refused_snapshot
-        head = _chain_head(self, caller)
-        if head is self:
-            return getattr(self, name)
-        return getattr(_HeadBound(self, head), name)
 
     def set_wrapper_attr(self, name: str, value: Any, *, force: bool = True) -> bool:
         """Set ``name`` where it is defined in the chain (this wrapper, or below); else here if ``force``."""
@@ -495,13 +499,13 @@ class BranchingWrapper(BranchableWrapper, RecordConstructorArgs):
 
 
 class _HeadBound:
-    """A :class:`BranchingWrapper`'s branching methods over the chain from ``head`` (an outer wrapper) in.
+    """A :class:`BranchableWrapper`'s branching methods over the chain from ``head`` (an outer wrapper) in.
 
     Handles are still held by (and owned by) the BranchingWrapper; their snapshots cover ``head``'s
     chain, so restoring one through a shorter chain is refused (:class:`ForeignSnapshotError`).
     """
 
-    def __init__(self, wrapper: BranchingWrapper, head: gym.Wrapper) -> None:
+    def __init__(self, wrapper: Any, head: gym.Wrapper) -> None:
         self._wrapper = wrapper
         self._head = head
 

@@ -125,3 +125,36 @@ def test_the_wrapper_attr_law_catches_a_half_restore(monkeypatch: pytest.MonkeyP
 def test_the_vector_laws_stand_alone() -> None:
     check_vector_handles(MATH)
     check_async_snapshot_refused(MATH)
+
+
+def test_a_bare_env_refuses_a_snapshot_reached_through_a_wrapper() -> None:
+    from trace_envs.python_tool.env import PythonMathEnv
+
+    env = TimeLimit(PythonMathEnv(), 3)
+    try:
+        env.reset(seed=0)
+        with pytest.raises(SnapshotError, match=r"trace_envs\.wrappers\.snapshot\(env\)"):
+            env.get_wrapper_attr("snapshot")
+        with pytest.raises(SnapshotError, match="half restore"):
+            env.get_wrapper_attr("restore")
+        assert env.unwrapped.get_wrapper_attr("snapshot")  # asked directly, the env's own method
+        check_wrapper_attr_branching(env, env.unwrapped.conformance_actions(), 0, env.unwrapped.task.task_id)
+    finally:
+        env.close()
+
+
+def test_a_user_branchable_wrapper_binds_the_chain_above_it_too() -> None:
+    from trace_envs import BranchableWrapper
+    from trace_envs.python_tool.env import PythonMathEnv
+
+    env = RecordEpisodeStatistics(TimeLimit(BranchableWrapper(PythonMathEnv()), 3))
+    try:
+        env.reset(seed=0)
+        env.step(IDLE)
+        snap = env.get_wrapper_attr("snapshot")()
+        env.step(IDLE)
+        env.get_wrapper_attr("restore")(snap)
+        assert env.env._elapsed_steps == 1 and env.episode_lengths == 1
+        check_branchable_env(env)
+    finally:
+        env.close()
