@@ -306,7 +306,7 @@ class HFPolicy(ChatTemplated):
         *,
         temperature: float = 1.0,
     ) -> list[tuple[float, ...]]:
-        """log p(targets[i][j] | contexts[i], targets[i][:j]) under the current weights, as floats."""
+        """``log p(targets[i][j] | contexts[i], targets[i][:j])`` under the current weights, as floats."""
         import torch
 
         if len(contexts) != len(targets):
