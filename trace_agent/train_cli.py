@@ -273,7 +273,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, help="episodes per held-out task (config: eval.samples)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--preflight", action="store_true",
-                        help="check the prerequisites (env, splits, model paths offline, CUDA, vLLM) and exit")
+                        help="check the prerequisites (env, imports, splits, model paths offline, CUDA, vLLM, the "
+                             "env's tool backend) and exit")
 
 
 def _flags(args: argparse.Namespace) -> list[str]:
