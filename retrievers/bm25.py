@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from retrievers._index import IndexDirRetriever, check_k, prepare_out, write_store
-from retrievers.base import Hit, write_manifest
+from retrievers.base import BackendUnavailableError, Hit, write_manifest
 from retrievers.corpus import Passage
 
 __all__ = ["BM25Config", "BM25Retriever"]
@@ -54,8 +54,13 @@ class BM25Config:
 
 
 def _import_bm25s() -> Any:
-    import bm25s
-
+    try:
+        import bm25s
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"the BM25 retriever (WikiQA-v0's default) needs bm25s, which this Python lacks ({exc}): "
+            f"pip install 'trace-gym[wiki]' (or pip install bm25s)"
+        ) from None
     return bm25s
 
 

@@ -24,6 +24,9 @@ On top of them (policies in :mod:`trace_agent.policy`, torch loaded lazily):
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
+
 from trace_agent.allocation import (
     allocate_prefixes,
     allocate_roots,
@@ -50,7 +53,14 @@ from trace_agent.tree import Node, RolloutTree
 from trace_agent.tree_io import load_jsonl, load_parquet, save_jsonl, save_parquet
 from trace_agent.tree_stats import BatchStats, TreeStats, batch_stats
 
+try:
+    #: The installed distribution's version (``trace-gym``'s metadata); "0+unknown" for an uninstalled checkout.
+    __version__: str = _version("trace-gym")
+except PackageNotFoundError:  # pragma: no cover - a source tree on sys.path without an install
+    __version__ = "0+unknown"
+
 __all__ = [
+    "__version__",
     "Budget",
     "Collection",
     "GRPO",

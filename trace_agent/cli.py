@@ -12,6 +12,10 @@ Subcommands are contributed by the modules that own them, each through an
 
 Modules are imported only when the command line is built, so ``import trace_agent`` stays cheap.
 
+``--help`` is plain text: module docstrings lose their reST markup (````code````, Sphinx roles), and each
+flag shows its default: the config tree's for a flag that sets a config field (``(config: optim.lr)``),
+else argparse's own.
+
 Errors end in one line on stderr that says what went wrong (``trace-gym: error: ...``, exit
 status 1); Ctrl-C ends in where the run stopped and how to resume (exit status 130, and
 ``128 + signal number`` for a training run that SIGTERM or SIGHUP stopped: 143, 129).
@@ -22,10 +26,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
+import textwrap
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "plain_text"]
 
 #: (module, function) pairs that add subcommands.
 _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
@@ -44,15 +51,94 @@ _USER_ERRORS: tuple[str, ...] = ("ConfigError", "EnvSetupError", "PreflightError
                                  "TreeError")
 
 
+_ROLE = re.compile(r":(?:py:)?[a-z]+:`(~?)([^`]+)`")
+_CONFIG_KEY = re.compile(r"\(config: ([\w.]+)\)")
+
+
+def plain_text(text: str) -> str:
+    """Docstring text without reST markup: double-backquoted code loses its quotes, a Sphinx role
+    (``:func:`~a.b```) becomes its target (``b``), a ``::`` line goes and a paragraph's ``::`` ends in ``:``."""
+    text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
+    text = re.sub(r"``([^`]+)``", r"\1", text)
+    text = re.sub(r"(?m)^[ \t]*::[ \t]*\n", "", text)
+    return re.sub(r"(?m)(\S)::$", r"\1:", text)
+
+
+def _config_default(key: str) -> Any:
+    """The default of config field ``key`` (``optim.lr``) in a fresh TrainConfig; KeyError if there is none."""
+    from trace_agent.config import TrainConfig
+
+    value: Any = TrainConfig()
+    for part in key.split("."):
+        if not hasattr(value, part):
+            raise KeyError(key)
+        value = getattr(value, part)
+    return value
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Plain text (:func:`plain_text`), and each flag's default: its config field's, else argparse's."""
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(plain_text(text))
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = plain_text(action.help or "")
+        if "%(default)" in text or not action.option_strings or action.help == argparse.SUPPRESS:
+            return text
+        key = _CONFIG_KEY.search(text)
+        if key is not None:
+            try:
+                shown = _config_default(key.group(1))
+            except KeyError:
+                return text
+            shown = "none" if shown in (None, "") else shown
+            return text[:key.end() - 1] + f", default: {shown}".replace("%", "%%") + text[key.end() - 1:]
+        if action.default in (None, False, argparse.SUPPRESS) or action.default == []:
+            return text
+        return text + " (default: %(default)s)"
+
+
+_CONFIG_EPILOG = ("Defaults shown are the config tree's (trace_agent.config.TrainConfig). Without --config, a run of "
+                  "the demo policy starts from its env's demo config (trace_agent/configs: demo.yaml, wiki_demo.yaml, "
+                  "bfcl_demo.yaml), whose values replace them; flags and --set apply on top.")
+
+
+def _plain_help(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = _HelpFormatter
+    for action in parser._actions:  # noqa: SLF001 - argparse lists a parser's arguments only here
+        if action.help is None and action.option_strings and action.default not in (None, False, argparse.SUPPRESS) \
+                and action.default != []:
+            action.help = "default: %(default)s"  # argparse prints no help line, hence no default, without help
+    if parser.epilog is None and any("(config: " in (a.help or "") for a in parser._actions):  # noqa: SLF001
+        parser.epilog = textwrap.fill(_CONFIG_EPILOG, 78)
+    for action in parser._actions:  # noqa: SLF001 - argparse keeps the subparsers only here
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            for sub in action.choices.values():
+                _plain_help(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trace-gym",
         description="Branchable agent environments and the TRACE trainer.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name, function_name in _SUBCOMMANDS:
         getattr(importlib.import_module(module_name), function_name)(subparsers)
+    _plain_help(parser)
     return parser
+
+
+def _version() -> str:
+    """The installed ``trace-gym`` distribution's version (without importing the trainer's modules)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trace-gym")
+    except PackageNotFoundError:
+        return "0+unknown (not installed)"
 
 
 def _one_line(exc: BaseException) -> str:

@@ -5,7 +5,9 @@ The seam between the trainer and collection is one typed Protocol, :class:`Colle
 and ``close()``. :class:`StrategyCollector` is the default implementation: a
 :class:`~trace_agent.rollout.TreeCollector` on the shared asynchronous engine with the run's
 strategy, (M, N) budget and rollout backend (local threads or Ray actors), reporting how
-the collection's wall time split between generation, the predictor and the envs.
+the collection's wall time split between generation, the predictor and the envs. Its envs count
+tool-backend failures (:mod:`trace_agent.backend_watch`): ``config.max_backend_failures`` in a row
+end the collection with a :class:`~trace_agent.backend_watch.BackendFailureError` naming the backend.
 """
 
 from __future__ import annotations
@@ -80,9 +82,12 @@ class StrategyCollector:
         r, s = config.rollout, config.sampling
         self.strategy: Strategy = resolve_strategy(r.strategy)
         self.budget = r.budget
+        from trace_agent.backend_watch import watch_backend
+
+        make_env = make_env_factory(config.env_id, config.train_split, max_turns=s.max_turns,
+                                    env_kwargs=config.env_kwargs)
         self.collector = TreeCollector(
-            make_env=make_env_factory(config.env_id, config.train_split, max_turns=s.max_turns,
-                                      env_kwargs=config.env_kwargs),
+            make_env=watch_backend(make_env, config.max_backend_failures),
             policy=generator, predictor=predictor, config=rollout_config(config),
         )
 

@@ -507,6 +507,9 @@ class TrainConfig:
         train_tasks: use only the first that many train tasks (None: all).
         steps: training steps.
         seed: seeds everything (pool order, sampling, initialisation of heads).
+        max_backend_failures: tool-backend failures in a row (a retrieval server that stopped answering:
+            ``info["backend_error"]``) that end training or evaluation with an error naming the backend
+            (:mod:`trace_agent.backend_watch`); default 8.
         out_dir: run directory (metrics, checkpoints, plots, final policy).
         policy, sampling, rollout, objective, optim, predictor, eval, log: the sections.
     """
@@ -517,6 +520,7 @@ class TrainConfig:
     train_tasks: int | None = None
     steps: int = 10
     seed: int = 0
+    max_backend_failures: int = 8
     out_dir: str = "runs/train"
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
@@ -532,3 +536,5 @@ class TrainConfig:
             raise ConfigError("steps must be >= 0")
         if self.train_tasks is not None and self.train_tasks < 1:
             raise ConfigError("train_tasks must be >= 1 or null")
+        if not isinstance(self.max_backend_failures, int) or self.max_backend_failures < 1:
+            raise ConfigError(f"max_backend_failures must be an integer >= 1, got {self.max_backend_failures!r}")

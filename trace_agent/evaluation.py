@@ -303,7 +303,8 @@ def evaluate_heldout(policy: Any, config: TrainConfig, *, seed: int = 12345,
     sample smaller than the split covers every kind it can; ``eval.tasks`` null plays every task.
     Turns are sampled as ``config.sampling`` says, at ``config.eval.temperature``, with at most
     ``config.sampling.max_turns`` turns. The draw is fixed by ``seed`` (:func:`evaluate`'s rule).
-    ``on_episode`` and ``progress`` are :func:`evaluate`'s.
+    ``on_episode`` and ``progress`` are :func:`evaluate`'s. ``config.max_backend_failures`` tool-backend
+    failures in a row raise :class:`~trace_agent.backend_watch.BackendFailureError` (no score from error messages).
     """
     from trace_agent.env_factory import make_env_factory
     from trace_envs.tasks.splits import stratified_ids
@@ -317,7 +318,9 @@ def evaluate_heldout(policy: Any, config: TrainConfig, *, seed: int = 12345,
     finally:
         env.close()
     sampling = replace(s.params, temperature=e.temperature)
-    rewards = evaluate(policy, make, ids, samples=e.samples, sampling=sampling, seed=seed, on_episode=on_episode,
+    from trace_agent.backend_watch import watch_backend
+
+    rewards = evaluate(policy, watch_backend(make, config.max_backend_failures), ids, samples=e.samples, sampling=sampling, seed=seed, on_episode=on_episode,
                        progress=progress)
     return EvalResult.of(rewards, samples=e.samples, seconds=time.perf_counter() - t0)
 

@@ -1,6 +1,7 @@
 """Checks before a run starts: the env, its splits, the policy and predictor paths, CUDA, vLLM, the run directory.
 
-``trace-gym train`` and ``eval`` call :func:`require` before anything slow (loading a policy,
+``trace-gym train`` and ``eval`` call :func:`require` before anything slow (the checks include every
+module the run imports, :func:`required_imports`, and the env's tool backend, :func:`backend_check`) (loading a policy,
 building an index), so a wrong env id, a missing model directory on an offline machine, a CUDA
 device on a machine without one or a vLLM backend in a Python without vLLM ends in one line
 that says what to do, within a second or two. ``trace-gym train --preflight`` prints every
@@ -30,6 +31,9 @@ __all__ = [
     "Check",
     "PreflightError",
     "preflight",
+    "backend_check",
+    "import_checks",
+    "required_imports",
     "require",
     "format_checks",
     "model_check",
@@ -58,6 +62,15 @@ def _offline() -> bool:
                for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
+#: Last path components of what trace-gym saves (``<run>/policy``, ``<run>/checkpoints/step_<k>``): never hub ids.
+_SAVED_NAMES = re.compile(r"^(policy|predictor|critic|step_\d+|checkpoints?)$")
+
+
+def _local_looking(p: Path) -> bool:
+    """``owner/name`` that is a local path gone wrong: ``<run>/policy``, or an owner that is a local directory."""
+    return bool(_SAVED_NAMES.match(p.name)) or p.parent.is_dir()
+
+
 def model_check(name: str, path: str, *, what: str) -> Check:
     """A model reference: an existing directory, or a hub id (cached when this machine is offline)."""
     if not path:
@@ -68,7 +81,7 @@ def model_check(name: str, path: str, *, what: str) -> Check:
             return Check(name=name, ok=False, message=f"{what} {path} has no config.json: pass the directory a "
                                                       f"model was saved to (a run saves <run>/policy)")
         return Check(name=name, ok=True, message=f"{what}: {p}")
-    if not _HUB_ID.match(path) or path.startswith((".", "/", "~")) or p.exists():
+    if not _HUB_ID.match(path) or path.startswith((".", "/", "~")) or p.exists() or _local_looking(p):
         return Check(name=name, ok=False, message=f"{what} {path}: no such directory (a run saves its policy in "
                                                   f"<run>/policy; a hub id looks like Qwen/Qwen3-8B)")
     if _offline():
@@ -135,11 +148,13 @@ def write_policy_meta(directory: str | Path, *, env_ids: Sequence[str], **extra:
     return path
 
 
-def preflight(config: TrainConfig, *, train: bool = True) -> list[Check]:
+def preflight(config: TrainConfig, *, train: bool = True, stop_early: bool = False) -> list[Check]:
     """Every check for ``config`` (``train=False``: only what ``trace-gym eval`` needs).
 
     The config itself was read within bounds already (:mod:`trace_agent.safe_yaml`); a split that is
     a task file is read here, every row, within the read limits (:mod:`trace_envs.tasks.files`).
+    The env's backend (:func:`backend_check`, which may start a worker process or ask a server) is
+    checked last; with ``stop_early`` it is left out when a cheaper check already failed.
     """
     from trace_agent.env_factory import check_env_id, split_kwargs
     from trace_agent.errors import EnvSetupError
@@ -150,6 +165,7 @@ def preflight(config: TrainConfig, *, train: bool = True) -> list[Check]:
         checks.append(Check(name="env", ok=True, message=f"env: {config.env_id}"))
     except EnvSetupError as exc:
         return [Check(name="env", ok=False, message=str(exc))]
+    checks.extend(import_checks(config, train=train))
     splits = [("eval split", config.eval.split)] + ([("train split", config.train_split)] if train else [])
     for name, split in splits:
         try:
@@ -198,6 +214,11 @@ def preflight(config: TrainConfig, *, train: bool = True) -> list[Check]:
         ok = os.access(parent, os.W_OK)
         checks.append(Check(name="out_dir", ok=ok, message=f"run directory: {out}" if ok else
                             f"cannot write to {parent}: choose another --out"))
+    if stop_early and any(not c.ok and c.fatal for c in checks):
+        return checks  # the backend check may start a process: not worth it for a run that cannot start
+    backend = backend_check(config)
+    if backend is not None:
+        checks.append(backend)
     return checks
 
 
@@ -222,6 +243,49 @@ def _task_file_checks(name: str, tasks: Any) -> list[Check]:
     except (TraceEnvError, ValueError, OSError) as exc:
         return [Check(name=f"{name} file", ok=False, message=f"{name}: {exc}")]
     return [Check(name=f"{name} file", ok=True, message=f"{name}: {path} ({len(rows)} rows read and checked)")]
+def required_imports(config: TrainConfig, *, train: bool = True) -> dict[str, str]:
+    """The modules a run of ``config`` imports (module -> what installs it), beyond trace-gym's base dependencies."""
+    agent = "pip install 'trace-gym[agent]' (CPU machines: pip install torch==2.13.0 first)"
+    needed: dict[str, str] = {}
+    if config.policy.kind != "vllm-server" or train:
+        needed.update({m: agent for m in ("torch", "transformers", "tokenizers", "safetensors")})
+    if train:
+        needed.update({m: agent for m in ("scipy", "matplotlib")})
+    if config.policy.kind == "vllm-server":
+        needed["httpx"] = "pip install 'trace-gym[vllm-client]'"
+    if config.rollout.backend == "ray" and train:
+        needed["ray"] = "pip install 'trace-gym[ray]'"
+    if train and config.predictor.kind == "lm-critic":
+        needed.update({m: agent for m in ("torch", "transformers")})
+    return needed
+
+
+def import_checks(config: TrainConfig, *, train: bool = True) -> list[Check]:
+    """One check per module of :func:`required_imports` that this Python cannot import (found without importing)."""
+    missing = [(m, how) for m, how in required_imports(config, train=train).items()
+               if importlib.util.find_spec(m) is None]
+    if not missing:
+        return [Check(name="imports", ok=True, message=f"imports: {', '.join(required_imports(config, train=train))}")]
+    return [Check(name=f"import {m}", ok=False, message=f"this run imports {m}, which this Python lacks: {how}")
+            for m, how in missing]
+
+
+def backend_check(config: TrainConfig) -> Check | None:
+    """The env's tool backend (:func:`trace_envs.health.check_backend`: a retrieval server, a worker process).
+
+    None when the env has no backend check or its id is unknown (the env check reports that).
+    """
+    import trace_envs  # noqa: F401  (registers the suite)
+    from trace_envs.errors import TraceEnvError
+    from trace_envs.health import check_backend
+
+    try:
+        described = check_backend(config.env_id, config.env_kwargs)
+    except (TraceEnvError, ImportError) as exc:
+        return Check(name="backend", ok=False, message=str(exc))
+    except Exception:  # noqa: BLE001 - an unknown env id: the env check says so
+        return None
+    return None if described is None else Check(name="backend", ok=True, message=f"backend: {described}")
 
 
 def format_checks(checks: Sequence[Check]) -> str:

@@ -26,7 +26,7 @@ Splits: every env's ``train`` split trains and its ``test`` split is held out
 
 Demo settings: without ``--config`` (and without ``--resume``), a run of the demo policy
 (``policy.kind: demo``, the default) on an env with a shipped demo config starts from that config
-(:data:`DEMO_CONFIGS`: ``docs/configs/demo.yaml``, ``wiki_demo.yaml``, ``bfcl_demo.yaml``: learning
+(:data:`DEMO_CONFIGS`, packaged in ``trace_agent/configs``: ``demo.yaml``, ``wiki_demo.yaml``, ``bfcl_demo.yaml``: learning
 rate, rollout shape, turn and token limits, held-out sample), and the flags and ``--set`` overrides
 apply on top; one line on stderr names the config applied. ``--config`` replaces it.
 """
@@ -34,6 +34,7 @@ apply on top; one line on stderr names the config applied. ``--config`` replaces
 from __future__ import annotations
 
 import argparse
+import importlib.resources
 import json
 import math
 import signal
@@ -61,15 +62,16 @@ __all__ = [
 ]
 
 
-#: The demo policy's settings per env: file names under ``docs/configs/`` (see the module docstring).
+#: The demo policy's settings per env: file names under :data:`CONFIG_DIR` (see the module docstring).
 DEMO_CONFIGS: dict[str, str] = {
     "trace_envs/PythonMath-v0": "demo.yaml",
     "trace_envs/WikiQA-v0": "wiki_demo.yaml",
     "trace_envs/BFCL-v0": "bfcl_demo.yaml",
 }
 
-#: Where :data:`DEMO_CONFIGS` are read from (the source tree's ``docs/configs``).
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "docs" / "configs"
+#: Where :data:`DEMO_CONFIGS` are read from: the package data ``trace_agent/configs`` (``docs/configs`` in a
+#: checkout links there), found through ``importlib.resources`` so that an installed wheel has them too.
+CONFIG_DIR = Path(str(importlib.resources.files("trace_agent") / "configs"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -292,7 +294,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, help="episodes per held-out task (config: eval.samples)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--preflight", action="store_true",
-                        help="check the prerequisites (env, splits, model paths offline, CUDA, vLLM) and exit")
+                        help="check the prerequisites (env, imports, splits, model paths offline, CUDA, vLLM, the "
+                             "env's tool backend) and exit")
 
 
 def _flags(args: argparse.Namespace) -> list[str]:
@@ -338,9 +341,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         import sys
 
         if not demo.is_file():
-            print(f"trace-gym: the demo policy's settings for {config.env_id} are in docs/configs/{demo.name}, "
-                  f"not found here: pass --config with a copy of it", file=sys.stderr, flush=True)
-            return config
+            raise FileNotFoundError(f"the demo policy's settings for {config.env_id} ({demo}) are missing from "
+                                    f"this install of trace-gym: reinstall it, or pass --config with a copy of "
+                                    f"docs/configs/{demo.name}")
         print(f"trace-gym: using the demo policy's settings for {config.env_id}: {_shown_path(demo)} "
               f"(flags and --set apply on top; --config replaces it)", file=sys.stderr, flush=True)
         return load_config(demo, flags)
@@ -384,7 +387,7 @@ def _preflight(args: argparse.Namespace, config: TrainConfig, *, train: bool) ->
 
     from trace_agent.preflight import format_checks, preflight, require
 
-    checks = preflight(config, train=train)
+    checks = preflight(config, train=train, stop_early=not args.preflight)
     if args.preflight:
         print(format_checks(checks))
         return 0 if all(c.ok or not c.fatal for c in checks) else 1

@@ -9,6 +9,14 @@ A wrapped env is checked through its whole chain: steps and resets go through
 the outermost wrapper and save points are taken with
 :func:`trace_envs.wrappers.snapshot` / :func:`~trace_envs.wrappers.restore`, so
 the wrappers' own state (``TimeLimit``'s step count, ...) is under the laws too.
+
+The wrapper laws (8-10) hold Gymnasium's own idioms to the same standard: a method reached
+with ``get_wrapper_attr`` through wrappers added after ``gym.make`` branches the whole chain
+(:func:`check_wrapper_attr_branching`); vector-env snapshot handles carry the state of the
+wrappers given to ``make_vec`` (:func:`check_vector_handles`); ``call("snapshot")`` on an
+``AsyncVectorEnv`` is refused in the caller and the workers keep working
+(:func:`check_async_snapshot_refused`). The vector laws take an env id and start sub-envs, so
+:func:`check_branchable_env` runs them only when given ``vector=True``.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from gymnasium.utils.env_checker import check_env
 
 from trace_envs import wrappers as _wrappers
 from trace_envs.core import Snapshot, Task
-from trace_envs.errors import ForeignSnapshotError
+from trace_envs.errors import ForeignSnapshotError, SnapshotError
 
 __all__ = [
     "check_branchable_env",
@@ -34,6 +42,9 @@ __all__ = [
     "check_foreign_snapshot_refused",
     "check_foreign_chain_refused",
     "check_opening_messages",
+    "check_wrapper_attr_branching",
+    "check_vector_handles",
+    "check_async_snapshot_refused",
     "ChainView",
 ]
 
@@ -214,6 +225,94 @@ def check_opening_messages(env: Any, seed: int, task_id: str) -> None:
         "opening_messages must not touch the running episode"
 
 
+def _counters(outer: gym.Wrapper) -> tuple[Any, ...]:
+    limit = outer.env
+    return (limit._elapsed_steps, outer.episode_lengths, float(outer.episode_returns))
+
+
+def check_wrapper_attr_branching(env: gym.Env, actions: Sequence[str], seed: int, task_id: str) -> None:
+    """Law 8: ``get_wrapper_attr("snapshot"/"restore")`` through wrappers added later branches the whole chain.
+
+    ``env`` is wrapped in ``RecordEpisodeStatistics(TimeLimit(env, n))``; after a branch, the restore
+    reached through ``get_wrapper_attr`` must put back the env, ``TimeLimit``'s step count and the
+    episode statistics (never a half restore), and replaying gives the same transitions.
+    An env with no :class:`~trace_envs.wrappers.BranchableWrapper` (a bare env, not made by ``gym.make``)
+    must refuse instead, with an error naming ``trace_envs.wrappers.snapshot``.
+    """
+    wrappers, _ = _wrappers.wrapper_chain(env)
+    if not any(isinstance(w, _wrappers.BranchableWrapper) for w in wrappers):
+        limited = gym.wrappers.TimeLimit(env, max_episode_steps=len(actions) + 8)
+        _reset_to(limited, seed, task_id)
+        try:
+            limited.get_wrapper_attr("snapshot")()
+        except SnapshotError as exc:
+            assert "trace_envs.wrappers.snapshot" in str(exc), f"get_wrapper_attr refusal: {exc}"
+            return
+        raise AssertionError("get_wrapper_attr('snapshot') through TimeLimit on a bare env neither branched the "
+                             "whole chain nor refused: a half snapshot")
+    prefix, branch, _ = _split(actions)
+    outer = gym.wrappers.RecordEpisodeStatistics(gym.wrappers.TimeLimit(env, max_episode_steps=len(actions) + 8),
+                                                 stats_key="check_wrapper_attr_episode")  # env may record its own
+    _reset_to(outer, seed, task_id)
+    _play(outer, prefix)
+    snap = outer.get_wrapper_attr("snapshot")()
+    saved = _counters(outer)
+    first = _play(outer, branch)
+    outer.get_wrapper_attr("restore")(snap)
+    assert _counters(outer) == saved, (f"get_wrapper_attr restore: the outer wrappers' state is {_counters(outer)}, "
+                                       f"expected {saved} (TimeLimit steps, episode length, return): a half restore")
+    again = _play(outer, branch)
+    assert first == again, _diff("get_wrapper_attr replay", first, again)
+
+
+def _vector_counters(venv: Any) -> tuple[Any, ...]:
+    return tuple(tuple(x) for x in (venv.call("turn"), venv.get_attr("episode_lengths"), venv.get_attr("_elapsed_steps")))
+
+
+#: A turn every env answers with an error observation (it neither ends the episode nor needs a task).
+_IDLE = "still thinking"
+
+
+def check_vector_handles(env_id: str, *, mode: str = "sync", seed: int = 0, **kwargs: Any) -> None:
+    """Law 9: ``make_vec(env_id, 2, wrappers=[...])`` snapshot handles carry the added wrappers' state."""
+    from trace_envs.vector import restore_handles, snapshot_handles
+
+    venv = gym.make_vec(env_id, num_envs=2, vectorization_mode=mode,
+                        wrappers=[lambda e: gym.wrappers.TimeLimit(e, max_episode_steps=50),
+                                  gym.wrappers.RecordEpisodeStatistics],
+                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.DISABLED}, **kwargs)
+    try:
+        venv.reset(seed=seed)
+        venv.step((_IDLE, _IDLE))
+        handles = snapshot_handles(venv)
+        saved = _vector_counters(venv)
+        venv.step((_IDLE, _IDLE))
+        restore_handles(venv, handles)
+        assert _vector_counters(venv) == saved, (f"vector handles: after restore (turn, episode length, TimeLimit "
+                                                 f"steps) are {_vector_counters(venv)}, expected {saved}")
+    finally:
+        venv.close()
+
+
+def check_async_snapshot_refused(env_id: str, *, seed: int = 0, **kwargs: Any) -> None:
+    """Law 10: ``call("snapshot")`` on an ``AsyncVectorEnv`` raises in the caller naming ``snapshot_handle``;
+    the workers survive (the next calls work)."""
+    venv = gym.make_vec(env_id, num_envs=2, vectorization_mode="async", **kwargs)
+    try:
+        venv.reset(seed=seed)
+        try:
+            venv.call("snapshot")
+        except SnapshotError as exc:
+            assert "snapshot_handle" in str(exc), f"async snapshot: the error does not name snapshot_handle: {exc}"
+        else:
+            raise AssertionError("venv.call('snapshot') on an AsyncVectorEnv returned instead of raising")
+        assert tuple(venv.call("turn")) == (0, 0), "async snapshot: the workers did not survive the refusal"
+        handles = venv.call("snapshot_handle")
+        assert tuple(venv.call("restore_handle", handles)) == (True, True), "async snapshot: handles broke after it"
+    finally:
+        venv.close()
+
+
 def check_gymnasium_api(env: gym.Env) -> None:
     """Law 6: Gymnasium's own ``check_env`` passes."""
     check_env(env.unwrapped, skip_render_check=False)
@@ -225,6 +324,7 @@ def check_branchable_env(
     seed: int = 0,
     task_id: str | None = None,
     actions: Sequence[str] | None = None,
+    vector: bool = False,
 ) -> None:
     """Run every law on ``env`` (a BranchableEnv, possibly wrapped); raise AssertionError on the first failure.
 
@@ -236,6 +336,8 @@ def check_branchable_env(
         task_id: the task to test on (default: the first of the env's task set).
         actions: turns that change the env's state (default: ``env.conformance_actions()``
             after resetting to the task).
+        vector: also run the vector laws (9, 10) on ``env.spec.id`` with its ``spec.kwargs``
+            (starts sync and async sub-envs of it).
     """
     branchable = ChainView(env)
     _, base = _wrappers.wrapper_chain(env)
@@ -253,5 +355,12 @@ def check_branchable_env(
     check_foreign_snapshot_refused(branchable, seed, task_id, other_task_id)
     check_foreign_chain_refused(env, seed, task_id)
     check_opening_messages(env, seed, task_id)
+    check_wrapper_attr_branching(env, actions, seed, task_id)
+    if vector:
+        if env.spec is None:
+            raise ValueError("vector=True needs an env made by gym.make (its spec names the id to vectorise)")
+        kwargs = dict(env.spec.kwargs)
+        check_vector_handles(env.spec.id, seed=seed, **kwargs)
+        check_async_snapshot_refused(env.spec.id, seed=seed, **kwargs)
     check_gymnasium_api(env)
     assert isinstance(base.snapshot(), Snapshot)

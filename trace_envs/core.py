@@ -25,6 +25,7 @@ import itertools
 import json
 import logging
 import string
+import sys
 import threading
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -327,6 +328,9 @@ class BranchableEnv(gym.Env[str, str]):
         max_action_chars: int = 200_000,
         max_observation_chars: int = 200_000,
     ) -> None:
+        from trace_envs.validation import check_arguments
+
+        check_arguments(self.env_id, BranchableEnv.__init__, locals())
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if render_mode not in (None, "ansi"):
@@ -457,6 +461,26 @@ class BranchableEnv(gym.Env[str, str]):
                 self._messages.append({"role": result.role, "content": observation})
             self._done = terminated or truncated
             return observation, float(result.reward), terminated, truncated, self._info(result.info)
+
+    def get_wrapper_attr(self, name: str) -> Any:
+        """Gymnasium's ``get_wrapper_attr``; ``snapshot`` / ``restore`` reached through a wrapper are refused.
+
+        ``TimeLimit(env, 5).get_wrapper_attr("snapshot")`` on a bare env (not made by ``gym.make``,
+        so without its :class:`~trace_envs.wrappers.BranchingWrapper`) would branch the env and leave the
+        wrappers' state behind; it raises :class:`SnapshotError` naming
+        :func:`trace_envs.wrappers.snapshot` / :func:`~trace_envs.wrappers.restore` instead.
+        """
+        if name in ("snapshot", "restore"):
+            caller = sys._getframe(1)
+            wrapper = caller.f_locals.get("self") if caller.f_code.co_name == "get_wrapper_attr" else None
+            if isinstance(wrapper, gym.Wrapper) and wrapper.__dict__.get("env") is self:
+                raise SnapshotError(
+                    f"{name}() reached through {type(wrapper).__name__} would leave the wrappers' state behind (a "
+                    f"half {name}): use trace_envs.wrappers.snapshot(env) / trace_envs.wrappers.restore(env, snap) "
+                    f"on the outermost wrapper, or make the env with gym.make (its BranchingWrapper branches the "
+                    f"whole chain)"
+                )
+        return getattr(self, name)
 
     def snapshot(self) -> Snapshot:
         """The state after the last finished turn, as an immutable save point."""

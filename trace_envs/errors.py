@@ -16,6 +16,8 @@ __all__ = [
     "SnapshotLimitError",
     "SandboxError",
     "ResetNeededError",
+    "EnvSetupError",
+    "EnvArgumentError",
 ]
 
 
@@ -52,3 +54,17 @@ class SnapshotLimitError(SnapshotError, RuntimeError):
 
 class SandboxError(TraceEnvError, RuntimeError):
     """The code sandbox cannot be started or controlled (not raised for user code failures)."""
+
+
+class EnvSetupError(TraceEnvError, RuntimeError):
+    """An env's tool backend cannot be reached or does not work (a retrieval server that does not answer).
+
+    Raised by ``gymnasium.make`` where the check is cheap and by ``reset`` (before an episode that
+    would only see error observations); the message names the backend and its address. A backend
+    that fails during an episode gives error observations and ``info["backend_error"] = True``
+    instead (see each env's docstring), so a trainer can count the failures and stop.
+    """
+
+
+class EnvArgumentError(TraceEnvError, TypeError):
+    """A constructor argument (``gym.make(id, **kwargs)``) has the wrong type; the message names it."""

@@ -13,8 +13,15 @@ own process and hands out picklable :class:`~trace_envs.wrappers.SnapshotHandle`
 picks the handle it owns. The helpers here add index alignment: ``None``
 leaves a sub-env as it is, and a handle at the wrong index is refused in the
 calling process, before any worker sees it (Gymnasium shuts down a worker
-whose call raises). Handles cover the chain ``gym.make`` built; wrappers given
-to ``make_vec(wrappers=...)`` sit outside it and are not branched.
+whose call raises). ``VectorEnv.call`` reaches the handle methods through
+``get_wrapper_attr``, so handles cover each sub-env's whole chain: the wrappers given to
+``make_vec(wrappers=...)`` (``RecordEpisodeStatistics``' counters, ...) are branched too.
+
+``venv.call("snapshot")`` on an ``AsyncVectorEnv`` raises :class:`~trace_envs.errors.SnapshotError`
+in the caller naming ``snapshot_handle``; the workers never see an error and keep serving calls
+(the refusal is a value that pickles in the worker and raises when the caller unpickles it, after
+reading the other workers' answers, so the vector env is ready for the next call; see
+:mod:`trace_envs._async_refusal`).
 
 With the default ``AutoresetMode.NEXT_STEP`` a sub-env whose episode ended is
 reset by the next ``step`` whatever was restored in between; pass
@@ -75,3 +82,4 @@ def release_handles(venv: gym.vector.VectorEnv, handles: Sequence[SnapshotHandle
         ForeignSnapshotError: a handle is not of the sub-env at its index (nothing is freed).
     """
     return sum(venv.call("release_handle", _aligned(venv, handles)))
+

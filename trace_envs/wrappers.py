@@ -32,7 +32,15 @@ configuration or task.
 
 ``gym.make`` of a suite id returns a :class:`BranchingWrapper` as the outermost
 wrapper, so ``gym.make(id, max_episode_steps=n).snapshot()`` branches the
-``TimeLimit`` below it too. Its ``snapshot_handle()`` / ``restore_handle()`` /
+``TimeLimit`` below it too. Gymnasium's own way to reach a method through wrappers
+added later, ``env.get_wrapper_attr("snapshot")()`` / ``("restore")(snap)`` (and the
+handle methods, which ``VectorEnv.call`` reaches the same way), branches the whole
+chain from the wrapper it was called on: :meth:`BranchingWrapper.get_wrapper_attr`
+binds these methods to the outermost wrapper of the ``get_wrapper_attr`` calls that led to it.
+So ``make_vec(id, n, wrappers=[...])`` handles carry the added wrappers' state too.
+In an ``AsyncVectorEnv`` worker, ``call("snapshot")`` is refused (a Snapshot holds live
+state and cannot cross the process boundary): the caller gets a
+:class:`~trace_envs.errors.SnapshotError` naming ``snapshot_handle``, and the workers go on. Its ``snapshot_handle()`` / ``restore_handle()`` /
 ``release_handle()`` keep the snapshot inside the process that owns the env and
 pass a small picklable :class:`SnapshotHandle` instead, for ``AsyncVectorEnv``
 (see :mod:`trace_envs.vector`).
@@ -43,6 +51,7 @@ from __future__ import annotations
 import copy
 import itertools
 import os
+import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -51,6 +60,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 from gymnasium.utils import RecordConstructorArgs
 
+from trace_envs._async_refusal import in_async_worker, refused_snapshot
 from trace_envs.core import BranchableEnv, Snapshot
 from trace_envs.errors import ForeignSnapshotError, SnapshotError
 
@@ -65,7 +75,11 @@ __all__ = [
     "chain_key",
     "BranchableWrapper",
     "find_branchable",
+    "CHAIN_METHODS",
 ]
+
+#: The methods :meth:`BranchingWrapper.get_wrapper_attr` binds to the whole chain it was reached through.
+CHAIN_METHODS = frozenset({"snapshot", "restore", "snapshot_handle", "restore_handle", "release_handle"})
 
 #: Stock Gymnasium wrappers (matched by exact class) and the attributes that make up their state.
 STOCK_WRAPPER_STATE: dict[type[gym.Wrapper], tuple[str, ...]] = {
@@ -234,6 +248,25 @@ def restore(env: gym.Env, snap: Snapshot) -> None:
         load()
 
 
+def _chain_head(wrapper: gym.Wrapper, frame: Any) -> gym.Wrapper:
+    """The outermost wrapper of the ``get_wrapper_attr`` calls on the stack that led down to ``wrapper``.
+
+    Gymnasium's ``Wrapper.get_wrapper_attr(name)`` asks ``self.env.get_wrapper_attr(name)`` when it
+    lacks ``name``; each such frame's ``self`` wraps the one below it.
+    """
+    head: gym.Wrapper = wrapper
+    while frame is not None and frame.f_code.co_name == "get_wrapper_attr":
+        outer = frame.f_locals.get("self")
+        if outer is head:  # a subclass's override calling up to Wrapper.get_wrapper_attr: the same wrapper
+            frame = frame.f_back
+            continue
+        if not isinstance(outer, gym.Wrapper) or outer.__dict__.get("env") is not head:
+            break
+        head = outer
+        frame = frame.f_back
+    return head
+
+
 @dataclass(frozen=True)
 class SnapshotHandle:
     """A picklable reference to a snapshot held by the :class:`BranchingWrapper` that took it.
@@ -278,7 +311,8 @@ class BranchableWrapper(gym.Wrapper[str, str, str, str]):
     ``gym.Wrapper``; a wrapper that keeps its own state overrides
     ``wrapper_state()`` / ``load_wrapper_state()`` and that state travels in the snapshot.
     ``snapshot()`` / ``restore()`` cover this wrapper and every wrapper below it
-    (see :func:`snapshot`).
+    (see :func:`snapshot`); reached with ``get_wrapper_attr`` through wrappers above it, they cover
+    those too (:meth:`get_wrapper_attr`).
     """
 
     def wrapper_state(self) -> Any:
@@ -292,6 +326,25 @@ class BranchableWrapper(gym.Wrapper[str, str, str, str]):
 
     def restore(self, snapshot: Snapshot) -> None:
         restore(self, snapshot)
+
+    def get_wrapper_attr(self, name: str) -> Any:
+        """Gymnasium's ``get_wrapper_attr``, with the branching methods bound to the whole chain.
+
+        Reached through outer wrappers (``RecordEpisodeStatistics(TimeLimit(gym.make(id), 3))
+        .get_wrapper_attr("snapshot")``), ``snapshot`` / ``restore`` and (on a :class:`BranchingWrapper`)
+        the handle methods (:data:`CHAIN_METHODS`) branch the chain from the outermost of those wrappers, so no
+        wrapper's state is left behind. In an ``AsyncVectorEnv`` worker, ``snapshot`` returns a
+        value whose arrival raises :class:`SnapshotError` in the caller (use ``snapshot_handle``).
+        """
+        if name not in CHAIN_METHODS or not hasattr(self, name):
+            return super().get_wrapper_attr(name)
+        caller = sys._getframe(1)
+        if name == "snapshot" and in_async_worker(caller):
+            return refused_snapshot
+        head = _chain_head(self, caller)
+        if head is self:
+            return getattr(self, name)
+        return getattr(_HeadBound(self, head), name)
 
 
 class BranchingWrapper(BranchableWrapper, RecordConstructorArgs):
@@ -357,7 +410,10 @@ class BranchingWrapper(BranchableWrapper, RecordConstructorArgs):
 
     def snapshot_handle(self) -> SnapshotHandle:
         """Take ``snapshot()``, keep it here, and return a picklable handle to it."""
-        snap = self.snapshot()
+        return self._snapshot_handle(self)
+
+    def _snapshot_handle(self, head: gym.Env) -> SnapshotHandle:
+        snap = snapshot(head)
         number = next(self._handle_numbers)
         self._held[number] = snap
         return SnapshotHandle(owner=self._branch_owner, number=number, env_id=snap.env_id,
@@ -401,6 +457,9 @@ class BranchingWrapper(BranchableWrapper, RecordConstructorArgs):
             ForeignSnapshotError: the handle (or, in a sequence, every handle) belongs to another env.
             SnapshotError: the handle was released, or the sequence holds two of this env's handles.
         """
+        return self._restore_handle(self, handles)
+
+    def _restore_handle(self, head: gym.Env, handles: HandleArg) -> bool:
         mine = self._mine(handles, strict=True)
         if not mine:
             return False
@@ -409,7 +468,7 @@ class BranchingWrapper(BranchableWrapper, RecordConstructorArgs):
         snap = self._held.get(mine[0].number)
         if snap is None:
             raise SnapshotError(f"{mine[0]!r} was released")
-        self.restore(snap)
+        restore(head, snap)
         return True
 
     def release_handle(self, handles: HandleArg) -> int:
@@ -437,3 +496,30 @@ class BranchingWrapper(BranchableWrapper, RecordConstructorArgs):
         for snap in held:
             snap.release()
         super().close()
+
+
+class _HeadBound:
+    """A :class:`BranchableWrapper`'s branching methods over the chain from ``head`` (an outer wrapper) in.
+
+    Handles are still held by (and owned by) the BranchingWrapper; their snapshots cover ``head``'s
+    chain, so restoring one through a shorter chain is refused (:class:`ForeignSnapshotError`).
+    """
+
+    def __init__(self, wrapper: Any, head: gym.Wrapper) -> None:
+        self._wrapper = wrapper
+        self._head = head
+
+    def snapshot(self) -> Snapshot:
+        return snapshot(self._head)
+
+    def restore(self, snap: Snapshot) -> None:
+        restore(self._head, snap)
+
+    def snapshot_handle(self) -> SnapshotHandle:
+        return self._wrapper._snapshot_handle(self._head)
+
+    def restore_handle(self, handles: HandleArg) -> bool:
+        return self._wrapper._restore_handle(self._head, handles)
+
+    def release_handle(self, handles: HandleArg) -> int:
+        return self._wrapper.release_handle(handles)

@@ -205,18 +205,21 @@ def test_the_budget_is_the_workers_cpu_time_not_the_wall_clock() -> None:
     assert _gone(pid)
 
 
-def test_a_worker_that_cannot_start_gives_not_equivalent_and_says_so_once(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_worker_that_cannot_start_is_a_loud_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No quiet "not equivalent" for every symbolic answer: a broken grading backend is an EnvSetupError."""
+    from trace_envs.errors import EnvSetupError
+
     _grading_worker._POOL.shutdown()
     monkeypatch.setattr(sys, "executable", "/nonexistent/python")
-    monkeypatch.setattr(_grading_worker, "_START_FAILED", threading.Event())
-    with caplog.at_level("WARNING", logger=_grading_worker.__name__):
-        assert grade_answer("2^{10}", "1024") is False
-        assert grade_answer("1+x^2", "x^2+1") is False
+    with pytest.raises(EnvSetupError, match="grading worker .*/nonexistent/python.* could not start"):
+        grade_answer("2^{10}", "1024")
+    with pytest.raises(EnvSetupError, match="could not start"):
+        _grading_worker.check_grading_worker()
     assert grade_answer("0.5", "1/2") is True  # stages 1-2 need no worker
-    assert sum("could not start" in r.getMessage() for r in caplog.records) == 1
+    assert grade_answer("x" * 200_000, "1") is False, "inputs still never raise"
     monkeypatch.undo()
+    _grading_worker.check_grading_worker()
+    assert _grading_worker._POOL.idle_pids(), "the checked worker waits in the pool"
     assert grade_answer("2^{10}", "1024") is True
 
 

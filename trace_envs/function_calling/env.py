@@ -18,9 +18,15 @@ from trace_envs.actions import (
     strip_thinking,
 )
 from trace_envs.core import BranchableEnv, Task, TaskSet, TurnResult
-from trace_envs.errors import InvalidTaskError
+from trace_envs.errors import EnvSetupError, InvalidTaskError
 from trace_envs.function_calling.backends import CallOutcome
-from trace_envs.function_calling.remote import CALL_TIMEOUT_S, BackendState, RemoteBackends
+from trace_envs.function_calling.remote import (
+    CALL_TIMEOUT_S,
+    WORKER_COMMAND,
+    BackendFailure,
+    BackendState,
+    RemoteBackends,
+)
 from trace_envs.function_calling.schemas import TOOL_DETAILS, function_doc_to_tool, tool_schema
 from trace_envs.function_calling.scoring import GroundTruth, TurnCheck, check_turn
 from trace_envs.tasks.bfcl import (
@@ -31,6 +37,7 @@ from trace_envs.tasks.bfcl import (
     load_function_docs,
     normalize_category,
 )
+from trace_envs.validation import check_arguments
 
 __all__ = ["BFCLEnv", "SYSTEM_PROMPT", "ADDED_FUNCTIONS_PROMPT", "MAX_STEPS_PER_TURN"]
 
@@ -124,7 +131,10 @@ class BFCLEnv(BranchableEnv):
     Unknown functions and bad arguments give "Error: ..." results. After a
     turn-ending step: the next user question (role "user"); after the last one:
     the empty string. ``info["calls"]`` holds each call's name, arguments and
-    result; ``info["user_turn"]`` the current user turn.
+    result; ``info["user_turn"]`` the current user turn. A step with calls also has
+    ``info["backend_error"]`` (True when no backend worker could be started to run them: their
+    results are errors) and ``info["backend"]`` naming the worker; a worker that cannot load a
+    task's scenario at ``reset`` raises :class:`~trace_envs.errors.EnvSetupError`.
 
     **Reward.** 0 until the episode ends; then 1 if BFCL's multi-turn checker
     would accept the conversation, else 0: for every user turn with a
@@ -204,6 +214,7 @@ class BFCLEnv(BranchableEnv):
         max_observation_chars: int = 200_000,
         backend_timeout_s: float = CALL_TIMEOUT_S,
     ) -> None:
+        check_arguments(self.env_id, BFCLEnv.__init__, locals())
         self.category = normalize_category(category)
         if max_steps_per_turn < 1:
             raise ValueError(f"max_steps_per_turn must be >= 1, got {max_steps_per_turn}")
@@ -356,8 +367,13 @@ class BFCLEnv(BranchableEnv):
         data = task.data
         self._doc_names = frozenset(str(d["name"]) for d in load_function_docs(data["involved_classes"]))
         self._reveals = self._reveal_turns()
-        self._backends.start(data["involved_classes"], data["initial_config"],
-                             long_context=bool(data.get("long_context", False)))
+        try:
+            self._backends.start(data["involved_classes"], data["initial_config"],
+                                 long_context=bool(data.get("long_context", False)))
+        except BackendFailure as exc:
+            raise EnvSetupError(f"BFCL-v0's backend worker ({WORKER_COMMAND}) cannot load task {task.task_id!r}: "
+                                f"{exc}. Check that this Python imports bfcl_eval (pip install --no-deps "
+                                f"bfcl-eval; pip install 'trace-gym[bfcl]')") from None
         self._started = True
         self._user_turn = 0
         self._steps_in_turn = 0
@@ -378,8 +394,9 @@ class BFCLEnv(BranchableEnv):
             self._steps_in_turn += 1
             self._calls_in_turn += len(outcomes)
             observation = self._clip(render_outcomes(outcomes))
-            return self._limit_or(TurnResult(observation, role="tool",
-                                             info=self._turn_info(calls=[o.as_dict() for o in outcomes])))
+            info = self._turn_info(calls=[o.as_dict() for o in outcomes], backend_error=self._backends.unavailable,
+                                   backend=f"BFCL backend worker ({WORKER_COMMAND})")
+            return self._limit_or(TurnResult(observation, role="tool", info=info))
         return self._end_user_turn()
 
     def _capture_state(self) -> _BFCLState:

@@ -46,7 +46,11 @@ from trace_envs.function_calling.backends import (
     method_owners,
 )
 
-__all__ = ["BackendState", "RemoteBackends", "CALL_TIMEOUT_S", "MEMORY_LIMIT_BYTES"]
+__all__ = ["BackendState", "RemoteBackends", "CALL_TIMEOUT_S", "MEMORY_LIMIT_BYTES", "WORKER_COMMAND",
+           "check_backend_worker"]
+
+#: How a worker is started (named in errors): ``python -I -m`` this module, the parent's pid, the memory cap.
+WORKER_COMMAND = "python -I -m trace_envs.function_calling._backend_worker"
 
 #: Wall-clock deadline of one backend call (ordinary calls take well under a millisecond).
 CALL_TIMEOUT_S = 2.0
@@ -175,6 +179,23 @@ def _kill(proc: subprocess.Popen, parent: int) -> None:
     _close_pipes(proc)
 
 
+def check_backend_worker() -> None:
+    """Start one backend worker and stop it.
+
+    Raises:
+        EnvSetupError: the worker does not start (the message names its command and the cause).
+    """
+    from trace_envs.errors import EnvSetupError
+
+    try:
+        worker = _Worker()
+    except (BackendFailure, OSError) as exc:
+        raise EnvSetupError(f"BFCL-v0's backend worker ({WORKER_COMMAND}) does not start: {exc}. Check that "
+                            f"this Python imports bfcl_eval (pip install --no-deps bfcl-eval; pip install "
+                            f"'trace-gym[bfcl]')") from None
+    worker.kill()
+
+
 class RemoteBackends:
     """The backends of one env's episode, in a worker process; the env's only view of them.
 
@@ -194,6 +215,8 @@ class RemoteBackends:
         self._base: bytes | None = None
         self._log: list[bytes] = []
         self._synced = False
+        #: True after a step whose calls got no answer because no worker could be (re)started.
+        self.unavailable = False
 
     # --------------------------------------------------------------- episode
     def start(self, involved_classes: Sequence[str], initial_config: Mapping[str, Any], *,
@@ -244,10 +267,12 @@ class RemoteBackends:
             if idle and retry:
                 self._drop()
                 return pending, False
+            self.unavailable = True
             for i in pending:
                 outcomes[i] = _outcome(calls[i], "Error during execution: the backend could not be rebuilt "
                                                  "after an earlier failure", True, None)
             return [], False
+        self.unavailable = False
         for position, index in enumerate(pending):
             try:
                 reply = worker.reply(time.monotonic() + self.timeout_s)

@@ -53,8 +53,6 @@ WALL_FACTOR = 10.0
 _POLL_S = 0.02
 _MAX_REPLY_BYTES = 4096
 _READY = b'{"ready": true}\n'
-_LOG = logging.getLogger(__name__)
-_START_FAILED = threading.Event()
 
 
 # ---------------------------------------------------------------------------------------- host side
@@ -233,14 +231,42 @@ _POOL = _Pool()
 atexit.register(_POOL.shutdown)
 
 
+def _start_error(err: BaseException) -> Exception:
+    from trace_envs.errors import EnvSetupError
+
+    return EnvSetupError(f"the grading worker ({sys.executable} -I {os.path.abspath(__file__)}) could not start: "
+                         f"{type(err).__name__}: {err}. Symbolic answers cannot be graded; check that this Python "
+                         f"runs and imports math_verify (pip install 'math-verify>=0.7')")
+
+
+def check_grading_worker(timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+    """Start (or reuse) a grading worker and put it in the pool.
+
+    Raises:
+        EnvSetupError: no worker starts (the message names the command and the cause); a worker still
+            starting after ``timeout_s`` is not an error (it joins the pool when ready).
+    """
+    try:
+        worker, _ = _POOL.take(time.monotonic() + timeout_s)
+    except _StartTimedOut:
+        return
+    except (OSError, RuntimeError) as err:
+        raise _start_error(err) from None
+    _POOL.give_back(worker)
+
+
 def symbolic_verdict(predicted: str, gold: str, *, strict: bool, timeout_s: float) -> bool | None:
     """math_verify's verdict on ``predicted`` vs ``gold`` (stage 3 of grading), from a worker process.
 
     ``strict`` and the verdict are :func:`verify`'s. ``timeout_s`` is the worker's CPU time for this
     call; the wait is capped at ``WALL_FACTOR * timeout_s`` of wall-clock time, a fresh worker's start
-    included. Returns None when the worker overran either (it is killed), died on this request, could not
-    be started, or was not started by the cap (it goes on starting in the background and joins the pool); a
-    pooled worker found dead is replaced by a fresh one under the same wall-clock cap. Never raises.
+    included. Returns None when the worker overran either (it is killed), died on this request, or was not
+    started by the cap (it goes on starting in the background and joins the pool); a pooled worker found
+    dead is replaced by a fresh one under the same wall-clock cap.
+
+    Raises:
+        EnvSetupError: no worker can be started (a broken install, not anything a model wrote): a verdict
+            of "not equivalent" for every symbolic answer would be a quiet training signal.
     """
     wall_deadline = time.monotonic() + WALL_FACTOR * timeout_s
     request = {"predicted": predicted, "gold": gold, "strict": strict}
@@ -250,11 +276,7 @@ def symbolic_verdict(predicted: str, gold: str, *, strict: bool, timeout_s: floa
         except _StartTimedOut:
             return None
         except (OSError, RuntimeError) as err:
-            if not _START_FAILED.is_set():
-                _START_FAILED.set()
-                _LOG.warning("grading worker could not start (%s): symbolic answers are graded as not equivalent "
-                             "(said once per process)", err)
-            return None
+            raise _start_error(err) from None
         try:
             verdict = worker.ask(request, timeout_s, wall_deadline)
         except _WorkerDied:

@@ -35,8 +35,11 @@ Both decide in three stages, cheapest first:
 
 Contracts:
 
-* ``grade_answer`` never raises: non-strings, empty text, garbage and huge
-  inputs (over :data:`MAX_INPUT_CHARS`) give ``False``.
+* ``grade_answer`` never raises for any input: non-strings, empty text, garbage and huge
+  inputs (over :data:`MAX_INPUT_CHARS`) give ``False``. It raises
+  :class:`~trace_envs.errors.EnvSetupError` only when no grading worker can be started (a broken
+  install: every symbolic answer would otherwise be graded wrong without a word);
+  :func:`~trace_envs.python_tool._grading_worker.check_grading_worker` checks that up front.
 * Time is bounded. Inputs longer than :data:`MAX_SYMBOLIC_CHARS`, nested deeper
   than :data:`MAX_NESTING`, or holding expressions that explode in size (power
   towers, huge exponents, factorials or binomials of big numbers) skip stage 3.
@@ -68,6 +71,7 @@ from fractions import Fraction
 from typing import Any
 
 from trace_envs.actions import extract_boxed
+from trace_envs.errors import EnvSetupError
 from trace_envs.python_tool._grading_worker import symbolic_verdict
 
 __all__ = [
@@ -305,6 +309,7 @@ def grade_answer(predicted: Any, gold: Any, *, mode: str = "math-verify", timeou
         too-slow inputs. Never raises for any ``predicted``/``gold``.
 
     Raises:
+        EnvSetupError: the symbolic stage needs a grading worker and none can be started.
         ValueError: ``mode`` is not one of :data:`GRADING_MODES` (a caller's error, not the model's).
     """
     if mode not in GRADING_MODES:
@@ -329,5 +334,7 @@ def grade_answer(predicted: Any, gold: Any, *, mode: str = "math-verify", timeou
         if not (_symbolic_ok(pred_text) and _symbolic_ok(gold_text)):
             return False
         return symbolic_verdict(pred_text, gold_text, strict=strict, timeout_s=timeout_s) is True
-    except Exception:  # noqa: BLE001 - the contract is "never raises"
+    except EnvSetupError:
+        raise  # the grading worker cannot start: a broken install, not an answer
+    except Exception:  # noqa: BLE001 - the contract is "never raises" for any input
         return False

@@ -510,7 +510,9 @@ def default_math_tasks(split: str = "train") -> TaskSet:
 
     Ids are ``"math-train-0007"`` / ``"math-test-0042"``; the set is named
     ``"math-default-<split>"``. The splits use different seeds and no test
-    prompt equals a train prompt. Stable across runs and machines.
+    prompt equals a train prompt. Stable across runs and machines. A
+    :class:`~trace_envs.tasks.splits.SplitTaskSet`: looking up the id of the other split's problem
+    raises :class:`~trace_envs.errors.TaskNotFoundError` naming the split that holds it.
 
     Raises:
         ValueError: ``split`` is not "train" or "test".
@@ -523,4 +525,9 @@ def default_math_tasks(split: str = "train") -> TaskSet:
                                                MATH_FAMILIES, "math-train")]
     tasks = _generate(DEFAULT_SPLIT_SIZES[split], _SPLIT_SEEDS[split], (1, 2, 3), MATH_FAMILIES,
                       f"math-{split}", exclude)
-    return TaskSet(tasks, name=f"math-default-{split}")
+    from trace_envs.tasks.splits import SplitTaskSet
+
+    # the other split's ids are "math-<other>-0000".. (one per problem): a lookup of one names its split
+    elsewhere = {f"math-{other}-{i:04d}": other for other, size in DEFAULT_SPLIT_SIZES.items() if other != split
+                 for i in range(size)}
+    return SplitTaskSet(tasks, name=f"math-default-{split}", split=split, elsewhere=elsewhere, all_name=None)

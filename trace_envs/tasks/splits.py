@@ -30,11 +30,14 @@ class SplitTaskSet(TaskSet):
         name: the TaskSet name (part of the env's ``config_key``).
         split: this split's name.
         elsewhere: task id -> name of the split that holds it, for the collection's other tasks.
+        all_name: the ``tasks=`` value that serves every split (named in the error), or None if none does.
     """
 
-    def __init__(self, tasks: Iterable[Task], *, name: str, split: str, elsewhere: Mapping[str, str]) -> None:
+    def __init__(self, tasks: Iterable[Task], *, name: str, split: str, elsewhere: Mapping[str, str],
+                 all_name: str | None = "all") -> None:
         super().__init__(list(tasks), name=name)
         self.split = split
+        self.all_name = all_name
         own = set(self.ids())
         self._elsewhere = {k: v for k, v in elsewhere.items() if k not in own}
 
@@ -48,7 +51,8 @@ class SplitTaskSet(TaskSet):
             sample = ", ".join(itertools.islice(iter(self), 3))
             raise TaskNotFoundError(
                 f"task {task_id!r} is in the {other!r} split, not in {self.name} (the {self.split!r} split, "
-                f"{len(self)} tasks, e.g. {sample}); make the env with tasks={other!r} (or 'all') to play it"
+                f"{len(self)} tasks, e.g. {sample}); make the env with tasks={other!r}"
+                + (f" (or {self.all_name!r})" if self.all_name else "") + " to play it"
             ) from None
 
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from trace_envs.actions import format_tool_call, parse_action
 from trace_envs.core import BranchableEnv, Task, TaskSet, TurnResult
-from trace_envs.errors import InvalidTaskError
+from trace_envs.errors import EnvSetupError, InvalidTaskError
+from trace_envs.validation import check_arguments
 from trace_envs.wiki_search.grading import best_em_f1
 from trace_envs.wiki_search.search_r1_format import (
     INVALID_ACTION,
@@ -19,7 +20,11 @@ from trace_envs.wiki_search.search_r1_format import (
     parse_search_r1_action,
 )
 
-__all__ = ["WikiQAEnv", "resolve_retriever", "resolve_tasks", "ACTION_FORMATS"]
+__all__ = ["WikiQAEnv", "resolve_retriever", "resolve_tasks", "describe_backend", "ACTION_FORMATS",
+           "BACKEND_CHECK_TIMEOUT_S"]
+
+#: Seconds the health check of a retrieval server (at ``gym.make`` and ``reset``) waits for an answer.
+BACKEND_CHECK_TIMEOUT_S = 5.0
 
 #: ``action_format`` values: Qwen3/Hermes tool calls, or Search-R1's ``<search>``/``<answer>`` tags.
 ACTION_FORMATS = ("tool_call", "search-r1")
@@ -60,6 +65,41 @@ def resolve_retriever(retriever: Any, *, cache_dir: str | Path | None = None) ->
 
             _SHARED[key] = load_retriever(path)
         return _SHARED[key]
+
+
+def describe_backend(retriever: Any) -> str:
+    """The retriever as an error message names it: ``retrieval server <url>`` or its class."""
+    url = getattr(retriever, "url", None)
+    if isinstance(url, str) and url.startswith(("http://", "https://")):
+        return f"retrieval server {url}"
+    return f"retriever {type(retriever).__name__}"
+
+
+def check_retrieval_server(retriever: Any, *, timeout: float = BACKEND_CHECK_TIMEOUT_S) -> None:
+    """One search of one passage through ``retriever``'s own dialect, with no retries and a short timeout.
+
+    A no-op for retrievers that are not :class:`retrievers.http.HTTPRetriever` (a local index was
+    opened when the env was made).
+
+    Raises:
+        EnvSetupError: the server does not answer, or answers off the protocol; the message names its URL.
+    """
+    from retrievers.http import HTTPRetriever
+
+    if not isinstance(retriever, HTTPRetriever):
+        return
+    from retrievers.base import RetrieverError
+
+    cfg = retriever.config
+    probe = HTTPRetriever(cfg.url, timeout=min(timeout, cfg.timeout), request_format=cfg.request_format, retries=0)
+    try:
+        probe.batch_search(["health check"], 1)
+    except RetrieverError as exc:
+        raise EnvSetupError(f"WikiQA-v0's {describe_backend(retriever)} does not work: {exc}. Start it "
+                            f"(trace-gym serve-retriever --index DIR --port PORT) or pass another retriever "
+                            f"(env_kwargs.retriever; the default is the local synthetic index)") from None
+    finally:
+        probe.close()
 
 
 def resolve_tasks(tasks: str | Path | TaskSet | Sequence[Task]) -> TaskSet:
@@ -146,7 +186,14 @@ class WikiQAEnv(BranchableEnv):
     HotpotQA's normalisation (lowercase, no punctuation, no articles, single
     spaces), else 0.0; given at the answer turn. ``info`` has ``em``, ``f1``
     (HotpotQA token F1), ``n_searches``, ``n_errors``, ``answer`` and ``gold``
-    at the end; ``n_searches`` on every turn.
+    at the end; ``n_searches`` on every turn. On a turn that asked the search backend,
+    ``backend_error`` (True when it failed: an error observation, not an answer) and ``backend``
+    (``retrieval server <url>``).
+
+    **Backend health.** With a retrieval server URL, ``gym.make`` sends one search (no retries,
+    :data:`BACKEND_CHECK_TIMEOUT_S`) and raises :class:`~trace_envs.errors.EnvSetupError` naming the
+    URL when the server does not answer; after a turn whose search failed, the next ``reset`` checks
+    again and raises the same error if it still does not answer.
 
     **Episode end.** Terminated by an ``<answer>``; truncated after
     ``max_turns`` turns without one (reward 0).
@@ -195,6 +242,7 @@ class WikiQAEnv(BranchableEnv):
         cache_dir: str | Path | None = None,
         render_mode: str | None = None,
     ) -> None:
+        check_arguments(self.env_id, WikiQAEnv.__init__, locals())
         if action_format not in ACTION_FORMATS:
             raise ValueError(f"action_format must be one of {ACTION_FORMATS}, got {action_format!r}")
         if not 1 <= top_k <= 20:
@@ -203,6 +251,8 @@ class WikiQAEnv(BranchableEnv):
             raise ValueError("max_passage_chars >= 20, max_query_chars >= 1 and max_calls_per_turn >= 1 are required")
         super().__init__(tasks=resolve_tasks(tasks), max_turns=max_turns, render_mode=render_mode)
         self.retriever = resolve_retriever(retriever, cache_dir=cache_dir)
+        check_retrieval_server(self.retriever)
+        self._backend_ok = True  # False after a failed search: the next reset checks the server again
         self.top_k = top_k
         self.max_passage_chars = max_passage_chars
         self.max_query_chars = max_query_chars
@@ -213,6 +263,50 @@ class WikiQAEnv(BranchableEnv):
         self._pending: list[str] = []  # valid queries of the turn being played
 
     # ----------------------------------------------------------------- public
+    @property
+    def backend(self) -> str:
+        """The search backend and its address, as errors and ``info["backend"]`` name it."""
+        return describe_backend(self.retriever)
+
+    @staticmethod
+    def preflight_backend(kwargs: Mapping[str, Any]) -> str | None:
+        """Check the backend that ``gym.make(id, **kwargs)`` would use, without making the env.
+
+        A retrieval server URL gets the health check of ``gym.make``; the default local index needs
+        bm25s. Returns a line describing the backend, or raises :class:`EnvSetupError` (or
+        :class:`retrievers.base.BackendUnavailableError`) saying what to do.
+        """
+        retriever = kwargs.get("retriever")
+        if isinstance(retriever, str) and retriever.startswith(("http://", "https://")):
+            from retrievers.http import HTTPRetriever
+
+            client = HTTPRetriever(retriever)
+            check_retrieval_server(client)
+            return f"{describe_backend(client)} answers"
+        if retriever is None:
+            import importlib.util
+
+            if importlib.util.find_spec("bm25s") is None:
+                raise EnvSetupError("WikiQA-v0's default retriever needs bm25s, which this Python lacks: "
+                                    "pip install 'trace-gym[wiki]'")
+            return "the local synthetic index (bm25s)"
+        return f"retriever {retriever}"
+
+    def check_backend(self) -> None:
+        """Check that the retrieval server answers (see :func:`check_retrieval_server`); raises EnvSetupError."""
+        check_retrieval_server(self.retriever)
+        self._backend_ok = True
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Gymnasium's reset; after a search the backend failed, the retrieval server is checked first.
+
+        Raises:
+            EnvSetupError: the retrieval server still does not answer (the message names its URL).
+        """
+        if not self._backend_ok:
+            self.check_backend()
+        return super().reset(seed=seed, options=options)
+
     @property
     def system_prompt(self) -> str:
         own = self._task_messages()
@@ -384,7 +478,9 @@ class WikiQAEnv(BranchableEnv):
                     results = [format_information(hits, max_passage_chars=self.max_passage_chars) for hits in found]
                 else:
                     results = [self._format_hits(hits) for hits in found]
+                self._backend_ok = True
             except RetrieverError as exc:
+                self._backend_ok = False
                 results = [f"Error: the search backend failed: {exc}"] * len(valid)
         blocks: list[str] = []
         n_ok, it = 0, iter(zip(valid, results))
@@ -398,7 +494,10 @@ class WikiQAEnv(BranchableEnv):
             blocks.append(text if len(problems) == 1 else f'Results for "{query}":\n{text}')
         n_errors = state.n_errors + (1 if n_ok < len(problems) else 0)
         self._state = _SearchState(state.n_searches + n_ok, n_errors, state.queries + tuple(valid))
-        return TurnResult("\n\n".join(blocks), info=self._counters())
+        info = self._counters()
+        if valid:  # the backend was asked: say whether it answered (a trainer counts consecutive failures)
+            info.update(backend_error=not self._backend_ok, backend=self.backend)
+        return TurnResult("\n\n".join(blocks), info=info)
 
     def _counters(self) -> dict[str, Any]:
         return {"n_searches": self._state.n_searches, "n_errors": self._state.n_errors}

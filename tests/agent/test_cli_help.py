@@ -1,0 +1,55 @@
+"""``trace-gym ... --help`` is plain text with each flag's default; ``--version`` names the installed version."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from trace_agent.cli import build_parser, main, plain_text
+from trace_agent.config import TrainConfig
+
+COMMANDS = [["train"], ["eval"], ["bench"], ["export"], ["show-tree"], ["serve-retriever"], ["index", "build"],
+            ["index", "synthetic"], []]
+
+
+def _help(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--help"])
+    assert exited.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=lambda a: " ".join(a) or "trace-gym")
+def test_help_is_plain_text(argv: list[str], capsys) -> None:
+    text = _help(argv, capsys)
+    assert "``" not in text and not re.search(r":(?:func|class|mod|data|meth|attr|exc):`", text), text[:2000]
+    assert not re.search(r"(?m)^\s*::\s*$", text)
+
+
+def test_flags_show_their_defaults(capsys) -> None:
+    train = " ".join(_help(["train"], capsys).split())
+    assert f"learning rate (config: optim.lr, default: {TrainConfig().optim.lr})" in train
+    assert "(config: rollout.strategy, default: trace)" in train
+    assert "demo config" in train and "trace_agent/configs" in train, "the epilog says the demo config replaces them"
+    bench = " ".join(_help(["bench"], capsys).split())
+    assert "--max-turns MAX_TURNS default: 4" in bench, "a flag without help still shows its default"
+    assert "(default: trace_envs/PythonMath-v0)" in bench
+
+
+def test_plain_text_drops_the_markup() -> None:
+    assert plain_text("see :func:`~trace_agent.evaluation.evaluate_heldout` and ``x = 1``") == \
+        "see evaluate_heldout and x = 1"
+    assert plain_text(":class:`trace_envs.core.Snapshot`") == "trace_envs.core.Snapshot"
+    assert plain_text("Example::\n\n    code\n") == "Example:\n\n    code\n"
+    assert plain_text("text\n\n::\n\n    code\n") == "text\n\n\n    code\n"
+
+
+def test_version(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    import trace_agent
+
+    assert capsys.readouterr().out.strip() == f"trace-gym {trace_agent.__version__}"
+    assert re.fullmatch(r"\d+\.\d+\.\d+.*", trace_agent.__version__)
+    assert build_parser().prog == "trace-gym"
