@@ -36,6 +36,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "trace_envs.wiki_search",
         "trace_envs.function_calling",
         "trace_envs.tasks",
+        "trace_envs.limits",
     ),
     "trace_agent": (
         "trace_agent",
@@ -50,6 +51,8 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "trace_agent.engine",
         "trace_agent.config",
         "trace_agent.trainer",
+        "trace_agent.warm_start",
+        "trace_agent.backend_watch",
         "trace_agent.evaluation",
         "trace_agent.env_factory",
         "trace_agent.errors",
