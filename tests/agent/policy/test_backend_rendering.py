@@ -10,9 +10,11 @@ constructors do.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import inspect
 import json
+import textwrap
 
 import pytest
 
@@ -63,8 +65,11 @@ def test_the_vllm_constructors_take_the_settings_of_their_model_directory() -> N
     from trace_agent.policy.vllm_backend import VLLMPolicy
 
     for cls in (VLLMPolicy, AsyncVLLMPolicy):
-        source = inspect.getsource(cls.__init__)
-        assert "tool_detail=tool_detail, settings_from=model" in source, cls
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__)))
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "_set_chat"]
+        assert len(calls) == 1, cls
+        passed = {k.arg: ast.unparse(k.value) for k in calls[0].keywords}
+        assert passed["tool_detail"] == "tool_detail" and passed["settings_from"] == "model", (cls, passed)
         assert inspect.signature(cls).parameters["tool_detail"].default is None
         bare = cls.__new__(cls)  # the constructor's rendering set-up, without the engine
         bare._set_chat(SHIPPED, tool_detail=None, settings_from=SHIPPED)
