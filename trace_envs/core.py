@@ -324,6 +324,12 @@ class BranchableEnv(gym.Env[str, str]):
     #: the named task splits the env serves (``tasks=<name>``), its default first: what a trainer's
     #: ``train_split`` / held-out ``split`` may name (with "all", and whatever :meth:`split_kwargs` accepts).
     splits: ClassVar[tuple[str, ...]] = ("train", "test")
+    #: whether every task offers the same tools for the whole episode (``tools`` does not change with the
+    #: task or mid-episode), so one tool list rendered up front serves every episode.
+    same_tools: ClassVar[bool] = True
+    #: whether an episode holds several user turns, each ended by a reply without a tool call (else the
+    #: first reply without a call ends the episode's exchange).
+    multi_user_turn: ClassVar[bool] = False
 
     @classmethod
     def split_kwargs(cls, split: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:

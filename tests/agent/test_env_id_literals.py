@@ -29,7 +29,7 @@ ALLOWED: dict[str, str] = {
     "gpu_check.py": PENDING + " (the GPU check's env)",
     "claims/": PENDING + " (the paper claims' default env)",
     "integrations/verl.py": PENDING + " (TraceVerlConfig's default env, to be the train config's)",
-    "integrations/trl_env.py": "TRL's per-env tool adapters (python, search) and the env TRL cannot drive",
+    "integrations/trl_env.py": "TRL's per-env tool adapters: their methods (python, search) are the tools TRL shows",
 }
 
 

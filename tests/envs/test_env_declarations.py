@@ -80,3 +80,23 @@ def test_an_env_the_trainer_never_heard_of_gets_its_splits() -> None:
 def test_the_default_declaration_passes_the_split_to_the_constructor() -> None:
     assert BranchableEnv.split_kwargs("test", {"x": 1}) == {"x": 1, "tasks": "test"}
     assert CounterEnv.splits == ("train", "test")
+
+
+def test_trl_refuses_what_an_env_declares_it_cannot_serve() -> None:
+    """TRL's adapter reads the declarations (same_tools, multi_user_turn), not a table of env ids."""
+    from trace_agent.integrations.trl_env import UNSUPPORTED, unsupported_reason
+
+    class Chat(SplitCounterEnv):
+        multi_user_turn = True
+
+    gym.register(id="tests/Chat-v0", entry_point=Chat, order_enforce=False, disable_env_checker=True)
+    try:
+        assert unsupported_reason(FOURTH) is None
+        reason = unsupported_reason("tests/Chat-v0")
+        assert reason is not None and reason.startswith("Chat-v0 cannot be exposed")
+        assert "several user turns" in reason and "differ per task" not in reason
+    finally:
+        gym.registry.pop("tests/Chat-v0", None)
+    declared = {i for i in trace_envs.registered_ids()
+                if not env_class(i).same_tools or env_class(i).multi_user_turn}
+    assert set(UNSUPPORTED) == declared and declared  # the suite has one such env (BFCL-v0)

@@ -190,6 +190,8 @@ class BFCLEnv(BranchableEnv):
 
     env_id = "trace_envs/BFCL-v0"
     splits = BFCL_SPLITS
+    same_tools = False  # the functions differ per entry, and multi_turn_miss_func reveals more mid-episode
+    multi_user_turn = True
 
     @classmethod
     def split_kwargs(cls, split: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
