@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from trace_agent.errors import EnvSetupError
+from trace_envs.core import ALL_SPLITS
+from trace_envs.errors import InvalidTaskError
 
-__all__ = ["ALL_TASKS", "check_env_id", "make_env_factory", "split_kwargs", "task_ids"]
+__all__ = ["ALL_TASKS", "check_env_id", "env_class", "make_env_factory", "split_kwargs", "task_ids"]
 
-#: Split names that mean every task of an env.
-ALL_TASKS = ("all", "default")
+#: Split names that mean every task of an env (:data:`trace_envs.core.ALL_SPLITS`).
+ALL_TASKS = ALL_SPLITS
 
 
 def check_env_id(env_id: str) -> None:
@@ -29,44 +30,39 @@ def check_env_id(env_id: str) -> None:
         raise EnvSetupError(f"unknown env id {env_id!r}{hint}; the suite has {', '.join(ours)}")
 
 
+def env_class(env_id: str) -> Any:
+    """The class (or creator) registered for ``env_id``: its spec's entry point, loaded (registered ids only)."""
+    import gymnasium as gym
+    from gymnasium.envs.registration import load_env_creator
+
+    import trace_envs  # noqa: F401  (registers the suite)
+
+    entry = gym.spec(env_id).entry_point
+    return load_env_creator(entry) if isinstance(entry, str) else entry
+
+
 def split_kwargs(env_id: str, split: str | None, env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``gymnasium.make`` arguments that select ``split`` of ``env_id``'s tasks.
 
-    * PythonMath-v0 (and any env not named below): ``tasks=split`` ("train", "test" or a task file).
-    * WikiQA-v0: "train" / "test" are the synthetic encyclopedia's disjoint question sets
-      (:func:`trace_envs.tasks.wiki.wiki_split`); "all" / "default" every question; anything
-      else must be an existing HotpotQA-format file (a split name is never looked up on the hub).
-    * BFCL-v0: "train" / "test" are the fixed partition of the category's entries
-      (:func:`trace_envs.tasks.bfcl.bfcl_split`, category from ``env_kwargs``); "all" / "default"
-      the whole category.
+    The env says: its class's ``split_kwargs(split, env_kwargs)`` classmethod
+    (:meth:`trace_envs.BranchableEnv.split_kwargs`, whose default is ``tasks=split``; an env whose split
+    names need more overrides it, e.g. WikiQA-v0's files and BFCL-v0's per-category partitions). An env
+    that is not a :class:`~trace_envs.BranchableEnv` gets ``tasks=split``.
 
     ``split=None`` leaves the env its own default task set (every env's is its train split).
-    An explicit ``env_kwargs["tasks"]`` wins over ``split``.
+    An explicit ``env_kwargs["tasks"]`` wins over ``split``. A split the env does not have is an
+    :class:`EnvSetupError` with the env's message.
     """
     kwargs = dict(env_kwargs or {})
     if "tasks" in kwargs or split is None:
         return kwargs
-    if env_id == "trace_envs/WikiQA-v0":
-        if split in ALL_TASKS:
-            return {**kwargs, "tasks": "all"}
-        from trace_envs.tasks.wiki import WIKI_SPLITS, wiki_split
-
-        if split in WIKI_SPLITS:
-            return {**kwargs, "tasks": wiki_split(split)}
-        if not Path(split).is_file():
-            raise EnvSetupError(f"WikiQA-v0 has no split {split!r}: use train, test, all, or the path of a "
-                                f"HotpotQA-format file (none exists at {split})")
+    resolve = getattr(env_class(env_id), "split_kwargs", None)
+    if not callable(resolve):
         return {**kwargs, "tasks": split}
-    if env_id == "trace_envs/BFCL-v0":
-        if split in ALL_TASKS:
-            return {**kwargs, "tasks": "all"}
-        from trace_envs.tasks.bfcl import BFCL_SPLITS, bfcl_split
-
-        if split not in BFCL_SPLITS:
-            raise EnvSetupError(f"BFCL-v0 has no split {split!r}: use train, test or all "
-                                f"(set the category with env_kwargs.category)")
-        return {**kwargs, "tasks": bfcl_split(str(kwargs.get("category", "multi_turn_base")), split)}
-    return {**kwargs, "tasks": split}
+    try:
+        return dict(resolve(split, kwargs))
+    except InvalidTaskError as exc:
+        raise EnvSetupError(str(exc)) from None
 
 
 def make_env_factory(env_id: str, split: str | None, *, max_turns: int,

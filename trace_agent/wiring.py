@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trace_agent.config import PolicyConfig, PredictorSettings
+from trace_agent.config import PolicyConfig, PredictorSettings, TrainConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from trace_agent.policy.hf import HFPolicy
@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["build_policies", "build_predictor", "build_vllm_generator", "resolve_strategy"]
 
 
-def build_policies(config: PolicyConfig, *, seed: int = 0, env_id: str = "trace_envs/PythonMath-v0",
+def build_policies(config: PolicyConfig, *, seed: int = 0, env_id: str = TrainConfig.env_id,
                    log: Callable[[str], None] | None = None) -> tuple[HFPolicy, Any]:
     """(learner, generator) for ``config`` (see :class:`~trace_agent.config.PolicyConfig`); a ``demo`` policy
     without a path is ``env_id``'s shipped one (``log`` hears about a demo policy being built)."""
@@ -36,36 +36,45 @@ def build_policies(config: PolicyConfig, *, seed: int = 0, env_id: str = "trace_
                                        template_kwargs=config.template_kwargs or None)
     if config.kind == "hf":
         return learner, learner
-    return learner, build_vllm_generator(config, seed=seed, tokenizer=learner.tokenizer)
+    return learner, build_vllm_generator(config, seed=seed, tokenizer=learner.tokenizer,
+                                         tool_detail=learner.tool_detail)
 
 
-def build_vllm_generator(config: PolicyConfig, *, seed: int = 0, tokenizer: Any = None) -> Any:
+def build_vllm_generator(config: PolicyConfig, *, seed: int = 0, tokenizer: Any = None,
+                         tool_detail: str | None = None) -> Any:
     """The generator (the policy a run samples with) of a ``vllm`` / ``vllm-async`` / ``vllm-server`` policy
     config: a :class:`~trace_agent.policy.vllm_backend.VLLMPolicy`,
     :class:`~trace_agent.policy.vllm_async.AsyncVLLMPolicy` or
     :class:`~trace_agent.policy.vllm_server.VLLMServerPolicy`.
 
-    ``tokenizer`` (the learner's) is reused for rendering so learner and generator share one chat template.
+    ``tokenizer`` (the learner's) is reused for rendering so learner and generator share one chat template,
+    and ``tool_detail`` (the learner's; None: ``config.path``'s ``trace_policy.json``) so they render alike.
     """
     template_kwargs = config.template_kwargs or None
+    if tool_detail is None and config.path:
+        from trace_agent.policy.chat import read_policy_settings
+
+        tool_detail = read_policy_settings(config.path).get("tool_detail", "full")
     if config.kind == "vllm-server":
         from trace_agent.policy.vllm_server import ServerSettings, VLLMServerPolicy
 
         settings = ServerSettings(urls=config.server_urls, model=config.server_model,
                                   timeout_s=config.server_timeout_s)
         return VLLMServerPolicy(tokenizer=tokenizer if tokenizer is not None else config.path, settings=settings,
-                                template_kwargs=template_kwargs, weights_dir=config.weights_dir)
+                                template_kwargs=template_kwargs, weights_dir=config.weights_dir,
+                                tool_detail=tool_detail)
     engine_kwargs = {"gpu_memory_utilization": config.gpu_memory_utilization, "seed": seed,
                      **dict(config.engine_kwargs)}
     if config.kind == "vllm-async":
         from trace_agent.policy.vllm_async import AsyncVLLMPolicy
 
         return AsyncVLLMPolicy(config.path, tokenizer=tokenizer, template_kwargs=template_kwargs,
-                               weights_dir=config.weights_dir or None, **engine_kwargs)
+                               tool_detail=tool_detail, weights_dir=config.weights_dir or None, **engine_kwargs)
     if config.kind == "vllm":
         from trace_agent.policy.vllm_backend import VLLMPolicy
 
-        return VLLMPolicy(config.path, tokenizer=tokenizer, template_kwargs=template_kwargs, **engine_kwargs)
+        return VLLMPolicy(config.path, tokenizer=tokenizer, template_kwargs=template_kwargs, tool_detail=tool_detail,
+                          **engine_kwargs)
     raise ValueError(f"policy kind {config.kind!r} has no vLLM generator")
 
 

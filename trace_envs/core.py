@@ -47,6 +47,7 @@ from trace_envs.errors import (
 )
 
 __all__ = [
+    "ALL_SPLITS",
     "FreeText",
     "SharedTexts",
     "Task",
@@ -58,6 +59,9 @@ __all__ = [
 
 Message = dict[str, Any]
 _log = logging.getLogger(__name__)
+
+#: Split names that mean every task of an env that has no single task file (see :meth:`BranchableEnv.split_kwargs`).
+ALL_SPLITS: tuple[str, ...] = ("all", "default")
 
 
 class FreeText(spaces.Text):
@@ -318,6 +322,28 @@ class BranchableEnv(gym.Env[str, str]):
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
     #: the registered id; subclasses set it.
     env_id: ClassVar[str] = "trace_envs/Branchable-v0"
+    #: the named task splits the env serves (``tasks=<name>``), its default first: what a trainer's
+    #: ``train_split`` / held-out ``split`` may name (with "all", and whatever :meth:`split_kwargs` accepts).
+    splits: ClassVar[tuple[str, ...]] = ("train", "test")
+    #: whether every task offers the same tools for the whole episode (``tools`` does not change with the
+    #: task or mid-episode), so one tool list rendered up front serves every episode.
+    same_tools: ClassVar[bool] = True
+    #: whether an episode holds several user turns, each ended by a reply without a tool call (else the
+    #: first reply without a call ends the episode's exchange).
+    multi_user_turn: ClassVar[bool] = False
+
+    @classmethod
+    def split_kwargs(cls, split: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The constructor arguments that select the task split ``split``, over ``kwargs`` (the caller's
+        other arguments, e.g. a category that a split is drawn from).
+
+        This is how a trainer selects a split without knowing the env (it reads the class from the
+        id's registered entry point). The default passes ``tasks=split`` to the constructor, which
+        resolves it; an env whose split names need more (a file path, a category's partition, names
+        that mean every task) overrides this. Raises :class:`~trace_envs.errors.InvalidTaskError`
+        (a ``ValueError``) naming the splits it has for a split it does not have.
+        """
+        return {**kwargs, "tasks": split}
 
     def __init__(
         self,

@@ -36,10 +36,11 @@ turn, because the env reads the answer as raw text between tags.
 
 Supported envs: ``trace_envs/PythonMath-v0`` (tools ``python``, ``answer``) and
 ``trace_envs/WikiQA-v0`` (``search``, ``answer``; the ``tool_call`` action format).
-``trace_envs/BFCL-v0`` is refused (:data:`UNSUPPORTED`): its functions differ per task (and a
-``miss_func`` entry reveals more mid-episode) while TRL renders one fixed tool list per environment,
-read once from a probe instance when the trainer is built; and a BFCL episode has several user turns,
-each ended by a reply *without* a call, whereas TRL ends the rollout at the first such reply.
+An env is refused (:func:`unsupported_reason`, :data:`UNSUPPORTED`) when its class declares tools that
+differ per task (``same_tools = False``), since TRL renders one fixed tool list per environment, read once
+from a probe instance when the trainer is built, or several user turns per episode
+(``multi_user_turn = True``), each ended by a reply *without* a call, whereas TRL ends the rollout at the
+first such reply: ``trace_envs/BFCL-v0`` declares both.
 
 Rows: ``reset`` reads ``task_id`` (what ``trace-gym export --format trl-grpo`` writes) and, when the
 row has a non-empty ``data_source``, checks that it names this env. Without ``task_id`` the env draws a
@@ -63,6 +64,7 @@ from trace_agent.errors import EnvSetupError
 __all__ = [
     "SUPPORTED",
     "UNSUPPORTED",
+    "unsupported_reason",
     "TOOL_SYSTEM_PROMPT",
     "ANSWER_HINT",
     "TraceGymEnvironment",
@@ -72,16 +74,38 @@ __all__ = [
     "prompt_rows",
 ]
 
-#: Why an env id cannot be driven through TRL's environment interface.
-UNSUPPORTED: dict[str, str] = {
-    "trace_envs/BFCL-v0": (
-        "BFCL-v0 cannot be exposed through TRL's environment_factory: its callable functions differ per task "
-        "(and multi_turn_miss_func reveals more mid-episode), while TRL renders one fixed tool list per "
-        "environment, read from a probe instance when the trainer is built; and a BFCL episode has several "
-        "user turns, each ended by a reply without a function call, whereas TRL ends the rollout at the first "
-        "such reply. Train BFCL with `trace-gym train` or export its trees (`trace-gym export`) instead."
-    ),
-}
+def unsupported_reason(env_id: str) -> str | None:
+    """Why TRL's ``environment_factory`` cannot drive ``env_id`` (None when it can), from what the env's class
+    declares (:attr:`trace_envs.BranchableEnv.same_tools`, :attr:`~trace_envs.BranchableEnv.multi_user_turn`):
+    TRL renders one fixed tool list per environment, read from a probe instance when the trainer is built,
+    and ends the rollout at the first reply without a tool call."""
+    from trace_agent.env_factory import env_class
+
+    cls = env_class(env_id)
+    problems = []
+    if not getattr(cls, "same_tools", True):
+        problems.append("its callable functions differ per task (and may be revealed mid-episode), while TRL "
+                        "renders one fixed tool list per environment, read from a probe instance when the "
+                        "trainer is built")
+    if getattr(cls, "multi_user_turn", False):
+        problems.append("an episode has several user turns, each ended by a reply without a function call, "
+                        "whereas TRL ends the rollout at the first such reply")
+    if not problems:
+        return None
+    return (f"{env_id.rpartition('/')[2]} cannot be exposed through TRL's environment_factory: "
+            + "; and ".join(problems) + ". Train it with `trace-gym train` or export its trees "
+            "(`trace-gym export`) instead.")
+
+
+def _suite_unsupported() -> dict[str, str]:
+    import trace_envs
+
+    reasons = {env_id: unsupported_reason(env_id) for env_id in trace_envs.registered_ids()}
+    return {env_id: reason for env_id, reason in reasons.items() if reason is not None}
+
+
+#: The suite's envs TRL's environment interface cannot drive, each with why (:func:`unsupported_reason`).
+UNSUPPORTED: dict[str, str] = _suite_unsupported()
 
 #: The system message of :func:`prompt_rows`: the tools' schemas come from the chat template.
 TOOL_SYSTEM_PROMPT = (
@@ -339,9 +363,10 @@ class TraceGymEnvFactory:
                  answer_hint: str | None = ANSWER_HINT) -> None:
         from trace_agent.env_factory import check_env_id, split_kwargs
 
-        if env_id in UNSUPPORTED:
-            raise EnvSetupError(UNSUPPORTED[env_id])
         check_env_id(env_id)
+        reason = unsupported_reason(env_id)
+        if reason is not None:
+            raise EnvSetupError(reason)
         if env_id not in SUPPORTED:
             raise EnvSetupError(f"no TRL environment for {env_id!r}; supported: {', '.join(SUPPORTED)}")
         kwargs = split_kwargs(env_id, split, dict(env_kwargs or {}))
@@ -384,7 +409,7 @@ def prompt_rows(env_id: str, task_ids: Iterable[str], *, system_prompt: str = TO
     The tools' schemas are rendered by the chat template, so the system message only says to answer
     through ``answer``.
     """
-    if env_id in UNSUPPORTED:
+    if env_id in UNSUPPORTED:  # the suite's; another id is checked by the factory that plays it
         raise EnvSetupError(UNSUPPORTED[env_id])
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     return [{"prompt": [*messages, {"role": "user", "content": ""}], "task_id": str(task_id),

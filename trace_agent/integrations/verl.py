@@ -75,6 +75,7 @@ from trace_agent.integrations.shared_predictor import (
 from trace_agent.integrations.verl_server import PolicyServerClient, VerlServerPolicy, request_seed
 from trace_agent.options import PREDICTOR_PREFIXES
 from trace_agent.policy.base import PolicyError, SamplingConfig
+from trace_agent.policy.chat import read_policy_settings
 from trace_agent.rollout import PromptSpec, RolloutConfig, TreeCollector
 from trace_agent.strategies import (
     GRPO,
@@ -296,7 +297,11 @@ class TraceTreeWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[na
         if int(rollout.n) < 2:
             raise ValueError(f"TraceTreeWorker needs actor_rollout_ref.rollout.n >= 2 (the group size), got {rollout.n}")
         self.response_length = int(rollout.response_length)
-        self.policy = VerlServerPolicy(self.llm_client, self.tokenizer, top_k=int(rollout.get("top_k", -1)))
+        # render as the checkpoint's learner does (its trace_policy.json, e.g. BFCL's tool_detail)
+        model_path = getattr(self.config.actor_rollout_ref.model, "path", None)
+        settings = read_policy_settings(model_path) if model_path else {}
+        self.policy = VerlServerPolicy(self.llm_client, self.tokenizer, top_k=int(rollout.get("top_k", -1)),
+                                       tool_detail=settings.get("tool_detail", "full"))
         checkpoint = _latest_predictor_checkpoint(self.config)
         kwargs = {"kind": self.trace.predictor, "prefixes": self.trace.predictor_prefixes, "checkpoint": checkpoint}
         service = PredictorService.actor(**kwargs) if ray.is_initialized() else PredictorService(**kwargs)

@@ -74,7 +74,9 @@ def write_parquet(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--env", required=True, help="trace-gym env id, e.g. trace_envs/PythonMath-v0")
+    import trace_envs
+
+    parser.add_argument("--env", required=True, help=f"trace-gym env id ({', '.join(trace_envs.registered_ids())})")
     parser.add_argument("--split", default="train", help="the env's tasks argument (train, test, a file path)")
     parser.add_argument("--env-kwargs", default="{}", help="JSON object of extra env arguments")
     parser.add_argument("--limit", type=int, default=None, help="at most this many tasks")

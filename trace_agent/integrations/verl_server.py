@@ -64,15 +64,15 @@ class VerlServerPolicy(ChatTemplated):
         tokenizer: the model's tokenizer (with its chat template).
         loop: the event loop ``client`` lives on (None: set later with :attr:`loop`).
         top_k: verl's ``rollout.top_k`` (-1: off).
-        end_of_turn / template_kwargs: as for :class:`~trace_agent.policy.chat.ChatRenderer`.
+        end_of_turn / template_kwargs / tool_detail: as for :class:`~trace_agent.policy.chat.ChatRenderer`.
         timeout_s: most seconds one synchronous ``generate`` waits.
     """
 
     def __init__(self, client: Any, tokenizer: Any, *, loop: asyncio.AbstractEventLoop | None = None,
                  top_k: int = -1, end_of_turn: str = "<|im_end|>", template_kwargs: Mapping[str, Any] | None = None,
-                 timeout_s: float = 3600.0) -> None:
+                 tool_detail: str = "full", timeout_s: float = 3600.0) -> None:
         self.client = client
-        self._set_chat(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
+        self._set_chat(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs, tool_detail=tool_detail)
         self.loop = loop
         self.top_k = int(top_k)
         self.timeout_s = float(timeout_s)

@@ -20,19 +20,35 @@ render nothing and mark the tokens an assistant-only loss trains (``return_assis
 TRL's ``SFTConfig(assistant_only_loss=True)``), and :data:`QWEN3_RESPONSE_TEMPLATE` tells
 ``tokenizer.parse_response`` how to read a sampled turn back into a message with ``tool_calls`` (TRL's
 ``GRPOTrainer`` with tools requires one); the demo tokenizer carries it as ``response_template``.
+
+Tools. ``tool_detail`` (:data:`trace_envs.tool_schemas.TOOL_DETAILS`) is a rendering setting: the renderer
+shows every tool schema at that level (``"compact"``: without description text, ``"names"``: names only;
+:func:`trace_envs.tool_schemas.tool_schema`) before the template sees it. Every backend renders through
+:class:`ChatRenderer`, so given the same settings the transformers, vLLM and server backends build the same
+prompt ids. A checkpoint directory carries its settings in ``trace_policy.json`` (:data:`POLICY_SETTINGS_FILE`,
+:func:`read_policy_settings`): the transformers backend reads it in ``from_pretrained`` and the vLLM backends
+from their model directory, so a generator pointed at a checkpoint renders as its learner does.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from trace_agent.policy.base import Generation, Message, PolicyError, TokenContext
 from trace_envs.actions import scrub_surrogates
+from trace_envs.tool_schemas import TOOL_DETAILS, check_tool_detail, tool_schema
 
 __all__ = ["ChatRenderer", "ChatTemplated", "QWEN3_CHAT_TEMPLATE", "QWEN3_RESPONSE_TEMPLATE", "QWEN3_SPECIAL_TOKENS",
-           "END_OF_TURN", "tools_system_text"]
+           "END_OF_TURN", "tools_system_text", "POLICY_SETTINGS_FILE", "POLICY_SETTINGS", "read_policy_settings"]
+
+#: Name of the optional JSON file of a policy's settings in a checkpoint directory.
+POLICY_SETTINGS_FILE = "trace_policy.json"
+#: The keys :data:`POLICY_SETTINGS_FILE` may hold: the renderer's ``tool_detail`` and the transformers
+#: backend's bounds (``max_context_tokens``, ``max_batch_tokens``).
+POLICY_SETTINGS: tuple[str, ...] = ("tool_detail", "max_context_tokens", "max_batch_tokens")
 
 END_OF_TURN = "<|im_end|>"
 QWEN3_SPECIAL_TOKENS: tuple[str, ...] = (
@@ -126,8 +142,6 @@ def tools_system_text(system: str, tools: Sequence[Mapping[str, Any]]) -> str:
     same string as rendering ``[{"role": "system", "content": system}, ...]`` with them (an empty
     ``system`` stands for no system message). Tools are JSON as the template's ``tojson`` writes them.
     """
-    import json
-
     listed = "".join("\n" + json.dumps(dict(tool), ensure_ascii=False) for tool in tools)
     return (system + "\n\n" if system else "") + _TOOLS_HEADER + listed + _TOOLS_FOOTER
 
@@ -142,6 +156,8 @@ class ChatRenderer:
         tokenizer: a ``transformers`` tokenizer with a chat template.
         end_of_turn: the token that closes an assistant turn (Qwen3: ``<|im_end|>``).
         template_kwargs: extra variables for the template (Qwen3: ``{"enable_thinking": False}``).
+        tool_detail: how much of each tool schema is rendered (:data:`trace_envs.tool_schemas.TOOL_DETAILS`:
+            "full", "compact" or "names"; settable later as :attr:`tool_detail`).
     """
 
     def __init__(
@@ -150,7 +166,9 @@ class ChatRenderer:
         *,
         end_of_turn: str = END_OF_TURN,
         template_kwargs: Mapping[str, Any] | None = None,
+        tool_detail: str = "full",
     ) -> None:
+        self.tool_detail = tool_detail
         if not getattr(tokenizer, "chat_template", None):
             raise PolicyError("the tokenizer has no chat_template: set tokenizer.chat_template (e.g. QWEN3_CHAT_TEMPLATE)")
         eot = tokenizer.convert_tokens_to_ids(end_of_turn)
@@ -167,6 +185,15 @@ class ChatRenderer:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id: int = int(pad if pad is not None else self.end_of_turn_id)
 
+    @property
+    def tool_detail(self) -> str:
+        """How much of each tool schema is rendered ("full", "compact" or "names"); ValueError for another."""
+        return self._tool_detail
+
+    @tool_detail.setter
+    def tool_detail(self, detail: str) -> None:
+        self._tool_detail = check_tool_detail(detail)
+
     # ----------------------------------------------------------------- text
     def render_text(
         self,
@@ -175,10 +202,10 @@ class ChatRenderer:
         *,
         add_generation_prompt: bool = True,
     ) -> str:
-        """The chat template's rendering of ``messages`` (and ``tools``)."""
+        """The chat template's rendering of ``messages`` (and ``tools``, at :attr:`tool_detail`)."""
         return self.tokenizer.apply_chat_template(
             [dict(m) for m in messages],
-            tools=[dict(t) for t in tools] if tools else None,
+            tools=[tool_schema(t, self.tool_detail) for t in tools] if tools else None,
             add_generation_prompt=add_generation_prompt,
             tokenize=False,
             **self.template_kwargs,
@@ -249,16 +276,33 @@ class ChatTemplated:
     chat: ChatRenderer
 
     def _set_chat(self, tokenizer: Any, *, end_of_turn: str = "<|im_end|>",
-                  template_kwargs: Mapping[str, Any] | None = None) -> None:
+                  template_kwargs: Mapping[str, Any] | None = None, tool_detail: str | None = "full",
+                  settings_from: str | Path | None = None) -> None:
         """Set ``self.tokenizer`` and ``self.chat`` (every backend's one tokenizer and renderer set-up):
         ``tokenizer`` is a ``transformers`` tokenizer, or a ``str``/``Path`` it is loaded from
-        (``AutoTokenizer.from_pretrained``)."""
+        (``AutoTokenizer.from_pretrained``). ``tool_detail=None`` takes the ``tool_detail`` of
+        ``settings_from``'s ``trace_policy.json`` (:func:`read_policy_settings`; the tokenizer's directory
+        when ``settings_from`` is None and ``tokenizer`` is a path), else "full"."""
+        if tool_detail is None:
+            source = settings_from if settings_from is not None else (
+                tokenizer if isinstance(tokenizer, (str, Path)) else None)
+            tool_detail = "full" if source is None else read_policy_settings(source).get("tool_detail", "full")
         if isinstance(tokenizer, (str, Path)):
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
         self.tokenizer = tokenizer
-        self.chat = ChatRenderer(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
+        self.chat = ChatRenderer(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs,
+                                 tool_detail=tool_detail)
+
+    @property
+    def tool_detail(self) -> str:
+        """The renderer's :attr:`ChatRenderer.tool_detail` (settable)."""
+        return self.chat.tool_detail
+
+    @tool_detail.setter
+    def tool_detail(self, detail: str) -> None:
+        self.chat.tool_detail = detail
 
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
@@ -277,3 +321,29 @@ class ChatTemplated:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.chat.decode(token_ids)
+
+
+def read_policy_settings(path: str | Path) -> dict[str, Any]:
+    """The policy settings in ``path``/``trace_policy.json`` ({} when there is none or ``path`` is no directory).
+
+    Only the keys of :data:`POLICY_SETTINGS` are read (plain JSON, checked here); any other key is an
+    error, so a typo does not pass silently.
+    """
+    file = Path(path) / POLICY_SETTINGS_FILE
+    if not file.is_file():
+        return {}
+    try:
+        settings = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise PolicyError(f"cannot read {file}: {exc}") from None
+    if not isinstance(settings, dict) or set(settings) - set(POLICY_SETTINGS):
+        raise PolicyError(f"{file} must be a JSON object with keys among {', '.join(POLICY_SETTINGS)}, "
+                          f"got {settings!r:.200}")
+    if "tool_detail" in settings and settings["tool_detail"] not in TOOL_DETAILS:
+        raise PolicyError(f"{file}: tool_detail must be one of {', '.join(TOOL_DETAILS)}, "
+                          f"got {settings['tool_detail']!r}")
+    for key in ("max_context_tokens", "max_batch_tokens"):
+        value = settings.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 2):
+            raise PolicyError(f"{file}: {key} must be an integer >= 2, got {value!r}")
+    return dict(settings)

@@ -43,8 +43,9 @@ so the episode ends within its remaining user turns and fails). This is the
 ``max_model_len`` contract of vLLM, without its error.
 
 Tools. ``tool_detail="compact"`` renders tool schemas without their description
-text, ``"names"`` only their names (:func:`trace_envs.function_calling.schemas.tool_schema`),
-so a policy trained on short schemas sees them from any env. A checkpoint directory
+text, ``"names"`` only their names: a setting of the shared chat renderer
+(:class:`~trace_agent.policy.chat.ChatRenderer`), which every backend renders through, so a
+policy trained on short schemas sees them from any env and any backend. A checkpoint directory
 may carry these settings in ``trace_policy.json`` (``{"tool_detail": "names"}``);
 :meth:`HFPolicy.from_pretrained` reads it, explicit arguments win.
 
@@ -70,7 +71,7 @@ from trace_agent.policy.base import (
     TokenContext,
     check_call,
 )
-from trace_agent.policy.chat import ChatTemplated
+from trace_agent.policy.chat import POLICY_SETTINGS_FILE, ChatTemplated, read_policy_settings
 
 if TYPE_CHECKING:
     import torch
@@ -78,12 +79,8 @@ if TYPE_CHECKING:
 __all__ = ["HFPolicy", "POLICY_SETTINGS_FILE", "DEFAULT_MAX_BATCH_TOKENS", "length_grouped_chunks",
            "prefill_padding", "read_policy_settings"]
 
-#: Name of the optional JSON file of :class:`HFPolicy` settings in a checkpoint directory.
-POLICY_SETTINGS_FILE = "trace_policy.json"
 #: Default bound on rows x padded width of one generation forward pass.
 DEFAULT_MAX_BATCH_TOKENS = 32_768
-_SETTINGS = ("tool_detail", "max_context_tokens", "max_batch_tokens")
-_TOOL_DETAILS = ("full", "compact", "names")  # trace_envs.function_calling.schemas.TOOL_DETAILS
 
 
 def length_grouped_chunks(lengths: Sequence[int], *, max_rows: int, max_tokens: int,
@@ -159,22 +156,19 @@ class HFPolicy(ChatTemplated):
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
-        if tool_detail not in _TOOL_DETAILS:
-            raise ValueError(f"tool_detail must be one of {', '.join(_TOOL_DETAILS)}, got {tool_detail!r}")
         if max_context_tokens is None:
             max_context_tokens = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         if max_context_tokens is not None and int(max_context_tokens) < 2:
             raise ValueError(f"max_context_tokens must be >= 2 or None, got {max_context_tokens}")
         self.max_batch_tokens = int(max_batch_tokens)
         self.max_context_tokens = None if max_context_tokens is None else int(max_context_tokens)
-        self.tool_detail = tool_detail
         self.length_grouping = bool(length_grouping)
         #: contexts cut so far (given an empty turn because they had reached ``max_context_tokens``)
         self.context_cuts = 0
         self.model = model if device is None else model.to(device)
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.max_batch_size = max_batch_size
-        self._set_chat(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
+        self._set_chat(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs, tool_detail=tool_detail)
         params = inspect.signature(model.forward).parameters
         # transformers >= 5.2x names the cache argument "cache"; earlier versions "past_key_values".
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
@@ -234,14 +228,6 @@ class HFPolicy(ChatTemplated):
             (out / POLICY_SETTINGS_FILE).write_text(json.dumps(settings, indent=1) + "\n", encoding="utf-8")
         return out
 
-    def render(self, messages: Sequence[Any], tools: Sequence[Mapping[str, Any]] | None = None) -> TokenContext:
-        """The root context (see :meth:`ChatRenderer.render`), tools cut to ``tool_detail`` (unless "full")."""
-        if tools and self.tool_detail != "full":
-            from trace_envs.function_calling.schemas import tool_schema
-
-            tools = [tool_schema(t, self.tool_detail) for t in tools]
-        return self.chat.render(messages, tools)
-
     # ------------------------------------------------------------- protocol
     def generate(
         self,
@@ -294,7 +280,8 @@ class HFPolicy(ChatTemplated):
             warnings.warn(
                 f"a context of {length} tokens has reached the policy's max_context_tokens={self.max_context_tokens}: "
                 "its turn is cut (empty, finish_reason='length'); shorten the env's observations or tools "
-                "(BFCL-v0: tool_detail='compact' or 'names'), lower sampling.max_turns, or raise max_context_tokens",
+                "(long tool schemas: the policy's tool_detail='compact' or 'names'), lower sampling.max_turns, "
+                "or raise max_context_tokens",
                 RuntimeWarning, stacklevel=3)
         self.context_cuts += 1
         return Generation(token_ids=(), logprobs=(), text="", finish_reason="length")
@@ -450,28 +437,3 @@ class HFPolicy(ChatTemplated):
             results.append(Generation(token_ids=ids, logprobs=lps, text=self.chat.turn_text(ids),
                                       finish_reason="stop" if finish[row] == "stop" else "length"))
         return results
-
-
-def read_policy_settings(path: str | Path) -> dict[str, Any]:
-    """The :class:`HFPolicy` settings in ``path``/``trace_policy.json`` ({} when there is none).
-
-    Only ``tool_detail``, ``max_context_tokens`` and ``max_batch_tokens`` are read (plain JSON, checked
-    here); any other key is an error, so a typo does not pass silently.
-    """
-    file = Path(path) / POLICY_SETTINGS_FILE
-    if not file.is_file():
-        return {}
-    try:
-        settings = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise PolicyError(f"cannot read {file}: {exc}") from None
-    if not isinstance(settings, dict) or set(settings) - set(_SETTINGS):
-        raise PolicyError(f"{file} must be a JSON object with keys among {', '.join(_SETTINGS)}, got {settings!r:.200}")
-    if "tool_detail" in settings and settings["tool_detail"] not in _TOOL_DETAILS:
-        raise PolicyError(f"{file}: tool_detail must be one of {', '.join(_TOOL_DETAILS)}, "
-                          f"got {settings['tool_detail']!r}")
-    for key in ("max_context_tokens", "max_batch_tokens"):
-        value = settings.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 2):
-            raise PolicyError(f"{file}: {key} must be an integer >= 2, got {value!r}")
-    return dict(settings)

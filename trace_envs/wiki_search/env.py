@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_envs.actions import format_tool_call, parse_action
-from trace_envs.core import BranchableEnv, Task, TaskSet, TurnResult
+from trace_envs.core import ALL_SPLITS, BranchableEnv, Task, TaskSet, TurnResult
 from trace_envs.errors import EnvSetupError, InvalidTaskError
 from trace_envs.validation import check_arguments
 from trace_envs.wiki_search.grading import best_em_f1
@@ -226,6 +226,22 @@ class WikiQAEnv(BranchableEnv):
     """
 
     env_id = "trace_envs/WikiQA-v0"
+
+    @classmethod
+    def split_kwargs(cls, split: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """"train" / "test": the synthetic encyclopedia's disjoint question sets
+        (:func:`trace_envs.tasks.wiki.wiki_split`); "all" / "default": every question; anything else must be
+        an existing HotpotQA-format file (a split name is never looked up on the hub)."""
+        if split in ALL_SPLITS:
+            return {**kwargs, "tasks": "all"}
+        from trace_envs.tasks.wiki import WIKI_SPLITS, wiki_split
+
+        if split in WIKI_SPLITS:
+            return {**kwargs, "tasks": wiki_split(split)}
+        if not Path(split).is_file():
+            raise InvalidTaskError(f"WikiQA-v0 has no split {split!r}: use train, test, all, or the path of a "
+                                   f"HotpotQA-format file (none exists at {split})")
+        return {**kwargs, "tasks": split}
 
     def __init__(
         self,
