@@ -7,6 +7,13 @@ snapshot cost the same whatever the history: :meth:`Sandbox.freeze` copies
 the live interpreter into a :class:`FrozenInterpreter`; :meth:`Sandbox.thaw`
 makes a new live interpreter from a frozen one (which stays reusable).
 
+The work dir's files are copied beside each frozen copy by the *filer* (``_filer.py``): a process
+of the sandbox's own uid, Landlock domain and seccomp filter that walks by directory descriptor,
+never by path, while every thread and process of the live interpreter is stopped (``_procs.py``).
+No process with more privilege than the sandbox resolves a name in a tree model code can change.
+A snapshot's cost grows with the work dir's files (``snapshot_max_depth``/``_entries`` cap it);
+held snapshots count against ``env_memory_mb`` (:meth:`Sandbox.memory_headroom`).
+
 The host trusts nothing the sandbox sends (model code shares the interpreter's
 process and can write to its socket): see ``_host.py`` for the checks (kernel-
 verified pids, one deadline per reply, frame cap, schema, sequence numbers). A
@@ -15,7 +22,8 @@ reply that fails them gets the interpreter killed; the caller rebuilds it.
 Isolation, strongest available first (``Sandbox.isolation`` lists what is active and
 what is unavailable here):
 
-* OS level, where the host runs as root on Linux: a network namespace with no
+* OS level, where the host runs as root on Linux (and as an ordinary user, inside a user namespace
+  of the sandbox's own): pid and IPC namespaces; a network namespace with no
   interfaces; a mount namespace in which every mount is read-only and the work
   dirs live on a private tmpfs with a size quota (freed by the kernel with the
   namespace); a uid unique to the sandbox on this machine (claimed in the per-host
@@ -47,24 +55,24 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trace_envs.errors import SandboxError, SnapshotError, SnapshotLimitError
+from trace_envs.python_tool._config import REQUIRED_LAYERS, SandboxConfig
 from trace_envs.python_tool._host import (
     ProtocolError,
     StateDir,
     adopt,
     kill_pid_checked,
-    kill_verified,
     make_cgroups,
-    nothing_pending,
     proc_stat,
     recv_frame,
     remove_cgroups,
     send_frame,
 )
+from trace_envs.python_tool._interp import SandboxCrashed, SnapshotTreeError, _Proc
 from trace_envs.python_tool._procs import (
     QuiesceError,
     ancestors,
@@ -82,93 +90,9 @@ __all__ = ["REQUIRED_LAYERS", "SandboxConfig", "CellResult", "FrozenInterpreter"
 
 _SERVER = Path(__file__).with_name("_server.py")
 
-#: The kernel layers a sandbox needs, by name: ``filesystem`` (a mount namespace with every mount
-#: read-only and a private tmpfs work root with a quota), ``network`` (a network namespace with no
-#: interfaces), ``landlock`` (file access: writes only in the live work dir; reads only of system and
-#: python dirs), ``seccomp`` (no exec, ptrace, signals, namespaces, mounts, sockets, pipes or shared
-#: memory). As an ordinary user the first two come from a user namespace of the sandbox's own.
-REQUIRED_LAYERS = ("filesystem", "network", "landlock", "seccomp")
 _KEEPER_TIMEOUT_S = 60.0
 _SNAPSHOT_INODES = 262_144
 _MEMORY_SLACK = 64 * 1024 * 1024  # the keeper, the filer and the kernel's own use
-
-
-@dataclass(frozen=True, kw_only=True)
-class SandboxConfig:
-    """Limits and isolation of one sandbox.
-
-    Attributes:
-        timeout_s: wall-clock limit of one cell (the alarm inside; the host kills after ``kill_grace_s`` more).
-        kill_grace_s: extra time the host waits before killing a cell that ignores the alarm.
-        cpu_s: CPU-time limit of one cell.
-        cpu_total_s: CPU-time limit of one interpreter over its whole life.
-        memory_mb: address-space limit of each sandbox process.
-        env_memory_mb: memory of the whole env (all its processes and its tmpfs files; a cgroup, where available).
-        cpus: CPU cap of the whole env in cores (a cgroup quota, where available); None: no CPU cgroup.
-            Off by default: under contention the env then competes as one task, which doubled
-            restore latency on a loaded 2-core machine; rlimits bound CPU per cell and between cells anyway.
-        disk_mb: size of the live work dir's private tmpfs (what model code can write).
-        snapshot_disk_mb: size of the private tmpfs holding every snapshot's copy of the work dir; a
-            snapshot whose files do not fit holds its replay log only (``info`` says so).
-        snapshot_max_depth: deepest directory nesting a snapshot copies; a deeper work dir makes the
-            snapshot hold its replay log only (``info`` says why).
-        snapshot_max_entries: most files and dirs a snapshot copies (likewise).
-        max_open_files: open files per process.
-        file_mb: largest file a cell may write.
-        output_chars: output kept per cell; the rest is counted and dropped.
-        max_processes: process cap of the sandbox's uid (frozen copies count).
-        max_frozen: live frozen copies allowed at once (snapshots beyond it raise SnapshotLimitError).
-        network_namespace: isolate the network (a namespace with no interfaces; required unless False).
-        drop_privileges: run user code under a fresh uid when the host is root.
-        allow_weaker: kernel layers the sandbox may start without, by name (see :data:`REQUIRED_LAYERS`):
-            by default it refuses to start when one is missing on this machine. Defaults to the
-            comma-separated names in ``TRACE_GYM_ALLOW_WEAKER``.
-        preload: modules imported once in the keeper so that every interpreter starts warm.
-    """
-
-    timeout_s: float = 10.0
-    kill_grace_s: float = 2.0
-    cpu_s: int = 10
-    cpu_total_s: int = 3600
-    memory_mb: int = 1024
-    env_memory_mb: int = 4096
-    cpus: float | None = None
-    disk_mb: int = 256
-    snapshot_disk_mb: int = 1024
-    snapshot_max_depth: int = 256
-    snapshot_max_entries: int = 65_536
-    max_open_files: int = 256
-    file_mb: int = 16
-    output_chars: int = 8192
-    max_processes: int = 512
-    max_frozen: int = 256
-    network_namespace: bool = True
-    drop_privileges: bool = True
-    allow_weaker: tuple[str, ...] = field(default_factory=lambda: tuple(
-        name.strip() for name in os.environ.get("TRACE_GYM_ALLOW_WEAKER", "").split(",") if name.strip()))
-    preload: tuple[str, ...] = ("math", "fractions", "itertools", "functools", "collections", "random",
-                                "numpy", "numpy.random", "sympy")
-
-    def __post_init__(self) -> None:
-        if self.timeout_s <= 0 or self.cpu_s <= 0 or self.memory_mb < 64 or self.output_chars < 1:
-            raise ValueError("SandboxConfig limits must be positive (memory_mb >= 64)")
-        if self.max_frozen < 1 or self.max_processes <= self.max_frozen:
-            raise ValueError("need max_frozen >= 1 and max_processes > max_frozen")
-        if (self.env_memory_mb < self.memory_mb // 4 or (self.cpus is not None and self.cpus <= 0)
-                or self.disk_mb < 1 or self.snapshot_disk_mb < 1 or self.max_open_files < 16
-                or self.snapshot_max_depth < 1 or self.snapshot_max_entries < 1):
-            raise ValueError("SandboxConfig: env_memory_mb >= memory_mb / 4, cpus > 0 or None, disk_mb and snapshot_disk_mb >= 1, "
-                             "max_open_files >= 16, snapshot_max_depth and snapshot_max_entries >= 1")
-        unknown = set(self.allow_weaker) - set(REQUIRED_LAYERS)
-        if unknown:
-            raise ValueError(f"SandboxConfig.allow_weaker: unknown layer(s) {sorted(unknown)}; "
-                             f"the layers are {list(REQUIRED_LAYERS)}")
-
-    @property
-    def required_layers(self) -> tuple[str, ...]:
-        """The kernel layers this sandbox refuses to start without."""
-        wanted = [name for name in REQUIRED_LAYERS if name != "network" or self.network_namespace]
-        return tuple(name for name in wanted if name not in self.allow_weaker)
 
 
 @dataclass(frozen=True)
@@ -179,127 +103,6 @@ class CellResult:
     output: str
     truncated_chars: int = 0
     crashed: bool = False
-
-
-class SandboxCrashed(SandboxError):
-    """The live interpreter died or was killed (the host process is unaffected)."""
-
-
-class SnapshotTreeError(SandboxError):
-    """The work dir is deeper or larger than a snapshot copies (``snapshot_max_depth``/``_entries``)."""
-
-
-def _check_reply(op: str, reply: dict[str, Any], output_chars: int) -> None:
-    """The schema of each op's reply; anything else is a forged or corrupt frame."""
-    if "error" in reply:
-        if not isinstance(reply["error"], str) or len(reply["error"]) > 1000:
-            raise ProtocolError("an error reply without a short error text")
-        return
-    if op == "exec":
-        ok, output, truncated = reply.get("ok"), reply.get("output"), reply.get("truncated")
-        if (type(ok) is not bool or not isinstance(output, str) or len(output) > output_chars
-                or type(truncated) is not int or truncated < 0):
-            raise ProtocolError("an exec reply off its schema")
-    elif op == "fork":
-        if reply.get("forked") is not True:
-            raise ProtocolError("a fork reply off its schema")
-    elif reply.get("ok") is not True:
-        raise ProtocolError(f"a {op} reply off its schema")
-
-
-class _Proc:
-    """One sandbox interpreter process, known by a pidfd the kernel vouched for, and the host's socket to it."""
-
-    def __init__(self, pid: int, pidfd: int | None, sock: socket.socket, box: Sandbox) -> None:
-        self.pid = pid
-        self.pidfd = pidfd
-        self.sock = sock
-        self.box = box
-        self.alive = True
-        self.released = False
-        self.lock = threading.Lock()
-
-    def kill(self, *, released: bool = True) -> None:
-        if not self.alive:
-            return
-        self.alive = False
-        self.released = released
-        try:
-            kill_verified(self.pid, self.pidfd)
-        finally:
-            if self.pidfd is not None:
-                os.close(self.pidfd)
-                self.pidfd = None
-            self.sock.close()
-        self.box._forget(self.pid)
-
-    def fork(self, timeout: float, role: str, retries: int = 20) -> _Proc:
-        """Ask this interpreter for a copy of itself; return the copy, verified through the kernel.
-
-        The copy's pid is what SCM_CREDENTIALS says sent its first frame, and it must be a child of
-        this process running as the sandbox uid (:func:`adopt`); nothing the interpreter writes names it.
-        ``role`` is ``"frozen"`` (a save point: it records its open descriptors) or ``"live"`` (it
-        reopens them on the files the keeper has just put in the live dir). A refused fork (the
-        process cap, while killed copies are still exiting) is retried with a short
-        back-off before it becomes an error. A fork the interpreter refuses raises SandboxError and
-        leaves it serving; a broken channel raises SandboxCrashed.
-        """
-        reply: dict[str, Any] = {}
-        for attempt in range(retries + 1):
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-            try:
-                reply = self.request({"op": "fork", "role": role}, timeout, fds=(theirs.fileno(),))
-            except BaseException:
-                ours.close()
-                raise
-            finally:
-                theirs.close()
-            if "error" not in reply:
-                creds: list[int] = []
-                try:  # the copy reports once it has its own session and work dir
-                    ready = recv_frame(ours, time.monotonic() + timeout, 4096, creds=creds)
-                    if ready != {"seq": 0, "ready": True} or len(creds) != 3:
-                        raise ProtocolError(f"unexpected start message from a copy: {str(ready)[:200]!r}")
-                    pidfd = adopt(creds[0], parent=self.pid, uid=self.box.uid, known=self.box._known_pids())
-                except (OSError, EOFError, ProtocolError) as exc:
-                    ours.close()
-                    raise SandboxError(f"the copy of interpreter {self.pid} failed to start: {exc}") from exc
-                return _Proc(creds[0], pidfd, ours, self.box)
-            ours.close()
-            if "import lock" in reply["error"]:
-                break
-            if attempt < retries:
-                time.sleep(0.01 * (attempt + 1))
-        raise SandboxError(f"interpreter {self.pid} cannot fork: {reply.get('error')}")
-
-    def request(self, msg: dict[str, Any], timeout: float | None, fds: tuple[int, ...] = ()) -> dict[str, Any]:
-        """Send ``msg`` and return its reply, checked: the echoed sequence number, the op's schema, a
-        frame cap, one deadline for the whole reply, and no stray bytes behind it.
-
-        Raises:
-            SandboxCrashed: the interpreter broke the protocol, died or missed the deadline (the
-                caller must kill it: its stream can no longer be trusted).
-        """
-        seq = random.getrandbits(62) + 1
-        deadline = time.monotonic() + (timeout if timeout is not None else 3600.0)
-        cfg = self.box.config
-        with self.lock:
-            try:
-                send_frame(self.sock, {**msg, "seq": seq}, deadline, fds)
-                reply = recv_frame(self.sock, deadline, 12 * cfg.output_chars + 65_536)
-                if reply.get("seq") != seq:
-                    raise ProtocolError("a reply to another request (a forged or stale frame)")
-                _check_reply(str(msg.get("op")), reply, cfg.output_chars)
-                if not nothing_pending(self.sock):
-                    raise ProtocolError("bytes after the reply (a forged frame)")
-            except TimeoutError as exc:
-                raise SandboxCrashed(f"the interpreter ignored its time limit (no answer within {timeout:g} s) and was killed") from exc
-            except ProtocolError as exc:
-                raise SandboxCrashed(f"the interpreter broke the control protocol: {exc}") from exc
-            except (OSError, EOFError) as exc:
-                raise SandboxCrashed(f"the interpreter process died ({type(exc).__name__})") from exc
-        return reply
 
 
 class FrozenInterpreter:
