@@ -58,6 +58,15 @@ def _chmod(name: str, mode: int, parent: int) -> None:
     os.chmod(name, mode, dir_fd=parent, follow_symlinks=False)
 
 
+def _entries(fd: int) -> list[tuple[str, bool]]:
+    """The names in the directory ``fd``, last first, each with whether the kernel's listing (d_type)
+    calls it a regular file: those are opened straight away (``O_NOFOLLOW``, then checked by fstat)."""
+    with os.scandir(fd) as it:
+        found = [(entry.name, entry.is_file(follow_symlinks=False)) for entry in it]
+    found.sort(reverse=True)
+    return found
+
+
 def _copy_data(fin: int, fout: int, size: int) -> None:
     done = 0
     while done < size:
@@ -83,7 +92,7 @@ def copy_tree(src: int, dst: int, *, max_depth: int, max_entries: int) -> int:
     count = 0
     top = os.fstat(src)
     # a frame: source fd, target fd, names left, path of names from the top, the dir's own stat, mode to put back
-    stack = [[os.dup(src), os.dup(dst), sorted(os.listdir(src), reverse=True), (), top, None]]
+    stack = [[os.dup(src), os.dup(dst), _entries(src), (), top, None]]
     try:
         while stack:
             frame = stack[-1]
@@ -100,11 +109,13 @@ def copy_tree(src: int, dst: int, *, max_depth: int, max_entries: int) -> int:
                     os.close(s_fd)
                     os.close(d_fd)
                 continue
-            name = names.pop()
+            name, regular = names.pop()
             count += 1
             if count > max_entries:
                 raise TreeLimit(f"the work dir holds more than {max_entries:,} entries (SandboxConfig."
                                 "snapshot_max_entries)")
+            if regular and _copy_regular(name, s_fd, d_fd, path, links, dst):
+                continue
             info = os.stat(name, dir_fd=s_fd, follow_symlinks=False)
             kind, mode = stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode)
             if kind == stat.S_IFDIR:
@@ -122,7 +133,7 @@ def copy_tree(src: int, dst: int, *, max_depth: int, max_entries: int) -> int:
                 except BaseException:
                     os.close(child)
                     raise
-                stack.append([child, target, sorted(os.listdir(child), reverse=True), (*path, name), info, restore])
+                stack.append([child, target, _entries(child), (*path, name), info, restore])
             elif kind == stat.S_IFREG:
                 _copy_file(name, s_fd, d_fd, info, path, links, dst)
             elif kind == stat.S_IFLNK:
@@ -143,6 +154,37 @@ def copy_tree(src: int, dst: int, *, max_depth: int, max_entries: int) -> int:
             os.close(frame[0])
             os.close(frame[1])
     return count
+
+
+def _copy_regular(name: str, s_fd: int, d_fd: int, path: tuple[str, ...],
+                  links: dict[tuple[int, int], tuple[tuple[str, ...], str]], dst_top: int) -> bool:
+    """Copy the regular file ``name`` opened directly; False when it cannot be read as it is (its
+    mode): then the caller takes the slow route, which opens it up first."""
+    try:
+        fin = os.open(name, O_FILE, dir_fd=s_fd)
+    except PermissionError:
+        return False
+    try:
+        info = os.fstat(fin)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{name!r} changed while it was copied")
+        if info.st_nlink > 1:
+            key = (info.st_dev, info.st_ino)
+            if key in links and _link(links[key], dst_top, name, d_fd):
+                return True
+            links[key] = (path, name)
+        fout = os.open(name, O_NEW, stat.S_IMODE(info.st_mode) | 0o200, dir_fd=d_fd)
+        try:
+            if info.st_size:
+                _copy_data(fin, fout, info.st_size)
+            if not info.st_mode & 0o200:
+                os.chmod(fout, stat.S_IMODE(info.st_mode))
+            os.utime(fout, ns=(info.st_atime_ns, info.st_mtime_ns))
+        finally:
+            os.close(fout)
+    finally:
+        os.close(fin)
+    return True
 
 
 def _copy_file(name: str, s_fd: int, d_fd: int, info: os.stat_result, path: tuple[str, ...],
@@ -194,6 +236,12 @@ def _link(first: tuple[tuple[str, ...], str], dst_top: int, name: str, d_fd: int
             os.close(fd)
 
 
+def _kinds(fd: int) -> list[tuple[str, bool]]:
+    """The names in the directory ``fd``, each with whether it is a dir (d_type; a symlink is not)."""
+    with os.scandir(fd) as it:
+        return [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in it]
+
+
 def clear_tree(top: int) -> None:
     """Remove everything inside the directory ``top`` (a descriptor), whatever the depth or modes;
     ``top`` itself stays. Dirs deeper than a fixed bound are first moved up to ``top`` under a
@@ -209,18 +257,17 @@ def clear_tree(top: int) -> None:
             continue
         _chmod(name, 0o700, top)
         first = _open_dir(name, top)
-        stack = [(first, iter(os.listdir(first)), name)]
+        stack = [(first, iter(_kinds(first)), name)]
         try:
             while stack:
                 fd, entries, own = stack[-1]
-                entry = next(entries, None)
+                entry, is_dir = next(entries, (None, False))
                 if entry is None:
                     stack.pop()
                     os.close(fd)
                     os.rmdir(own, dir_fd=stack[-1][0] if stack else top)
                     continue
-                sub = os.stat(entry, dir_fd=fd, follow_symlinks=False)
-                if not stat.S_ISDIR(sub.st_mode):
+                if not is_dir:
                     os.unlink(entry, dir_fd=fd)
                     continue
                 _chmod(entry, 0o700, fd)
@@ -231,7 +278,7 @@ def clear_tree(top: int) -> None:
                     pending.append(flat)
                     continue
                 child = _open_dir(entry, fd)
-                stack.append((child, iter(os.listdir(child)), entry))
+                stack.append((child, iter(_kinds(child)), entry))
         finally:
             for fd, _, _ in stack:
                 os.close(fd)

@@ -619,6 +619,7 @@ def filer_main(cfg: dict, fd: int) -> None:
     Its hello names what holds; it serves the host until the host's socket closes (never returns)."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # orphans of the namespace are re-parented here
     os.setsid()
+    os.umask(0)  # copies are made with their source's mode
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (cfg["file_mb"] * 1024 * 1024,) * 2)
     held = drop_privileges(cfg)
