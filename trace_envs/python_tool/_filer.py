@@ -10,6 +10,7 @@ gives up everything a branch's files do not need, so that it can reach nothing m
   snapshot store) only, read of the same system and python dirs as the sandbox, nothing else;
 * the sandbox's seccomp filter.
 
+A save hard-links the files unchanged since an earlier held snapshot to that copy (:class:`Shares`).
 Every walk goes by directory descriptor, one name at a time (``O_NOFOLLOW`` at every level, the
 opened inode checked against the one listed), iteratively (no recursion), with a depth and an entry
 cap; the host stops every process of the live interpreter before a ``save``, so nothing renames
@@ -31,10 +32,12 @@ import json
 import os
 import stat
 import struct
+from typing import NamedTuple
 
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+O_NOATIME = getattr(os, "O_NOATIME", 0)
 _CLEAR_DEPTH = 64  # deeper dirs are moved up to the top while a tree is removed (bounded descriptors)
 
 
@@ -76,13 +79,15 @@ def _copy_data(fin: int, fout: int, size: int) -> None:
         done += sent
 
 
-def copy_tree(src: int, dst: int, *, max_depth: int, max_entries: int) -> int:
+def copy_tree(src: int, dst: int, *, max_depth: int, max_entries: int, share: Share | None = None) -> int:
     """Copy the contents of directory ``src`` into the empty directory ``dst`` (both descriptors).
 
     Regular files get their own inodes, names sharing an inode in ``src`` share one in ``dst``
     (where the first copy's dir can still be opened), symlinks are copied as links, FIFOs re-made,
     other special files skipped; modes and times are kept. An entry the owner cannot read (mode
     0) is opened up for the copy and its mode put back. Returns the number of entries.
+
+    ``share``: the :class:`Shares` record to consult and fill (see there); None copies every file.
 
     Raises:
         TreeLimit: more than ``max_entries`` entries, or dirs deeper than ``max_depth``.
@@ -114,7 +119,7 @@ def copy_tree(src: int, dst: int, *, max_depth: int, max_entries: int) -> int:
             if count > max_entries:
                 raise TreeLimit(f"the work dir holds more than {max_entries:,} entries (SandboxConfig."
                                 "snapshot_max_entries)")
-            if regular and _copy_regular(name, s_fd, d_fd, path, links, dst):
+            if regular and _copy_regular(name, s_fd, d_fd, path, links, dst, share):
                 continue
             info = os.stat(name, dir_fd=s_fd, follow_symlinks=False)
             kind, mode = stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode)
@@ -157,13 +162,17 @@ def copy_tree(src: int, dst: int, *, max_depth: int, max_entries: int) -> int:
 
 
 def _copy_regular(name: str, s_fd: int, d_fd: int, path: tuple[str, ...],
-                  links: dict[tuple[int, int], tuple[tuple[str, ...], str]], dst_top: int) -> bool:
-    """Copy the regular file ``name`` opened directly; False when it cannot be read as it is (its
-    mode): then the caller takes the slow route, which opens it up first."""
+                  links: dict[tuple[int, int], tuple[tuple[str, ...], str]], dst_top: int,
+                  share: Share | None) -> bool:
+    """Copy the regular file ``name`` opened directly (not touching its access time); False when it
+    cannot be read as it is (its mode): then the caller takes the slow route, which opens it up first."""
     try:
-        fin = os.open(name, O_FILE, dir_fd=s_fd)
+        fin = os.open(name, O_FILE | O_NOATIME, dir_fd=s_fd)
     except PermissionError:
-        return False
+        try:
+            fin = os.open(name, O_FILE, dir_fd=s_fd)
+        except PermissionError:
+            return False
     try:
         info = os.fstat(fin)
         if not stat.S_ISREG(info.st_mode):
@@ -173,6 +182,9 @@ def _copy_regular(name: str, s_fd: int, d_fd: int, path: tuple[str, ...],
             if key in links and _link(links[key], dst_top, name, d_fd):
                 return True
             links[key] = (path, name)
+        elif share is not None and share.shares.reuse(share, info, name, d_fd):
+            share.shares.note(share, info.st_ino, path, name, info)
+            return True
         fout = os.open(name, O_NEW, stat.S_IMODE(info.st_mode) | 0o200, dir_fd=d_fd)
         try:
             if info.st_size:
@@ -180,6 +192,9 @@ def _copy_regular(name: str, s_fd: int, d_fd: int, path: tuple[str, ...],
             if not info.st_mode & 0o200:
                 os.chmod(fout, stat.S_IMODE(info.st_mode))
             os.utime(fout, ns=(info.st_atime_ns, info.st_mtime_ns))
+            if share is not None and (info.st_nlink == 1 or not share.saving):  # a stored copy may be shared
+                made = info if share.saving else os.fstat(fout)
+                share.shares.note(share, made.st_ino, path, name, made)
         finally:
             os.close(fout)
     finally:
@@ -309,6 +324,122 @@ def tree_usage(top: int) -> tuple[int, int]:
     return used, inodes
 
 
+# ------------------------------------------------------------------ unchanged files shared between snapshots
+def _key(info: os.stat_result) -> tuple[int, ...]:
+    return (info.st_ctime_ns, info.st_mtime_ns, info.st_atime_ns, info.st_size, info.st_mode)
+
+
+class Share(NamedTuple):
+    """One walk's use of :class:`Shares`: the snapshot it saves to or loads from."""
+
+    shares: Shares
+    ident: int
+    saving: bool
+
+
+class Shares:
+    """Which live files are unchanged since the last save or load, and where their copy lies.
+
+    A save hard-links such a file to the earlier snapshot's copy instead of copying it: snapshots
+    are never written, so sharing an inode between two of them changes nothing a branch sees, and
+    the store holds each unchanged file once. "Unchanged" is the live file's inode with the same
+    change time, modification and access times, size and mode as when its copy was made; it is
+    only trusted where the kernel gives every change after a query a fresh change time
+    (multigrain timestamps: Linux >= 6.13, checked by :func:`fine_change_times` at start), and a
+    snapshot's copy only while that snapshot is held (a per-save epoch, as pids are reused).
+    """
+
+    def __init__(self, snaps: int) -> None:
+        self.snaps = snaps
+        self.known: dict[int, tuple] = {}
+        self.pending: dict[int, tuple] = {}
+        self.epochs: dict[int, int] = {}
+        self.counter = 0
+        self.reused = 0
+        self._parent: tuple[tuple, int] | None = None
+
+    def start(self, ident: int, *, saving: bool) -> Share:
+        if saving:
+            self.counter += 1
+            self.epochs[ident] = self.counter
+        self.pending = {}
+        self.reused = 0
+        return Share(self, ident, saving)
+
+    def finish(self, ok: bool) -> None:
+        """Keep what the walk noted (ok) or nothing (a failed walk: the live dir's state is unknown)."""
+        self.known, self.pending = (self.pending if ok else {}), {}
+        if self._parent is not None:
+            os.close(self._parent[1])
+            self._parent = None
+
+    def forget(self, ident: int) -> None:
+        self.epochs.pop(ident, None)
+
+    def note(self, share: Share, ino: int, path: tuple[str, ...], name: str, info: os.stat_result) -> None:
+        epoch = self.epochs.get(share.ident)
+        if epoch is not None:
+            self.pending[ino] = (share.ident, epoch, path, name, _key(info))
+
+    def reuse(self, share: Share, info: os.stat_result, name: str, d_fd: int) -> bool:
+        """Link ``name`` in ``d_fd`` to the held copy of the unchanged live file ``info``, if any."""
+        entry = self.known.get(info.st_ino) if share.saving else None
+        if entry is None:
+            return False
+        ident, epoch, path, first, key = entry
+        if key != _key(info) or self.epochs.get(ident) != epoch or ident == share.ident:
+            return False
+        try:
+            os.link(first, name, src_dir_fd=self._open_parent(ident, path), dst_dir_fd=d_fd,
+                    follow_symlinks=False)
+        except OSError:
+            return False
+        self.reused += 1
+        return True
+
+    def _open_parent(self, ident: int, path: tuple[str, ...]) -> int:
+        where = (ident, path)
+        if self._parent is not None and self._parent[0] == where:
+            return self._parent[1]
+        if self._parent is not None:
+            os.close(self._parent[1])
+            self._parent = None
+        fd = _open_dir(str(ident), self.snaps)
+        try:
+            for part in path:
+                below = _open_dir(part, fd)
+                os.close(fd)
+                fd = below
+        except BaseException:
+            os.close(fd)
+            raise
+        self._parent = (where, fd)
+        return fd
+
+
+def fine_change_times(snaps: int) -> bool:
+    """Whether every write after a ``stat`` gives the file a new change time here (multigrain
+    timestamps on the store's tmpfs): the kernel's release and a probe of 64 writes."""
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    if (major, minor) < (6, 13):
+        return False
+    name = ".ctime-probe"
+    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=snaps)
+    try:
+        for _ in range(64):
+            before = os.fstat(fd).st_ctime_ns
+            os.write(fd, b"x")
+            if os.fstat(fd).st_ctime_ns == before:
+                return False
+        return True
+    finally:
+        os.close(fd)
+        os.unlink(name, dir_fd=snaps)
+
+
 # ------------------------------------------------------------------ the request loop
 def _recv(sock) -> dict | None:
     head = b""
@@ -342,9 +473,19 @@ class Filer:
         self.live = os.open(root + "/live", O_DIR)
         self.snaps = os.open(root + "/snaps", O_DIR)
         self.max_depth, self.max_entries = max_depth, max_entries
+        self.shares = Shares(self.snaps) if fine_change_times(self.snaps) else None
+
+    def _share(self, ident: int, *, saving: bool) -> Share | None:
+        return self.shares.start(ident, saving=saving) if self.shares is not None else None
+
+    def _finish(self, ok: bool) -> None:
+        if self.shares is not None:
+            self.shares.finish(ok)
 
     def _drop(self, ident: int) -> None:
         name = str(int(ident))
+        if self.shares is not None:
+            self.shares.forget(int(ident))
         try:
             fd = _open_dir(name, self.snaps)
         except FileNotFoundError:
@@ -368,13 +509,19 @@ class Filer:
             if op == "save":
                 return self._save(int(ident))
             if op == "load":
+                self._finish(False)
                 clear_tree(self.live)
                 if ident is not None:
                     fd = _open_dir(str(int(ident)), self.snaps)
                     try:
-                        count = copy_tree(fd, self.live, max_depth=self.max_depth + 1, max_entries=1 << 30)
+                        count = copy_tree(fd, self.live, max_depth=self.max_depth + 1, max_entries=1 << 30,
+                                          share=self._share(int(ident), saving=False))
+                    except BaseException:
+                        self._finish(False)
+                        raise
                     finally:
                         os.close(fd)
+                    self._finish(True)
                     return {"ok": True, "entries": count}
                 os.chmod(self.live, 0o700)
                 return {"ok": True, "entries": 0}
@@ -392,9 +539,15 @@ class Filer:
         os.mkdir(name, 0o700, dir_fd=self.snaps)
         target = _open_dir(name, self.snaps)
         try:
-            count = copy_tree(self.live, target, max_depth=self.max_depth, max_entries=self.max_entries)
-            return {"ok": True, "entries": count}
+            count = copy_tree(self.live, target, max_depth=self.max_depth, max_entries=self.max_entries,
+                              share=self._share(ident, saving=True))
+            shared = self.shares.reused if self.shares is not None else 0
+            self._finish(True)
+            return {"ok": True, "entries": count, "shared": shared}
         except BaseException:
+            self._finish(False)
+            if self.shares is not None:
+                self.shares.forget(ident)
             try:
                 clear_tree(target)
                 os.rmdir(name, dir_fd=self.snaps)

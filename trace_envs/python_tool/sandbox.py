@@ -91,7 +91,7 @@ __all__ = ["REQUIRED_LAYERS", "SandboxConfig", "CellResult", "FrozenInterpreter"
 _SERVER = Path(__file__).with_name("_server.py")
 
 _KEEPER_TIMEOUT_S = 60.0
-_SNAPSHOT_INODES = 262_144
+_SNAPSHOT_INODES = 524_288  # a hard link takes one too (tmpfs counts dentries); about 0.2 KB each
 _MEMORY_SLACK = 64 * 1024 * 1024  # the keeper, the filer and the kernel's own use
 
 
@@ -196,6 +196,8 @@ class Sandbox:
             "max_processes": cfg_.max_processes, "preload": list(cfg_.preload), "cgroup_procs": procs,
         }
         self._pending_drops: list[int] = []
+        #: the last snapshot's work dir: entries copied and unchanged files shared with an earlier one
+        self.last_save: dict[str, int] = {"entries": 0, "shared": 0}
         self._saved: set[int] = set()
         self._keeper_lock = threading.Lock()
         live_dir = self.root + "/live"
@@ -371,7 +373,10 @@ class Sandbox:
             stop_tree(live.pid, live.pidfd, known=frozenset(self._known_pids() | {proc.pid}))
             try:
                 self.kill_strays(also_known=(proc.pid,))  # what was orphaned earlier (keeper, filer)
-                self._file_request({"op": "save", "id": proc.pid})
+                reply = self._file_request({"op": "save", "id": proc.pid})
+                entries, shared = reply.get("entries"), reply.get("shared")
+                if type(entries) is int and type(shared) is int:
+                    self.last_save = {"entries": entries, "shared": shared}
             finally:
                 resume(live.pidfd)
         except QuiesceError as exc:
@@ -406,7 +411,7 @@ class Sandbox:
                 "keeps the interpreter's memory as it was. Release snapshots (snapshot.release() or drop "
                 "them), or raise SandboxConfig.env_memory_mb")
 
-    def _file_request(self, msg: dict[str, Any]) -> None:
+    def _file_request(self, msg: dict[str, Any]) -> dict[str, Any]:
         """One file operation by the filer (see ``_filer.py``), with the pending drops; its reply is
         checked like an interpreter's (deadline, frame cap, sequence number)."""
         with self._keeper_lock:
@@ -425,6 +430,7 @@ class Sandbox:
             if reply.get("limit") is True:
                 raise SnapshotTreeError(f"the work dir was not saved: {error}")
             raise SandboxError(f"the work dir could not be copied: {error}")
+        return reply
 
     def kill_strays(self, also_known: tuple[int, ...] = ()) -> int:
         """SIGKILL every process in the tree that is not one of the sandbox's interpreters (with all
