@@ -10,8 +10,9 @@ Run: .venv/bin/python scripts/bench/snapshot.py [--repeats 50]
 * one cell in the persistent sandbox vs a fresh ``python -c`` per call (the
   stateless pattern of SkyRL-gym and similar tool servers).
 With ``--files``: snapshot and restore time against the work dir's file count (0, 1k, 10k and 50k
-small files, 1,000 to a dir), as the ratio to the empty dir measured in the same run, and how many
-of the snapshots had to hold their replay log only (their files not copied). Run it as root and as
+small files, 1,000 to a dir), as the ratio to the empty dir measured in the same run, how many
+of the snapshots had to hold their replay log only (their files not copied), and how many files the
+last snapshot shared with the held one instead of copying them (unchanged since it was taken). Run it as root and as
 an ordinary user (e.g. under ``setpriv --reuid``): the two differ in the filer's uid and the memory
 accounting (a cgroup, or each process's Pss).
 Ratios are against baselines measured in the same run.
@@ -58,18 +59,20 @@ def files_table(repeats: int) -> list[dict]:
         snap = env.snapshot()
         snapshot_ms = median_ms(lambda env=env: env.snapshot().release(), repeats)
         restore_ms = median_ms(lambda env=env, snap=snap: env.restore(snap), repeats)
+        shared = getattr(env._sandbox, "last_save", {}).get("shared", 0)  # of the last timed snapshot
         info = env.step(_call("len(os.listdir('.'))"))[4]
-        rows.append({"files": count, "snapshot_ms": snapshot_ms, "restore_ms": restore_ms,
+        rows.append({"files": count, "snapshot_ms": snapshot_ms, "restore_ms": restore_ms, "shared": shared,
                      "replay_only": info.get("replay_only_snapshots", 0),
                      "restored_by_replay": bool(info.get("restored_by_replay"))})
         env.close()
     for row in rows:
         row["snapshot_vs_empty"] = row["snapshot_ms"] / rows[0]["snapshot_ms"]
         row["restore_vs_empty"] = row["restore_ms"] / rows[0]["restore_ms"]
-    print(f"{'files':>7} {'snapshot ms':>12} {'vs empty':>9} {'restore ms':>11} {'vs empty':>9} {'replay-only':>12}")
+    print(f"{'files':>7} {'snapshot ms':>12} {'vs empty':>9} {'restore ms':>11} {'vs empty':>9} {'replay-only':>12} "
+          f"{'shared':>7}")
     for r in rows:
         print(f"{r['files']:>7} {r['snapshot_ms']:>12.2f} {r['snapshot_vs_empty']:>8.1f}x {r['restore_ms']:>11.2f} "
-              f"{r['restore_vs_empty']:>8.1f}x {r['replay_only']:>12}")
+              f"{r['restore_vs_empty']:>8.1f}x {r['replay_only']:>12} {r['shared']:>7}")
     return rows
 
 

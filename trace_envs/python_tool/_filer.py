@@ -182,8 +182,8 @@ def _copy_regular(name: str, s_fd: int, d_fd: int, path: tuple[str, ...],
             if key in links and _link(links[key], dst_top, name, d_fd):
                 return True
             links[key] = (path, name)
-        elif share is not None and share.shares.reuse(share, info, name, d_fd):
-            share.shares.note(share, info.st_ino, path, name, info)
+        elif share is not None and (held := share.shares.reuse(share, info, name, d_fd)) is not None:
+            share.shares.note(share, info.st_ino, path, name, info, held)
             return True
         fout = os.open(name, O_NEW, stat.S_IMODE(info.st_mode) | 0o200, dir_fd=d_fd)
         try:
@@ -376,26 +376,31 @@ class Shares:
     def forget(self, ident: int) -> None:
         self.epochs.pop(ident, None)
 
-    def note(self, share: Share, ino: int, path: tuple[str, ...], name: str, info: os.stat_result) -> None:
+    def note(self, share: Share, ino: int, path: tuple[str, ...], name: str, info: os.stat_result,
+             earlier: tuple = ()) -> None:
+        """Record that the live file ``ino`` equals the copy at ``path``/``name`` of ``share``'s
+        snapshot (and at the ``earlier`` places, still held, it was linked from: up to 4 in all, so
+        releasing one snapshot leaves the others to share with)."""
         epoch = self.epochs.get(share.ident)
         if epoch is not None:
-            self.pending[ino] = (share.ident, epoch, path, name, _key(info))
+            self.pending[ino] = (_key(info), (*earlier, (share.ident, epoch, path, name))[-4:])
 
-    def reuse(self, share: Share, info: os.stat_result, name: str, d_fd: int) -> bool:
-        """Link ``name`` in ``d_fd`` to the held copy of the unchanged live file ``info``, if any."""
+    def reuse(self, share: Share, info: os.stat_result, name: str, d_fd: int) -> tuple | None:
+        """Link ``name`` in ``d_fd`` to a held copy of the unchanged live file ``info``; the places of
+        its held copies when linked, else None."""
         entry = self.known.get(info.st_ino) if share.saving else None
-        if entry is None:
-            return False
-        ident, epoch, path, first, key = entry
-        if key != _key(info) or self.epochs.get(ident) != epoch or ident == share.ident:
-            return False
-        try:
-            os.link(first, name, src_dir_fd=self._open_parent(ident, path), dst_dir_fd=d_fd,
-                    follow_symlinks=False)
-        except OSError:
-            return False
-        self.reused += 1
-        return True
+        if entry is None or entry[0] != _key(info):
+            return None
+        held = tuple(loc for loc in entry[1] if self.epochs.get(loc[0]) == loc[1] and loc[0] != share.ident)
+        for ident, _, path, first in reversed(held):
+            try:
+                os.link(first, name, src_dir_fd=self._open_parent(ident, path), dst_dir_fd=d_fd,
+                        follow_symlinks=False)
+            except OSError:
+                continue
+            self.reused += 1
+            return held
+        return None
 
     def _open_parent(self, ident: int, path: tuple[str, ...]) -> int:
         where = (ident, path)

@@ -638,7 +638,8 @@ def filer_main(cfg: dict, fd: int) -> None:
     found, landlock = restrict_files(os.path.realpath(cfg["root"]), readable_paths())
     found2, seccomp = restrict_syscalls()
     layers = held + found + found2
-    send(sock, {"ready": True, "landlock": landlock, "seccomp": seccomp, "layers": layers})
+    send(sock, {"ready": True, "landlock": landlock, "seccomp": seccomp, "layers": layers,
+                "shares": filer.shares is not None})
     filer.serve(sock)
     os._exit(0)
 

@@ -251,7 +251,7 @@ class Sandbox:
         filer_layers = filer_hello.get("layers")
         self._filer_holds = filer_hello.get("landlock") is True and filer_hello.get("seccomp") is True
         self.isolation: tuple[str, ...] = (tuple(str(x) for x in layers) + self._host_layers()
-                                           + (self._snapshot_layer(filer_layers),))
+                                           + (self._snapshot_layer(filer_layers, filer_hello.get("shares") is True),))
         self._base = FrozenInterpreter(_Proc(creds[0], base_pidfd, base_ours, self), self)
         achieved = hello.get("achieved")
         self.layers_held = frozenset(str(x) for x in achieved) if isinstance(achieved, list) else frozenset()
@@ -264,12 +264,14 @@ class Sandbox:
                 f"isolation anyway, name what to do without: SandboxConfig(allow_weaker={tuple(missing)!r}) "
                 f"or TRACE_GYM_ALLOW_WEAKER={','.join(missing)}")
 
-    def _snapshot_layer(self, filer_layers: Any) -> str:
+    def _snapshot_layer(self, filer_layers: Any, shares: bool) -> str:
         held = ", ".join(str(x).split("(")[0] for x in filer_layers) if isinstance(filer_layers, list) else ""
+        shared = ("files unchanged since a held snapshot hard-linked to its copy" if shares else
+                  "every file copied (no fresh change time after every write here)")
         return ("snapshot-files(copied by the filer, a process of the sandbox's own uid, Landlock domain "
                 f"and seccomp filter [{held or 'none held'}], walking by directory descriptor with "
                 "O_NOFOLLOW at every level, iteratively, with depth and entry caps, while every thread "
-                "and process of the live interpreter is stopped; not an overlay mount: see "
+                f"and process of the live interpreter is stopped; {shared}; not an overlay mount: see "
                 "docs/guides/security.md)")
 
     def _host_layers(self) -> tuple[str, ...]:
