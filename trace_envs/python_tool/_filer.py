@@ -287,8 +287,13 @@ def clear_tree(top: int) -> None:
                     continue
                 _chmod(entry, 0o700, fd)
                 if len(stack) >= _CLEAR_DEPTH:
-                    moved += 1
-                    flat = f".trace-gym-clear-{moved}"
+                    while True:  # a name not taken (model code may have made any name)
+                        moved += 1
+                        flat = f".trace-gym-clear-{moved}"
+                        try:
+                            os.stat(flat, dir_fd=top, follow_symlinks=False)
+                        except FileNotFoundError:
+                            break
                     os.rename(entry, flat, src_dir_fd=fd, dst_dir_fd=top)
                     pending.append(flat)
                     continue
