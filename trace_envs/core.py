@@ -513,6 +513,7 @@ class BranchableEnv(gym.Env[str, str]):
         with self._lock:
             if self._task is None:
                 raise ResetNeededError("nothing to snapshot: call reset() first")
+            payload = self._capture_state()  # first: it may note in the info how it was taken
             snap = Snapshot(
                 env_id=self.env_id,
                 config_key=self.config_key,
@@ -522,7 +523,7 @@ class BranchableEnv(gym.Env[str, str]):
                 messages=_freeze_messages(self._messages),
                 rng_state=copy.deepcopy(self.np_random.bit_generator.state),
                 episode_info=tuple(copy.deepcopy(self._episode_info).items()),
-                payload=self._capture_state(),
+                payload=payload,
             )
             self._snapshots.add(snap)
             return snap
@@ -537,11 +538,16 @@ class BranchableEnv(gym.Env[str, str]):
         """
         self._check_restorable(snapshot)
         with self._lock:
-            self._restore_state(snapshot.payload)
+            previous = self._episode_info
+            self._episode_info = dict(copy.deepcopy(snapshot.episode_info))
+            try:  # what ``_restore_state`` notes in the info (e.g. that it replayed) stays
+                self._restore_state(snapshot.payload)
+            except BaseException:
+                self._episode_info = previous
+                raise
             self._turn = snapshot.turn
             self._done = snapshot.done
             self._messages = _thaw_messages(snapshot.messages)
-            self._episode_info = dict(copy.deepcopy(snapshot.episode_info))
             self.np_random.bit_generator.state = copy.deepcopy(dict(snapshot.rng_state))
 
     def render(self) -> str | None:

@@ -1,6 +1,7 @@
 """Benchmark: PythonMath snapshot/restore latency (fork vs replay) and per-cell overhead.
 
 Run: .venv/bin/python scripts/bench/snapshot.py [--repeats 50]
+     .venv/bin/python scripts/bench/snapshot.py --files [--repeats 5]
 
 * restore latency at 1, 10 and 100 executed cells, through ``env.restore`` (a
   fork of the frozen interpreter) and by replaying the cells into a pristine
@@ -8,6 +9,12 @@ Run: .venv/bin/python scripts/bench/snapshot.py [--repeats 50]
 * snapshot latency (``env.snapshot``: a fork of the live interpreter);
 * one cell in the persistent sandbox vs a fresh ``python -c`` per call (the
   stateless pattern of SkyRL-gym and similar tool servers).
+With ``--files``: snapshot and restore time against the work dir's file count (0, 1k, 10k and 50k
+small files, 1,000 to a dir), as the ratio to the empty dir measured in the same run, how many
+of the snapshots had to hold their replay log only (their files not copied), and how many files the
+last snapshot shared with the held one instead of copying them (unchanged since it was taken). Run it as root and as
+an ordinary user (e.g. under ``setpriv --reuid``): the two differ in the filer's uid and the memory
+accounting (a cgroup, or each process's Pss).
 Ratios are against baselines measured in the same run.
 """
 
@@ -33,12 +40,55 @@ def _call(code: str) -> str:
     return "<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}}) + "</tool_call>"
 
 
+def _files_cell(count: int) -> str:
+    return (f"import os\nfor n in range({count}):\n    if n % 1000 == 0:\n        os.mkdir(f'd{{n // 1000}}')\n"
+            "    open(f'd{n // 1000}/{n}', 'w').write(str(n))")
+
+
+def files_table(repeats: int) -> list[dict]:
+    """Snapshot and restore medians against the work dir's file count (see the module docstring)."""
+    from trace_envs.python_tool.sandbox import SandboxConfig
+
+    tasks = TaskSet([Task("bench", "benchmark task", {"answer": "0"})], name="bench")
+    config = SandboxConfig(disk_mb=1024, snapshot_disk_mb=2048, env_memory_mb=8192, timeout_s=120, cpu_s=120)
+    rows = []
+    for count in (0, 1000, 10_000, 50_000):
+        env = PythonMathEnv(tasks=tasks, max_turns=1000, sandbox=config)
+        env.reset(seed=0, options={"task_id": "bench"})
+        env.step(_call(_files_cell(count)))
+        snap = env.snapshot()
+        snapshot_ms = median_ms(lambda env=env: env.snapshot().release(), repeats)
+        restore_ms = median_ms(lambda env=env, snap=snap: env.restore(snap), repeats)
+        shared = getattr(env._sandbox, "last_save", {}).get("shared", 0)  # of the last timed snapshot
+        info = env.step(_call("len(os.listdir('.'))"))[4]
+        rows.append({"files": count, "snapshot_ms": snapshot_ms, "restore_ms": restore_ms, "shared": shared,
+                     "replay_only": info.get("replay_only_snapshots", 0),
+                     "restored_by_replay": bool(info.get("restored_by_replay"))})
+        env.close()
+    for row in rows:
+        row["snapshot_vs_empty"] = row["snapshot_ms"] / rows[0]["snapshot_ms"]
+        row["restore_vs_empty"] = row["restore_ms"] / rows[0]["restore_ms"]
+    print(f"{'files':>7} {'snapshot ms':>12} {'vs empty':>9} {'restore ms':>11} {'vs empty':>9} {'replay-only':>12} "
+          f"{'shared':>7}")
+    for r in rows:
+        print(f"{r['files']:>7} {r['snapshot_ms']:>12.2f} {r['snapshot_vs_empty']:>8.1f}x {r['restore_ms']:>11.2f} "
+              f"{r['restore_vs_empty']:>8.1f}x {r['replay_only']:>12} {r['shared']:>7}")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--files", action="store_true", help="time against the work dir's file count instead")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
+    if args.files:
+        rows = files_table(args.repeats)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"files": rows}, fh, indent=2)
+        return
     tasks = TaskSet([Task("bench", "benchmark task", {"answer": "0"})], name="bench")
     env = PythonMathEnv(tasks=tasks, max_turns=1000)
     rows = []

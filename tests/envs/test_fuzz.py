@@ -197,6 +197,13 @@ FILE_OPS = [
     "os.path.exists('a.txt') and open(f'/proc/self/fd/{{(pf := open(\"a.txt\")).fileno()}}', 'a').write('P')",
     "os.path.exists('c.txt') and os.unlink('c.txt')",
     "import mmap; m = mmap.mmap(os.open('big.bin', os.O_RDWR), 8, flags=mmap.MAP_PRIVATE); m[:1] = b'M'",
+    # what the filer must copy exactly: unreadable modes, a deep chain, FIFOs, renamed dirs
+    "os.path.exists('a.txt') and os.chmod('a.txt', 0o200 if {n} % 2 else 0o640)",
+    "os.path.isdir('d') and os.chmod('d', 0o500 if {n} % 2 else 0o700)",
+    "q = '/'.join(['q'] * 40); os.makedirs(q, exist_ok=True); open(q + '/leaf', 'a').write('{n}'); "
+    "print(open(q + '/leaf').read())",
+    "os.path.lexists('fifo') or os.mkfifo('fifo', 0o600 + {n} % 2 * 0o040)",
+    "os.path.isdir('d') and os.rename('d', 'd2') or os.path.isdir('d2') and os.rename('d2', 'd')",
 ]
 PROBE = ("sorted((p, os.path.islink(p), os.path.isfile(p) and open(p, 'rb').read()[:40], "
          "os.path.isfile(p) and oct(os.lstat(p).st_mode & 0o777)) for p in "

@@ -24,6 +24,7 @@ import pytest
 
 from trace_envs import Task, TaskSet
 from trace_envs.actions import parse_action, parse_call_list
+from trace_envs.errors import SnapshotLimitError
 from trace_envs.python_tool._host import ProtocolError, StateDir, adopt, proc_stat
 from trace_envs.python_tool.env import PythonMathEnv
 from trace_envs.python_tool.sandbox import SandboxConfig
@@ -450,10 +451,12 @@ def test_memory_is_limited_per_env_not_per_process():
             if "/cpu/" in d or "/cpu," in d:
                 assert Path(d, "cpu.cfs_quota_us").read_text().strip() == "50000"  # half a core, opt-in
         e.step(call("a = bytearray(150 * 2**20)\nfor i in range(0, len(a), 4096): a[i] = 1"))
-        held = e.snapshot()  # the frozen copy shares those pages; the next writes need new ones
+        with pytest.raises(SnapshotLimitError, match="memory budget"):  # a frozen copy of 150 MB that the
+            e.snapshot()  # live interpreter may rewrite would not fit beside it: refused, nothing killed
+        assert "150" in e.step(call("len(a) // 2**20"))[0]
         obs = e.step(call("b = bytearray(200 * 2**20)\nfor i in range(0, len(b), 4096): b[i] = 1"))[0]
         assert "Error" in obs or "MemoryError" in obs  # 350 MB in one env: over its 300 MB
-        held.release()
+        e.step(call("a = b = None"))
         assert_usable(e)
 
 

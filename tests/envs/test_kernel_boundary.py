@@ -259,6 +259,7 @@ def test_hostile_suite_holds_as_an_unprivileged_user():
     os.chown(base, uid, uid)
     exposes = _expose_commands([sys.base_prefix, sys.prefix, str(PROJECT)], base)
     suites = ["tests/envs/test_kernel_boundary.py", "tests/envs/test_python_sandbox.py", "tests/envs/test_hostile.py",
+              "tests/envs/test_snapshot_hostile.py",
               "tests/envs/test_bfcl_hostile.py", "tests/agent/test_rundir_hostile.py",
               "tests/retrievers/test_server_hostile.py"]
     pytest_cmd = (f"cd {PROJECT} && setpriv --reuid={uid} --regid={uid} --clear-groups env HOME={base} "

@@ -34,10 +34,12 @@ import sys
 import time
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
+CLONE_NEWIPC, CLONE_NEWPID = 0x08000000, 0x20000000
 CLONE_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x00000080
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 MS_NOEXEC, MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 8, 1024, 2048, 1 << 21
 PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_CAP_AMBIENT = 36, 38, 24, 47
+PR_SET_DUMPABLE = 4
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
@@ -159,6 +161,16 @@ def isolate_os(cfg: dict) -> list[str]:
     if cfg["network_namespace"] and _libc.unshare(CLONE_NEWNET) == 0:
         layers.append("network-namespace")
         achieved.append("network")
+    if _libc.unshare(CLONE_NEWIPC) == 0:
+        layers.append("ipc-namespace(System V queues, semaphores and shared memory end with the sandbox)")
+    else:
+        layers.append(f"unavailable: ipc namespace ({os.strerror(ctypes.get_errno())})")
+    # the keeper's next children (the filer first: the namespace's init) are in a pid namespace of
+    # their own: no pid a sandbox process can name reaches the host or any other env
+    if _libc.unshare(CLONE_NEWPID) == 0:
+        layers.append("pid-namespace(no pid outside the sandbox can be named; the filer is its init)")
+    else:
+        layers.append(f"unavailable: pid namespace ({os.strerror(ctypes.get_errno())})")
     if _libc.unshare(CLONE_NEWNS) == 0 and _mount(None, "/", MS_REC | MS_PRIVATE):
         # every mount read-only (a per-mount flag: the host's view is untouched): the kernel, not the
         # audit hook, keeps model code from writing anywhere but its work dir
@@ -324,7 +336,17 @@ _DENIED_X86_64 = {
     "personality": 135, "socket": 41, "socketpair": 53, "pipe": 22, "pipe2": 293, "memfd_create": 319,
     "shmget": 29, "shmat": 30, "acct": 163, "swapon": 167, "reboot": 169, "setdomainname": 171,
     "sethostname": 170, "name_to_handle_at": 303, "open_by_handle_at": 304, "landlock_create_ruleset": 444,
+    # other processes' priority, I/O class, memory placement and kernel objects
+    "setpriority": 141, "ioprio_set": 251, "migrate_pages": 256, "move_pages": 279, "kcmp": 312,
+    # System V and POSIX IPC (the IPC namespace already ends them with the sandbox)
+    "shmctl": 31, "shmdt": 67, "semget": 64, "semop": 65, "semctl": 66, "semtimedop": 220, "msgget": 68,
+    "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242,
+    "mq_timedreceive": 243, "mq_notify": 244, "mq_getsetattr": 245,
 }
+# x86_64 syscalls whose first argument is a pid: allowed for pid 0 (the caller itself) only. A
+# filter cannot compare with the caller's pid, so naming oneself by number is refused too.
+_SELF_ONLY_X86_64 = {"prlimit64": 302, "sched_setparam": 142, "sched_setscheduler": 144,
+                     "sched_setaffinity": 203, "sched_setattr": 314}
 _NR_CLONE, _NR_CLONE3, _NR_MMAP = 56, 435, 9
 _AUDIT_ARCH_X86_64 = 0xC000003E
 _BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JSET_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x45, 0x35, 0x06
@@ -343,7 +365,8 @@ class _SockFprog(ctypes.Structure):
 def seccomp_program() -> list[tuple[int, int, int, int]]:
     """The filter as (code, jt, jf, k) instructions over ``struct seccomp_data`` (x86_64).
 
-    Another arch (or the x32 ABI) is killed; each denied syscall returns EPERM; ``clone`` with a
+    Another arch (or the x32 ABI) is killed; each denied syscall returns EPERM; ``prlimit64`` and
+    the ``sched_set*`` calls return EPERM unless their pid is 0 (the caller); ``clone`` with a
     namespace flag returns EPERM; ``clone3`` returns ENOSYS (its flags sit behind a pointer, and
     the C library falls back to ``clone``); ``mmap`` of a shared writable map returns EPERM.
     """
@@ -352,6 +375,9 @@ def seccomp_program() -> list[tuple[int, int, int, int]]:
             (_BPF_LD_W_ABS, 0, 0, 0), (_BPF_JGE_K, 0, 1, 0x40000000), (_BPF_RET_K, 0, 0, _RET_KILL)]
     for nr in sorted(set(_DENIED_X86_64.values())):
         prog += [(_BPF_JEQ_K, 0, 1, nr), (_BPF_RET_K, 0, 0, eperm)]
+    for nr in sorted(_SELF_ONLY_X86_64.values()):  # args[0] (a pid_t: its low word, offset 16) must be 0
+        prog += [(_BPF_JEQ_K, 0, 4, nr), (_BPF_LD_W_ABS, 0, 0, 16), (_BPF_JEQ_K, 0, 1, 0),
+                 (_BPF_RET_K, 0, 0, _RET_ALLOW), (_BPF_RET_K, 0, 0, eperm)]
     prog += [(_BPF_JEQ_K, 0, 1, _NR_CLONE3), (_BPF_RET_K, 0, 0, enosys)]
     # clone: refuse namespace flags (args[0], low word at offset 16); the accumulator is reloaded after
     prog += [(_BPF_JEQ_K, 0, 4, _NR_CLONE), (_BPF_LD_W_ABS, 0, 0, 16), (_BPF_JSET_K, 0, 1, CLONE_NAMESPACES),
@@ -373,7 +399,8 @@ def restrict_syscalls() -> tuple[list[str], bool]:
     if _libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
         return [f"unavailable: seccomp filter ({os.strerror(ctypes.get_errno())})"], False
     return ["seccomp(no exec, ptrace, signals, namespaces, mounts, sockets, pipes, shared memory, "
-            "shared writable maps)"], True
+            "shared writable maps, System V/POSIX IPC, priority/scheduling/rlimits of any process but "
+            "the caller (pid 0 only), ioprio, page migration, kcmp)"], True
 
 
 def kill_descendants() -> None:

@@ -4,11 +4,17 @@ Process tree, all started by the host through one ``Popen``::
 
     keeper  (stays root where the host is root; sets up namespaces, mounts, cgroups and
       |      rlimits, preloads modules, is the child-subreaper that reaps every orphan, and
-      |      kills the whole tree when the host's end of its socket closes, e.g. host SIGKILLed)
+      |      kills the whole tree when the host's end of its socket closes, e.g. host SIGKILLed;
+      |      it never touches a file of the work dir)
+      +-- filer     (the pid namespace's first process; the sandbox's uid, Landlock and seccomp;
+      |              copies work dirs by directory descriptor for the host: ``_filer.py``)
       +-- base      (privileges dropped; a pristine interpreter, never runs user code)
             +-- live / frozen copies, each made by ``fork`` of another one
 
-Every non-keeper process runs the same loop on its own Unix socket: ``exec``
+The filer and every interpreter live in the sandbox's own pid and IPC namespaces (the keeper
+stays outside, so the host's parentage checks see the keeper as every interpreter's root).
+
+Every interpreter runs the same loop on its own Unix socket: ``exec``
 runs a cell, ``fork`` makes a copy-on-write copy of the whole interpreter that
 serves on a socket the host passes along (SCM_RIGHTS). Which copy is "live"
 and which is "frozen" is the host's business. Messages are 4-byte big-endian
@@ -54,9 +60,11 @@ import sys
 import time
 import types
 
-import _isolation  # the sibling file (this script's directory is sys.path[0])
+import _filer  # the sibling files (this script's directory is sys.path[0])
+import _isolation
 from _isolation import (
     PR_SET_CHILD_SUBREAPER,
+    PR_SET_DUMPABLE,
     _libc,
     drop_privileges,
     isolate_os,
@@ -450,13 +458,13 @@ class Runtime:
     def fork_copy(self, sock, fd: int, role: str):
         """Copy this whole interpreter by ``fork``; the copy serves on ``fd``.
 
-        The work dir's files are the keeper's job (``keeper_op``): a frozen copy's files are saved
+        The work dir's files are the filer's job (``_filer.py``): a frozen copy's files are saved
         beside the live dir, and put back into the one live dir before a live copy starts, so every
         live interpreter sees its files at the same absolute path. What a fork would otherwise share
         between branches is handled here: a ``frozen`` copy records every open file and directory
         descriptor (path, flags, offset; a deleted file's bytes) and the working directory, and
         replaces those descriptors with placeholders; a ``live`` copy reopens each recorded
-        descriptor at its number on the keeper's fresh copy of the files. No open file description
+        descriptor at its number on the filer's fresh copy of the files. No open file description
         (so no file offset) is ever shared between two branches.
 
         Returns None in the parent (or an error sentence), and the copy's own channel in the copy.
@@ -604,177 +612,97 @@ def interpreter_main(cfg: dict, base_fd: int, layers: list[str]) -> None:
     os._exit(0)
 
 
-# ------------------------------------------------------------------ the keeper's file copies
-def copy_tree(src: str, dst: str, owner: int | None) -> None:
-    """Copy the contents of directory ``src`` into the existing directory ``dst``, exactly.
-
-    Regular files get their own inodes (so no write route of one branch reaches another), names
-    that share an inode in ``src`` share one in ``dst``, symlinks are copied as links (never
-    followed), FIFOs are re-made, other special files skipped; modes and times are kept.
-    """
-    links: dict[tuple[int, int], str] = {}
-
-    def walk(source: str, target: str) -> None:
-        with os.scandir(source) as entries:
-            names = [entry.name for entry in entries]
-        for name in names:
-            s_path, d_path = source + "/" + name, target + "/" + name
-            info = os.lstat(s_path)
-            kind = stat.S_IFMT(info.st_mode)
-            if kind == stat.S_IFLNK:
-                os.symlink(os.readlink(s_path), d_path)
-            elif kind == stat.S_IFDIR:
-                os.mkdir(d_path, 0o700)
-                walk(s_path, d_path)
-            elif kind == stat.S_IFREG:
-                key = (info.st_dev, info.st_ino)
-                if key in links:
-                    os.link(links[key], d_path)
-                    continue
-                _copy_file(s_path, d_path)
-                links[key] = d_path
-            elif kind == stat.S_IFIFO:
-                os.mkfifo(d_path, 0o600)
-            else:
-                continue
-            _copy_attributes(d_path, info, owner)
-
-    walk(src, dst)
-    _copy_attributes(dst, os.lstat(src), owner)
-
-
-def _copy_file(source: str, target: str) -> None:
-    fin = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        fout = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            size = os.fstat(fin).st_size
-            done = 0
-            while done < size:
-                sent = os.sendfile(fout, fin, done, size - done)
-                if sent == 0:
-                    break
-                done += sent
-        finally:
-            os.close(fout)
-    finally:
-        os.close(fin)
-
-
-def _copy_attributes(path: str, info: os.stat_result, owner: int | None) -> None:
-    link = stat.S_ISLNK(info.st_mode)
-    if owner is not None:
-        os.lchown(path, owner, owner)
-    if not link:
-        os.chmod(path, stat.S_IMODE(info.st_mode))
-    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
-
-
-def clear_dir(path: str) -> None:
-    """Remove everything inside ``path`` (never following a symlink); ``path`` itself stays."""
-    import shutil
-
-    os.chmod(path, 0o700)
-    with os.scandir(path) as entries:
-        names = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
-    for name, is_dir in names:
-        full = path + "/" + name
-        if is_dir:
-            _open_up(full)
-            shutil.rmtree(full)
-        else:
-            os.unlink(full)
-
-
-def _open_up(path: str) -> None:
-    """Give every directory below ``path`` an owner rwx bit, so that removal never stops at a mode."""
-    os.chmod(path, 0o700)
-    for root, dirs, _ in os.walk(path):
-        for name in dirs:
-            full = os.path.join(root, name)
-            if not os.path.islink(full):
-                os.chmod(full, 0o700)
-
-
-def keeper_op(cfg: dict, msg: dict) -> dict:
-    """One file operation for the host: ``save`` (live dir -> snapshot ``id``), ``load`` (snapshot ``id``,
-    or an empty dir when ``id`` is None, -> live dir), ``drop`` (snapshot dirs listed in ``drop``;
-    every op drops those first). The live dir keeps its inode (the Landlock rule is bound to it)."""
-    root, owner = cfg["root"], cfg["uid"]
-    live, snaps = root + "/live", root + "/snaps"
-    for old in msg.get("drop", []):
-        target = f"{snaps}/{int(old)}"
-        if os.path.isdir(target) and not os.path.islink(target):
-            _open_up(target)
-            import shutil
-
-            shutil.rmtree(target, ignore_errors=True)
-    op, ident = msg.get("op"), msg.get("id")
-    try:
-        if op == "save":
-            target = f"{snaps}/{int(ident)}"
-            os.mkdir(target, 0o700)
-            try:
-                copy_tree(live, target, None)
-            except OSError:
-                _open_up(target)
-                import shutil
-
-                shutil.rmtree(target, ignore_errors=True)
-                raise
-        elif op == "load":
-            clear_dir(live)
-            if ident is not None:
-                copy_tree(f"{snaps}/{int(ident)}", live, owner)
-            else:
-                os.chmod(live, 0o700)
-    except OSError as exc:
-        return {"error": f"{op}: {exc.strerror or exc}"}
-    return {"ok": True}
+# ------------------------------------------------------------------ the filer
+def filer_main(cfg: dict, fd: int) -> None:
+    """The filer (see ``_filer.py``): the pid namespace's first process, so it reaps what is orphaned
+    in it; the sandbox's uid, no capabilities, not dumpable, Landlock to the work root, seccomp.
+    Its hello names what holds; it serves the host until the host's socket closes (never returns)."""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # orphans of the namespace are re-parented here
+    os.setsid()
+    os.umask(0)  # copies are made with their source's mode
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (cfg["file_mb"] * 1024 * 1024,) * 2)
+    held = drop_privileges(cfg)
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    sock = socket.socket(fileno=fd)
+    null = os.open(os.devnull, os.O_RDWR)
+    for std in (0, 1):
+        os.dup2(null, std)
+    os.close(null)
+    filer = _filer.Filer(cfg["root"], max_depth=cfg["snapshot_max_depth"], max_entries=cfg["snapshot_max_entries"])
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 2 * cfg["snapshot_max_depth"] + 64
+    if hard != resource.RLIM_INFINITY and hard < want:
+        filer.max_depth = max(1, (hard - 64) // 2)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard) if hard != resource.RLIM_INFINITY else want, hard))
+    found, landlock = restrict_files(os.path.realpath(cfg["root"]), readable_paths())
+    found2, seccomp = restrict_syscalls()
+    layers = held + found + found2
+    send(sock, {"ready": True, "landlock": landlock, "seccomp": seccomp, "layers": layers,
+                "shares": filer.shares is not None})
+    filer.serve(sock)
+    os._exit(0)
 
 
 def keeper_main() -> None:
+    """Namespaces, mounts and cgroups; then the filer (the pid namespace's first process) and the base
+    interpreter; then wait for the host's socket to close, and kill the whole tree. Whatever fails
+    here, the tree is killed before the keeper exits."""
     cfg = json.loads(sys.argv[1])
     keeper = socket.socket(fileno=cfg["keeper_fd"])
+    try:
+        _keeper_setup(cfg, keeper)
+        while keeper.recv(65_536):  # the host sends nothing; its end closing (even SIGKILLed) ends this
+            pass
+    except BaseException:  # noqa: BLE001 - the keeper never leaves interpreters behind
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+    finally:
+        _isolation.kill_descendants()
+        os._exit(0)
+
+
+def _keeper_setup(cfg: dict, keeper: socket.socket) -> None:
     layers = join_cgroups(cfg)
     layers += isolate_os(cfg)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # with the subreaper flag: every orphan is reaped here
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    owner = cfg["uid"] if cfg["uid"] is not None else os.getuid()
+    group = cfg["uid"] if cfg["uid"] is not None else os.getgid()
     for name in ("live", "snaps"):
         os.makedirs(cfg["root"] + "/" + name, mode=0o700, exist_ok=True)
     if cfg.get("tmpfs"):  # snapshots have a quota of their own: a branch's ENOSPC never depends on them
         _isolation._mount("tmpfs", cfg["root"] + "/snaps", 2 | 4 | 8, "tmpfs",
-                          f"size={cfg['snapshot_disk_mb']}m,nr_inodes=262144,mode=0700")
-    if cfg["uid"] is not None:
-        os.chown(cfg["root"] + "/live", cfg["uid"], cfg["uid"])
+                          f"size={cfg['snapshot_disk_mb']}m,nr_inodes={cfg['snapshot_inodes']},mode=0700,"
+                          f"uid={owner},gid={group}")
+    for name in ("live", "snaps"):
+        os.chown(cfg["root"] + "/" + name, owner, group)
     for module in cfg["preload"]:
         try:
             __import__(module)
         except Exception:  # noqa: BLE001 - a missing optional module just is not preloaded
             pass
-    base_pid = os.fork()
-    if base_pid == 0:
-        keeper.close()
-        try:
-            interpreter_main(cfg, cfg["base_fd"], layers)
-        except BaseException:  # noqa: BLE001 - the host shows this log when the sandbox does not start
-            import traceback
+    for role, fd in (("filer", cfg["filer_fd"]), ("base", cfg["base_fd"])):
+        pid = os.fork()
+        if pid == 0:
+            keeper.close()
+            if role == "filer":
+                os.close(cfg["base_fd"])
+            try:
+                if role == "filer":
+                    filer_main(cfg, fd)
+                else:
+                    interpreter_main(cfg, fd, layers)
+            except BaseException:  # noqa: BLE001 - the host shows this log when the sandbox does not start
+                import traceback
 
-            traceback.print_exc()
-            sys.stderr.flush()
-        finally:
-            os._exit(1)
-    os.close(cfg["base_fd"])
-    try:  # serves the host's file operations until it says stop or goes away (closed, crashed, SIGKILLed)
-        while True:
-            msg = recv(keeper)
-            if msg.get("op") not in ("save", "load", "drop"):
-                break
-            send(keeper, keeper_op(cfg, msg))
-    except (EOFError, OSError, ValueError):
-        pass
-    _isolation.kill_descendants()
-    os._exit(0)
+                traceback.print_exc()
+                sys.stderr.flush()
+            finally:
+                os._exit(1)
+        os.close(fd)
 
 
 if __name__ == "__main__":

@@ -96,7 +96,11 @@ class PythonMathEnv(BranchableEnv):
     if even that fails (a replayed cell crashes, the pristine interpreter is
     gone), the sandbox is restarted and the state rebuilt by replay, or, as a last
     resort, the interpreter starts fresh and the observation says the state was lost.
-    A snapshot that cannot copy the interpreter holds the replay log only.
+    A snapshot that cannot copy the interpreter (or its work dir: a quota, ``snapshot_max_depth``,
+    ``snapshot_max_entries``) holds the replay log only; ``info["replay_only_snapshots"]`` counts
+    those and ``info["replay_only_reason"]`` says why; a restore that replayed sets
+    ``info["restored_by_replay"]``. A snapshot beyond the env's memory budget raises
+    :class:`~trace_envs.errors.SnapshotLimitError` instead.
 
     **Reward.** 1.0 when the answer equals the task's answer (``grading``: by default
     math-verify as verl's reward uses it, e.g. ``\\$5`` for ``5`` and ``0.333333`` for
@@ -310,8 +314,11 @@ class PythonMathEnv(BranchableEnv):
             frozen: FrozenInterpreter | None = sandbox.freeze()
         except SnapshotLimitError:
             raise
-        except SandboxError:  # fds exhausted, the import lock held, the quota full, a broken copy
+        except SandboxError as exc:  # fds exhausted, the import lock held, a quota or cap, a broken copy
             frozen = None
+            info = self._episode_info
+            info["replay_only_snapshots"] = info.get("replay_only_snapshots", 0) + 1
+            info["replay_only_reason"] = str(exc)[:300]
         if frozen is not None:
             self._anchor = (weakref.ref(frozen), len(self._cells))
         return PythonState(frozen=frozen, cells=self._cells, seed=self._seed)

@@ -7,6 +7,13 @@ snapshot cost the same whatever the history: :meth:`Sandbox.freeze` copies
 the live interpreter into a :class:`FrozenInterpreter`; :meth:`Sandbox.thaw`
 makes a new live interpreter from a frozen one (which stays reusable).
 
+The work dir's files are copied beside each frozen copy by the *filer* (``_filer.py``): a process
+of the sandbox's own uid, Landlock domain and seccomp filter that walks by directory descriptor,
+never by path, while every thread and process of the live interpreter is stopped (``_procs.py``).
+No process with more privilege than the sandbox resolves a name in a tree model code can change.
+A snapshot's cost grows with the work dir's files (``snapshot_max_depth``/``_entries`` cap it);
+held snapshots count against ``env_memory_mb`` (:meth:`Sandbox.memory_headroom`).
+
 The host trusts nothing the sandbox sends (model code shares the interpreter's
 process and can write to its socket): see ``_host.py`` for the checks (kernel-
 verified pids, one deadline per reply, frame cap, schema, sequence numbers). A
@@ -15,7 +22,8 @@ reply that fails them gets the interpreter killed; the caller rebuilds it.
 Isolation, strongest available first (``Sandbox.isolation`` lists what is active and
 what is unavailable here):
 
-* OS level, where the host runs as root on Linux: a network namespace with no
+* OS level, where the host runs as root on Linux (and as an ordinary user, inside a user namespace
+  of the sandbox's own): pid and IPC namespaces; a network namespace with no
   interfaces; a mount namespace in which every mount is read-only and the work
   dirs live on a private tmpfs with a size quota (freed by the kernel with the
   namespace); a uid unique to the sandbox on this machine (claimed in the per-host
@@ -47,108 +55,44 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trace_envs.errors import SandboxError, SnapshotError, SnapshotLimitError
+from trace_envs.python_tool._config import REQUIRED_LAYERS, SandboxConfig
 from trace_envs.python_tool._host import (
     ProtocolError,
     StateDir,
     adopt,
     kill_pid_checked,
-    kill_verified,
     make_cgroups,
-    nothing_pending,
     proc_stat,
     recv_frame,
     remove_cgroups,
     send_frame,
 )
+from trace_envs.python_tool._interp import SandboxCrashed, SnapshotTreeError, _Proc
+from trace_envs.python_tool._procs import (
+    QuiesceError,
+    ancestors,
+    children,
+    descendants,
+    memory_in_use,
+    pidfd_or_none,
+    private_bytes,
+    resume,
+    stop_tree,
+)
 
-__all__ = ["REQUIRED_LAYERS", "SandboxConfig", "CellResult", "FrozenInterpreter", "Sandbox", "SandboxCrashed"]
+__all__ = ["REQUIRED_LAYERS", "SandboxConfig", "CellResult", "FrozenInterpreter", "Sandbox", "SandboxCrashed",
+           "SnapshotTreeError"]
 
 _SERVER = Path(__file__).with_name("_server.py")
 
-#: The kernel layers a sandbox needs, by name: ``filesystem`` (a mount namespace with every mount
-#: read-only and a private tmpfs work root with a quota), ``network`` (a network namespace with no
-#: interfaces), ``landlock`` (file access: writes only in the live work dir; reads only of system and
-#: python dirs), ``seccomp`` (no exec, ptrace, signals, namespaces, mounts, sockets, pipes or shared
-#: memory). As an ordinary user the first two come from a user namespace of the sandbox's own.
-REQUIRED_LAYERS = ("filesystem", "network", "landlock", "seccomp")
 _KEEPER_TIMEOUT_S = 60.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class SandboxConfig:
-    """Limits and isolation of one sandbox.
-
-    Attributes:
-        timeout_s: wall-clock limit of one cell (the alarm inside; the host kills after ``kill_grace_s`` more).
-        kill_grace_s: extra time the host waits before killing a cell that ignores the alarm.
-        cpu_s: CPU-time limit of one cell.
-        cpu_total_s: CPU-time limit of one interpreter over its whole life.
-        memory_mb: address-space limit of each sandbox process.
-        env_memory_mb: memory of the whole env (all its processes and its tmpfs files; a cgroup, where available).
-        cpus: CPU cap of the whole env in cores (a cgroup quota, where available); None: no CPU cgroup.
-            Off by default: under contention the env then competes as one task, which doubled
-            restore latency on a loaded 2-core machine; rlimits bound CPU per cell and between cells anyway.
-        disk_mb: size of the live work dir's private tmpfs (what model code can write).
-        snapshot_disk_mb: size of the private tmpfs holding every snapshot's copy of the work dir; a
-            snapshot whose files do not fit holds its replay log only.
-        max_open_files: open files per process.
-        file_mb: largest file a cell may write.
-        output_chars: output kept per cell; the rest is counted and dropped.
-        max_processes: process cap of the sandbox's uid (frozen copies count).
-        max_frozen: live frozen copies allowed at once (snapshots beyond it raise SnapshotLimitError).
-        network_namespace: isolate the network (a namespace with no interfaces; required unless False).
-        drop_privileges: run user code under a fresh uid when the host is root.
-        allow_weaker: kernel layers the sandbox may start without, by name (see :data:`REQUIRED_LAYERS`):
-            by default it refuses to start when one is missing on this machine. Defaults to the
-            comma-separated names in ``TRACE_GYM_ALLOW_WEAKER``.
-        preload: modules imported once in the keeper so that every interpreter starts warm.
-    """
-
-    timeout_s: float = 10.0
-    kill_grace_s: float = 2.0
-    cpu_s: int = 10
-    cpu_total_s: int = 3600
-    memory_mb: int = 1024
-    env_memory_mb: int = 4096
-    cpus: float | None = None
-    disk_mb: int = 256
-    snapshot_disk_mb: int = 1024
-    max_open_files: int = 256
-    file_mb: int = 16
-    output_chars: int = 8192
-    max_processes: int = 512
-    max_frozen: int = 256
-    network_namespace: bool = True
-    drop_privileges: bool = True
-    allow_weaker: tuple[str, ...] = field(default_factory=lambda: tuple(
-        name.strip() for name in os.environ.get("TRACE_GYM_ALLOW_WEAKER", "").split(",") if name.strip()))
-    preload: tuple[str, ...] = ("math", "fractions", "itertools", "functools", "collections", "random",
-                                "numpy", "numpy.random", "sympy")
-
-    def __post_init__(self) -> None:
-        if self.timeout_s <= 0 or self.cpu_s <= 0 or self.memory_mb < 64 or self.output_chars < 1:
-            raise ValueError("SandboxConfig limits must be positive (memory_mb >= 64)")
-        if self.max_frozen < 1 or self.max_processes <= self.max_frozen:
-            raise ValueError("need max_frozen >= 1 and max_processes > max_frozen")
-        if (self.env_memory_mb < self.memory_mb // 4 or (self.cpus is not None and self.cpus <= 0)
-                or self.disk_mb < 1 or self.snapshot_disk_mb < 1 or self.max_open_files < 16):
-            raise ValueError("SandboxConfig: env_memory_mb >= memory_mb / 4, cpus > 0 or None, disk_mb and snapshot_disk_mb >= 1, "
-                             "max_open_files >= 16")
-        unknown = set(self.allow_weaker) - set(REQUIRED_LAYERS)
-        if unknown:
-            raise ValueError(f"SandboxConfig.allow_weaker: unknown layer(s) {sorted(unknown)}; "
-                             f"the layers are {list(REQUIRED_LAYERS)}")
-
-    @property
-    def required_layers(self) -> tuple[str, ...]:
-        """The kernel layers this sandbox refuses to start without."""
-        wanted = [name for name in REQUIRED_LAYERS if name != "network" or self.network_namespace]
-        return tuple(name for name in wanted if name not in self.allow_weaker)
+_SNAPSHOT_INODES = 524_288  # a hard link takes one too (tmpfs counts dentries); about 0.2 KB each
+_MEMORY_SLACK = 64 * 1024 * 1024  # the keeper, the filer and the kernel's own use
 
 
 @dataclass(frozen=True)
@@ -159,140 +103,6 @@ class CellResult:
     output: str
     truncated_chars: int = 0
     crashed: bool = False
-
-
-class SandboxCrashed(SandboxError):
-    """The live interpreter died or was killed (the host process is unaffected)."""
-
-
-def _descendants(root_pid: int) -> list[int]:
-    """Live (non-zombie) descendants of ``root_pid``, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        stat = proc_stat(int(entry))
-        if stat is not None and stat[0] != "Z":
-            children.setdefault(stat[1], []).append(int(entry))
-    found, stack = [], [root_pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
-
-
-def _check_reply(op: str, reply: dict[str, Any], output_chars: int) -> None:
-    """The schema of each op's reply; anything else is a forged or corrupt frame."""
-    if "error" in reply:
-        if not isinstance(reply["error"], str) or len(reply["error"]) > 1000:
-            raise ProtocolError("an error reply without a short error text")
-        return
-    if op == "exec":
-        ok, output, truncated = reply.get("ok"), reply.get("output"), reply.get("truncated")
-        if (type(ok) is not bool or not isinstance(output, str) or len(output) > output_chars
-                or type(truncated) is not int or truncated < 0):
-            raise ProtocolError("an exec reply off its schema")
-    elif op == "fork":
-        if reply.get("forked") is not True:
-            raise ProtocolError("a fork reply off its schema")
-    elif reply.get("ok") is not True:
-        raise ProtocolError(f"a {op} reply off its schema")
-
-
-class _Proc:
-    """One sandbox interpreter process, known by a pidfd the kernel vouched for, and the host's socket to it."""
-
-    def __init__(self, pid: int, pidfd: int | None, sock: socket.socket, box: Sandbox) -> None:
-        self.pid = pid
-        self.pidfd = pidfd
-        self.sock = sock
-        self.box = box
-        self.alive = True
-        self.released = False
-        self.lock = threading.Lock()
-
-    def kill(self, *, released: bool = True) -> None:
-        if not self.alive:
-            return
-        self.alive = False
-        self.released = released
-        try:
-            kill_verified(self.pid, self.pidfd)
-        finally:
-            if self.pidfd is not None:
-                os.close(self.pidfd)
-                self.pidfd = None
-            self.sock.close()
-        self.box._forget(self.pid)
-
-    def fork(self, timeout: float, role: str, retries: int = 20) -> _Proc:
-        """Ask this interpreter for a copy of itself; return the copy, verified through the kernel.
-
-        The copy's pid is what SCM_CREDENTIALS says sent its first frame, and it must be a child of
-        this process running as the sandbox uid (:func:`adopt`); nothing the interpreter writes names it.
-        ``role`` is ``"frozen"`` (a save point: it records its open descriptors) or ``"live"`` (it
-        reopens them on the files the keeper has just put in the live dir). A refused fork (the
-        process cap, while killed copies are still exiting) is retried with a short
-        back-off before it becomes an error. A fork the interpreter refuses raises SandboxError and
-        leaves it serving; a broken channel raises SandboxCrashed.
-        """
-        reply: dict[str, Any] = {}
-        for attempt in range(retries + 1):
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-            try:
-                reply = self.request({"op": "fork", "role": role}, timeout, fds=(theirs.fileno(),))
-            except BaseException:
-                ours.close()
-                raise
-            finally:
-                theirs.close()
-            if "error" not in reply:
-                creds: list[int] = []
-                try:  # the copy reports once it has its own session and work dir
-                    ready = recv_frame(ours, time.monotonic() + timeout, 4096, creds=creds)
-                    if ready != {"seq": 0, "ready": True} or len(creds) != 3:
-                        raise ProtocolError(f"unexpected start message from a copy: {str(ready)[:200]!r}")
-                    pidfd = adopt(creds[0], parent=self.pid, uid=self.box.uid, known=self.box._known_pids())
-                except (OSError, EOFError, ProtocolError) as exc:
-                    ours.close()
-                    raise SandboxError(f"the copy of interpreter {self.pid} failed to start: {exc}") from exc
-                return _Proc(creds[0], pidfd, ours, self.box)
-            ours.close()
-            if "import lock" in reply["error"]:
-                break
-            if attempt < retries:
-                time.sleep(0.01 * (attempt + 1))
-        raise SandboxError(f"interpreter {self.pid} cannot fork: {reply.get('error')}")
-
-    def request(self, msg: dict[str, Any], timeout: float | None, fds: tuple[int, ...] = ()) -> dict[str, Any]:
-        """Send ``msg`` and return its reply, checked: the echoed sequence number, the op's schema, a
-        frame cap, one deadline for the whole reply, and no stray bytes behind it.
-
-        Raises:
-            SandboxCrashed: the interpreter broke the protocol, died or missed the deadline (the
-                caller must kill it: its stream can no longer be trusted).
-        """
-        seq = random.getrandbits(62) + 1
-        deadline = time.monotonic() + (timeout if timeout is not None else 3600.0)
-        cfg = self.box.config
-        with self.lock:
-            try:
-                send_frame(self.sock, {**msg, "seq": seq}, deadline, fds)
-                reply = recv_frame(self.sock, deadline, 12 * cfg.output_chars + 65_536)
-                if reply.get("seq") != seq:
-                    raise ProtocolError("a reply to another request (a forged or stale frame)")
-                _check_reply(str(msg.get("op")), reply, cfg.output_chars)
-                if not nothing_pending(self.sock):
-                    raise ProtocolError("bytes after the reply (a forged frame)")
-            except TimeoutError as exc:
-                raise SandboxCrashed(f"the interpreter ignored its time limit (no answer within {timeout:g} s) and was killed") from exc
-            except ProtocolError as exc:
-                raise SandboxCrashed(f"the interpreter broke the control protocol: {exc}") from exc
-            except (OSError, EOFError) as exc:
-                raise SandboxCrashed(f"the interpreter process died ({type(exc).__name__})") from exc
-        return reply
 
 
 class FrozenInterpreter:
@@ -372,8 +182,12 @@ class Sandbox:
         keeper_ours, keeper_theirs = socket.socketpair()
         base_ours, base_theirs = socket.socketpair()
         base_ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        filer_ours, filer_theirs = socket.socketpair()
+        filer_ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         cfg = {
             "keeper_fd": keeper_theirs.fileno(), "base_fd": base_theirs.fileno(), "root": self.root,
+            "filer_fd": filer_theirs.fileno(), "snapshot_max_depth": cfg_.snapshot_max_depth,
+            "snapshot_max_entries": cfg_.snapshot_max_entries, "snapshot_inodes": _SNAPSHOT_INODES,
             "uid": self.uid, "network_namespace": cfg_.network_namespace,
             "memory_mb": cfg_.memory_mb, "file_mb": cfg_.file_mb, "disk_mb": cfg_.disk_mb,
             "snapshot_disk_mb": cfg_.snapshot_disk_mb,
@@ -382,6 +196,8 @@ class Sandbox:
             "max_processes": cfg_.max_processes, "preload": list(cfg_.preload), "cgroup_procs": procs,
         }
         self._pending_drops: list[int] = []
+        #: the last snapshot's work dir: entries copied and unchanged files shared with an earlier one
+        self.last_save: dict[str, int] = {"entries": 0, "shared": 0}
         self._saved: set[int] = set()
         self._keeper_lock = threading.Lock()
         live_dir = self.root + "/live"
@@ -393,14 +209,17 @@ class Sandbox:
         os.chmod(log_path, 0o600)
         self._keeper = subprocess.Popen(
             [sys.executable, "-s", str(_SERVER), json.dumps(cfg)],
-            pass_fds=(keeper_theirs.fileno(), base_theirs.fileno()), env=env, cwd="/",
+            pass_fds=(keeper_theirs.fileno(), base_theirs.fileno(), filer_theirs.fileno()), env=env, cwd="/",
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log,
             start_new_session=True,
         )
         keeper_theirs.close()
         base_theirs.close()
+        filer_theirs.close()
         self._keeper_sock = keeper_ours
-        self._keeper_pidfd = _pidfd_or_none(self._keeper.pid)
+        self._filer_sock = filer_ours
+        self._filer: tuple[int, int | None] | None = None
+        self._keeper_pidfd = pidfd_or_none(self._keeper.pid)
         self.state.write_record(self.sid, {
             "host_pid": os.getpid(), "host_start": proc_stat(os.getpid())[2] if proc_stat(os.getpid()) else None,
             "keeper_pid": self._keeper.pid, "keeper_start": (proc_stat(self._keeper.pid) or ("", 0, None))[2],
@@ -408,7 +227,7 @@ class Sandbox:
         })
         self._started = True
         self._finalizer = weakref.finalize(self, Sandbox._shutdown, self._keeper, keeper_ours, self.state,
-                                           self.sid, self.uid, tuple(self._cgroups))
+                                           self.sid, self.uid, tuple(self._cgroups), filer_ours)
         try:
             creds: list[int] = []
             hello = recv_frame(base_ours, time.monotonic() + 60.0, 65_536, creds=creds)
@@ -416,6 +235,12 @@ class Sandbox:
             if hello.get("ready") is not True or not isinstance(layers, list) or len(creds) != 3:
                 raise ProtocolError("unexpected hello from the base interpreter")
             base_pidfd = adopt(creds[0], parent=self._keeper.pid, uid=self.uid)
+            filer_creds: list[int] = []
+            filer_hello = recv_frame(filer_ours, time.monotonic() + 60.0, 65_536, creds=filer_creds)
+            if filer_hello.get("ready") is not True or len(filer_creds) != 3:
+                raise ProtocolError("unexpected hello from the filer")
+            self._filer = (filer_creds[0], adopt(filer_creds[0], parent=self._keeper.pid, uid=self.uid,
+                                                 known={creds[0]}))
         except (OSError, EOFError, ProtocolError) as exc:
             self._log.seek(0)
             log = self._log.read()[-2000:].decode(errors="replace")
@@ -423,7 +248,10 @@ class Sandbox:
             self.close()
             raise SandboxError(f"the sandbox interpreter did not start ({exc}); its log:\n{log}") from exc
         self._cgroup_ok = bool(self._cgroups)
-        self.isolation: tuple[str, ...] = tuple(str(x) for x in layers) + self._host_layers()
+        filer_layers = filer_hello.get("layers")
+        self._filer_holds = filer_hello.get("landlock") is True and filer_hello.get("seccomp") is True
+        self.isolation: tuple[str, ...] = (tuple(str(x) for x in layers) + self._host_layers()
+                                           + (self._snapshot_layer(filer_layers, filer_hello.get("shares") is True),))
         self._base = FrozenInterpreter(_Proc(creds[0], base_pidfd, base_ours, self), self)
         achieved = hello.get("achieved")
         self.layers_held = frozenset(str(x) for x in achieved) if isinstance(achieved, list) else frozenset()
@@ -435,6 +263,16 @@ class Sandbox:
                 f"{'; '.join(x for x in self.isolation if x.startswith('unavailable'))}). To run with weaker "
                 f"isolation anyway, name what to do without: SandboxConfig(allow_weaker={tuple(missing)!r}) "
                 f"or TRACE_GYM_ALLOW_WEAKER={','.join(missing)}")
+
+    def _snapshot_layer(self, filer_layers: Any, shares: bool) -> str:
+        held = ", ".join(str(x).split("(")[0] for x in filer_layers) if isinstance(filer_layers, list) else ""
+        shared = ("files unchanged since a held snapshot hard-linked to its copy" if shares else
+                  "every file copied (no fresh change time after every write here)")
+        return ("snapshot-files(copied by the filer, a process of the sandbox's own uid, Landlock domain "
+                f"and seccomp filter [{held or 'none held'}], walking by directory descriptor with "
+                "O_NOFOLLOW at every level, iteratively, with depth and entry caps, while every thread "
+                f"and process of the live interpreter is stopped; {shared}; not an overlay mount: see "
+                "docs/guides/security.md)")
 
     def _host_layers(self) -> tuple[str, ...]:
         layers = ["kernel-verified pids (SCM_CREDENTIALS, pidfd, parentage, uid)",
@@ -470,7 +308,7 @@ class Sandbox:
     def thaw(self, frozen: FrozenInterpreter) -> None:
         """Replace the live interpreter with a fresh copy of ``frozen`` (which stays reusable).
 
-        The old live interpreter and every process it left are killed first, then the keeper puts
+        The old live interpreter and every process it left are killed first, then the filer puts
         ``frozen``'s files into the live dir (an empty dir for the pristine one), then ``frozen`` forks.
         When this raises, there is no live interpreter.
 
@@ -493,7 +331,7 @@ class Sandbox:
         source = frozen._proc.pid if frozen is not self._base else None
         if source is not None and source not in self._saved:
             raise SandboxError("the frozen interpreter's files were not saved")
-        self._keeper_request({"op": "load", "id": source})
+        self._file_request({"op": "load", "id": source})
         try:
             new = frozen._proc.fork(self.config.timeout_s, "live")
         except SandboxCrashed:
@@ -502,12 +340,18 @@ class Sandbox:
         self._live = new
 
     def freeze(self) -> FrozenInterpreter:
-        """A frozen copy of the live interpreter, its work dir's files saved beside it by the keeper.
+        """A frozen copy of the live interpreter, its work dir's files saved beside it by the filer.
+
+        The copy is forked first; then every thread and process of the live interpreter is stopped
+        (and what it started killed) while the filer copies the work dir, so no name changes under
+        the walk; then it runs on.
 
         Raises:
-            SnapshotLimitError: ``max_frozen`` copies are held.
-            SandboxError: the interpreter refused or failed to fork, or the files did not fit the
-                quota (it keeps serving); SandboxCrashed: it died or broke the protocol (it was killed).
+            SnapshotLimitError: ``max_frozen`` copies are held, or the env's memory budget would not
+                hold another (see :meth:`memory_headroom`).
+            SandboxError: the interpreter refused or failed to fork, could not be stopped, or the
+                files did not fit a quota or a cap (it keeps serving; the message says which);
+                SandboxCrashed: it died or broke the protocol (it was killed).
         """
         self._check_open()
         if self._live is None:
@@ -517,6 +361,7 @@ class Sandbox:
                 f"{self.config.max_frozen} snapshots hold interpreter processes; release some "
                 "(snapshot.release() or drop them) or raise SandboxConfig.max_frozen"
             )
+        self._check_memory()
         live = self._live
         try:
             proc = live.fork(self.config.timeout_s, "frozen")
@@ -525,27 +370,71 @@ class Sandbox:
             live.kill()
             raise
         try:
-            self._keeper_request({"op": "save", "id": proc.pid})
+            if live.pidfd is None:
+                raise SandboxError("no pidfd for the live interpreter: it cannot be stopped for the copy")
+            stop_tree(live.pid, live.pidfd, known=frozenset(self._known_pids() | {proc.pid}))
+            try:
+                self.kill_strays(also_known=(proc.pid,))  # what was orphaned earlier (keeper, filer)
+                reply = self._file_request({"op": "save", "id": proc.pid})
+                entries, shared = reply.get("entries"), reply.get("shared")
+                if type(entries) is int and type(shared) is int:
+                    self.last_save = {"entries": entries, "shared": shared}
+            finally:
+                resume(live.pidfd)
+        except QuiesceError as exc:
+            proc.kill()
+            raise SandboxError(f"the snapshot's files were not copied: {exc}") from exc
         except SandboxError:
             proc.kill()
             raise
         self._saved.add(proc.pid)
         return FrozenInterpreter(proc, self)
 
-    def _keeper_request(self, msg: dict[str, Any]) -> None:
-        """One file operation by the keeper (see ``_server.keeper_op``), with the pending drops."""
+    def memory_headroom(self) -> int:
+        """Bytes of ``env_memory_mb`` left once another snapshot is held: the budget less the env's
+        use now (every process and its tmpfs files) and what the new frozen copy costs once the live
+        interpreter rewrites all of its memory, and a slack for the keeper, the filer and the kernel.
+        Negative: :meth:`freeze` refuses, so that rewriting its data never takes the live
+        interpreter over the budget because of a snapshot."""
+        live = private_bytes(self._live.pid) if self._live is not None else 0
+        memory_cgroups = [d for d in self._cgroups if "/memory" in d or Path(d, "memory.current").exists()]
+        filer = [self._filer[0]] if self._filer is not None else []
+        pids = [] if memory_cgroups else [self._keeper.pid, *filer, *self._known_pids()]
+        room = self.config.env_memory_mb * 1024 * 1024 - live - _MEMORY_SLACK
+        return room - memory_in_use(memory_cgroups, pids, enough=room)
+
+    def _check_memory(self) -> None:
+        headroom = self.memory_headroom()
+        if headroom < 0:
+            budget = self.config.env_memory_mb
+            raise SnapshotLimitError(
+                f"another snapshot would not fit the env's memory budget ({budget} MB, "
+                f"{(budget * 1024 * 1024 - headroom) / 2**20:.0f} MB needed with it): every snapshot "
+                "keeps the interpreter's memory as it was. Release snapshots (snapshot.release() or drop "
+                "them), or raise SandboxConfig.env_memory_mb")
+
+    def _file_request(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """One file operation by the filer (see ``_filer.py``), with the pending drops; its reply is
+        checked like an interpreter's (deadline, frame cap, sequence number)."""
         with self._keeper_lock:
             drops, self._pending_drops = self._pending_drops, []
+            seq = random.getrandbits(62) + 1
             try:
-                send_frame(self._keeper_sock, {**msg, "drop": drops}, time.monotonic() + _KEEPER_TIMEOUT_S)
-                reply = recv_frame(self._keeper_sock, time.monotonic() + _KEEPER_TIMEOUT_S, 65_536)
+                send_frame(self._filer_sock, {**msg, "drop": drops, "seq": seq},
+                           time.monotonic() + _KEEPER_TIMEOUT_S)
+                reply = recv_frame(self._filer_sock, time.monotonic() + _KEEPER_TIMEOUT_S, 65_536)
+                if reply.get("seq") != seq:
+                    raise ProtocolError("a reply to another request")
             except (OSError, EOFError, TimeoutError, ProtocolError) as exc:
-                raise SandboxCrashed(f"the sandbox's keeper did not answer ({type(exc).__name__})") from exc
+                raise SandboxCrashed(f"the sandbox's filer did not answer ({type(exc).__name__}: {exc})") from exc
         if reply.get("ok") is not True:
-            error = reply.get("error")
-            raise SandboxError(f"the work dir could not be copied: {str(error)[:300]}")
+            error = str(reply.get("error"))[:400]
+            if reply.get("limit") is True:
+                raise SnapshotTreeError(f"the work dir was not saved: {error}")
+            raise SandboxError(f"the work dir could not be copied: {error}")
+        return reply
 
-    def kill_strays(self) -> int:
+    def kill_strays(self, also_known: tuple[int, ...] = ()) -> int:
         """SIGKILL every process in the tree that is not one of the sandbox's interpreters (with all
         below it): what a cell started, whatever it did since (setsid, double fork). Returns how many
         were found. Cheap when there are none: it reads the children lists of the keeper and the live
@@ -553,17 +442,19 @@ class Sandbox:
         if not self._started or self._keeper.poll() is not None:
             return 0
         keeper, found = self._keeper.pid, 0
-        for _ in range(50):  # a stray may fork while it is being killed: its orphans reach the keeper
-            known = self._known_pids() | {keeper}
-            roots = [keeper] + ([self._live.pid] if self._live is not None else [])
-            strays = [pid for root in roots for pid in _children(root) if pid not in known]
+        filer = [self._filer[0]] if self._filer is not None else []
+        for _ in range(50):  # a stray may fork while it is being killed: its orphans reach the filer (the
+            known = self._known_pids() | {keeper, *filer, *also_known}  # pid namespace's init) or the keeper
+            roots = [keeper, *filer] + ([self._live.pid] if self._live is not None else [])
+            strays = [pid for root in roots for pid in children(root)
+                      if pid not in known and (proc_stat(pid) or ("Z",))[0] not in ("Z", "X")]
             if not strays:
                 break
             found += len(strays)
             for stray in strays:
-                for pid in [stray, *_descendants(stray)]:
+                for pid in [stray, *descendants(stray)]:
                     if pid not in known:
-                        kill_pid_checked(pid, lambda p: keeper in _ancestors(p))
+                        kill_pid_checked(pid, lambda p: keeper in ancestors(p))
             time.sleep(0.001)
         return found
 
@@ -600,8 +491,9 @@ class Sandbox:
         return reply
 
     def process_count(self) -> int:
-        """Processes alive in this sandbox's tree, keeper excluded (user-spawned ones included)."""
-        return len(_descendants(self._keeper.pid))
+        """Processes alive in this sandbox's tree, keeper and filer excluded (user-spawned ones included)."""
+        filer = self._filer[0] if self._filer is not None else None
+        return len([pid for pid in descendants(self._keeper.pid) if pid != filer])
 
     def _forget(self, pid: int) -> None:
         """A copy's process is gone: its saved files are dropped with the next keeper request."""
@@ -634,6 +526,9 @@ class Sandbox:
             if self._keeper_pidfd is not None:
                 os.close(self._keeper_pidfd)
                 self._keeper_pidfd = None
+            if self._filer is not None and self._filer[1] is not None:
+                os.close(self._filer[1])
+            self._filer = None
 
     def close(self) -> None:
         """Kill every process of the sandbox and remove its files and cgroups (idempotent)."""
@@ -644,13 +539,14 @@ class Sandbox:
 
     @staticmethod
     def _shutdown(keeper: subprocess.Popen, keeper_sock: socket.socket, state: StateDir, sid: str,
-                  uid: int | None, cgroups: tuple[str, ...]) -> None:
+                  uid: int | None, cgroups: tuple[str, ...], filer_sock: socket.socket) -> None:
         for _ in range(20):  # kill the whole tree; orphans are re-parented to the keeper meanwhile
-            pids = _descendants(keeper.pid)
+            pids = descendants(keeper.pid)
             if not pids:
                 break
             for pid in pids:
-                kill_pid_checked(pid, lambda p: keeper.pid in _ancestors(p))
+                kill_pid_checked(pid, lambda p: keeper.pid in ancestors(p))
+        filer_sock.close()
         keeper_sock.close()  # the keeper kills whatever is left below it and exits
         try:
             keeper.wait(timeout=2)
@@ -665,37 +561,3 @@ class Sandbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _children(pid: int) -> list[int]:
-    """The direct children of ``pid`` (every thread's), from /proc/<pid>/task/*/children."""
-    found: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as fh:
-                found += [int(x) for x in fh.read().split()]
-        except (OSError, ValueError):
-            continue
-    return found
-
-
-def _ancestors(pid: int) -> list[int]:
-    found, current = [], pid
-    for _ in range(64):
-        stat = proc_stat(current)
-        if stat is None or stat[1] <= 1:
-            break
-        found.append(stat[1])
-        current = stat[1]
-    return found
-
-
-def _pidfd_or_none(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)
-    except (OSError, AttributeError):
-        return None
