@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-    from trace_agent.train_cli import run_training
+    from trace_agent.run import run_training
 
     t0 = time.perf_counter()
     config = demo_config(args)

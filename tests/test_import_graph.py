@@ -121,3 +121,40 @@ def test_the_graph_sees_function_level_imports() -> None:
 
 def test_no_import_cycle_among_the_projects_modules() -> None:
     assert cycles(import_graph()) == []
+
+
+
+#: The command-line modules, and the only CLI edges allowed: ``trace_agent.cli`` loads the subcommands
+#: (``train_cli`` among them, by name) and ``train_cli.main`` hands over to ``cli.main``. The library
+#: underneath (the training loop in ``trace_agent.run`` included) never reaches up into a command line.
+CLI_MODULES = ("trace_agent.cli", "trace_agent.train_cli")
+CLI_EDGES = {("trace_agent.cli", "trace_agent.train_cli"), ("trace_agent.train_cli", "trace_agent.cli")}
+
+
+def _named_modules(path: Path) -> set[str]:
+    """The CLI modules ``path`` names in a string constant of its own (an import by name, ``import_module``)."""
+    return {node.value for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Constant) and node.value in CLI_MODULES}
+
+
+def cli_edges(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(module, CLI module) for every import of a command-line module, by statement or by name."""
+    modules = _modules()
+    named = {name: _named_modules(modules[name]) if name in modules else set() for name in graph}
+    return {(name, target) for name, targets in graph.items() for target in targets | named[name]
+            if target in CLI_MODULES and target != name}
+
+
+def test_the_layering_check_sees_a_library_module_importing_the_cli() -> None:
+    graph = {"trace_agent.compare": {"trace_agent.train_cli", "trace_agent.run"},
+             "trace_agent.run": {"trace_agent.trainer"}, "trace_agent.trainer": set()}
+    assert cli_edges(graph) - CLI_EDGES == {("trace_agent.compare", "trace_agent.train_cli")}
+    assert ("trace_agent.cli", "trace_agent.train_cli") in cli_edges(import_graph())  # loaded by name
+
+
+def test_no_library_module_imports_a_command_line_module() -> None:
+    """The training loop and everything else below the CLI: only ``cli.py`` loads ``train_cli``."""
+    graph = import_graph()
+    assert "trace_agent.run" in graph["trace_agent.train_cli"]
+    assert "trace_agent.run" in graph["trace_agent.compare"]
+    assert sorted(cli_edges(graph) - CLI_EDGES) == []

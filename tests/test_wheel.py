@@ -73,7 +73,7 @@ def test_a_base_install_runs_and_its_preflight_names_the_missing_imports(wheel: 
     version = _run([str(bin_dir / "trace-gym"), "--version"], cwd=outside).stdout.strip()
     assert version == "trace-gym 0.1.0"
     probe = ("import trace_agent, trace_envs, gymnasium as gym\n"
-             "from trace_agent.train_cli import CONFIG_DIR\n"
+             "from trace_agent.config_io import CONFIG_DIR\n"
              "print(trace_agent.__version__, trace_agent.__file__)\n"
              "print((CONFIG_DIR / 'demo.yaml').is_file())\n"
              "env = gym.make('trace_envs/WikiQA-v0')\n"

@@ -19,7 +19,9 @@ On top of them (policies in :mod:`trace_agent.policy`, torch loaded lazily):
 - :mod:`trace_agent.rollout` - ``TreeCollector``: per-prompt tree collection through snapshot/restore.
 - :mod:`trace_agent.strategies` - the ``Strategy`` protocol and GRPO / PCL / TreePO / TRACE / Oracle.
 - :mod:`trace_agent.objectives` - GRPO, TreeRPO, Tree-GRPO advantages; :mod:`trace_agent.loss` the clipped policy loss.
-- :mod:`trace_agent.trainer` - the five-step loop and checkpoints (its parts: `update`, `collector`, `checkpoint`, `pool`, `wiring`); ``trace-gym`` is :mod:`trace_agent.cli`.
+- :mod:`trace_agent.trainer` - the five-step loop and checkpoints (its parts: `update`, `collector`, `checkpoint`, `pool`, `wiring`).
+- :mod:`trace_agent.run` - a run end to end (``run_training``: steps, evaluations, checkpoints, resume, the final
+  policy and report); ``trace-gym`` (:mod:`trace_agent.cli`) parses a config and calls it.
 """
 
 from __future__ import annotations

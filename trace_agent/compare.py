@@ -8,7 +8,7 @@
     print(result.to_markdown())
 
 Every (strategy, seed) run is ``config`` with ``rollout.strategy`` and ``seed`` replaced, trained
-with :func:`~trace_agent.train_cli.run_training` into ``<config.out_dir>/<strategy>_s<seed>``
+with :func:`~trace_agent.run.run_training` into ``<config.out_dir>/<strategy>_s<seed>``
 (no evaluation before training and none in between: every run starts from the same policy,
 which is evaluated once, on the generator the runs evaluate on, closed before the first
 run builds its own). Equal budget is the config's (M, N) for all: a branching strategy
@@ -212,7 +212,7 @@ def compare_training(config: TrainConfig, strategies: Sequence[str], seeds: Sequ
     """
     from trace_agent.evaluation import evaluate_heldout
     from trace_agent.policy.base import close_generator
-    from trace_agent.train_cli import run_training
+    from trace_agent.run import run_training
     from trace_agent.wiring import build_policies
 
     if not strategies or not seeds:

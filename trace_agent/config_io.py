@@ -19,6 +19,7 @@ type is what a user of ``--set`` needs, and the conversion is the only part that
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,7 +28,13 @@ from typing import Any, Literal
 from trace_agent.config import TrainConfig
 from trace_agent.errors import ConfigError
 
-__all__ = ["config_to_dict", "config_from_dict", "apply_overrides", "load_config", "save_config", "FLAT_ALIASES"]
+__all__ = ["config_to_dict", "config_from_dict", "apply_overrides", "load_config", "save_config", "FLAT_ALIASES",
+           "CONFIG_DIR"]
+
+#: The configs shipped with the package (``demo.yaml``, the demo policy's settings per env, ...): the package
+#: data ``trace_agent/configs`` (``docs/configs`` in a checkout links there), found through
+#: ``importlib.resources`` so that an installed wheel has them too.
+CONFIG_DIR = Path(str(importlib.resources.files("trace_agent") / "configs"))
 
 #: Flat keys read as aliases of nested settings (section -> flat key -> key path inside the section).
 FLAT_ALIASES: dict[str, dict[str, tuple[str, ...]]] = {

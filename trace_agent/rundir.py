@@ -139,7 +139,7 @@ def lock_run_dir(path: str | Path) -> Iterator[Path]:
     holder (``pid=... host=...``). Taken without waiting: a directory another process holds raises
     :class:`RunDirError` naming that process's pid and host. Re-entrant within one process (a
     ``trace-gym train`` takes it before clearing or checking the directory, and
-    :func:`~trace_agent.train_cli.run_training` inside it again). A lock whose holder died is free:
+    :func:`~trace_agent.run.run_training` inside it again). A lock whose holder died is free:
     the kernel releases ``flock`` locks with the last descriptor of their file.
     """
     import fcntl

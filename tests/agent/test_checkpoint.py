@@ -153,7 +153,7 @@ def test_resume_falls_back_to_the_newest_valid_checkpoint_and_stays_bit_exact(tw
     pickle.load and torch.load are booby-trapped: nothing on the load path may call them.
     """
     from trace_agent.config import EvalConfig, LogConfig
-    from trace_agent.train_cli import run_training
+    from trace_agent.run import run_training
 
     out, _, weights = two_checkpoints
     run = _copy_run(out, tmp_path / "run")
@@ -183,7 +183,7 @@ def test_resume_falls_back_to_the_newest_valid_checkpoint_and_stays_bit_exact(tw
 
 def test_no_valid_checkpoint_is_an_error_not_a_silent_restart(two_checkpoints, tmp_path: Path) -> None:
     from trace_agent.config import LogConfig
-    from trace_agent.train_cli import run_training
+    from trace_agent.run import run_training
 
     out, _, _ = two_checkpoints
     run = _copy_run(out, tmp_path / "run")

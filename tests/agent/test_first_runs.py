@@ -12,11 +12,10 @@ import yaml
 
 from trace_agent.cli import build_parser, main
 from trace_agent.config import EvalConfig, SamplingSettings, TrainConfig
-from trace_agent.config_io import config_to_dict, load_config
+from trace_agent.config_io import CONFIG_DIR, config_to_dict, load_config
 from trace_agent.errors import ConfigError
 from trace_agent.evaluation import evaluate_heldout
 from trace_agent.train_cli import (
-    CONFIG_DIR,
     DEMO_CONFIGS,
     config_from_args,
     demo_config_path,

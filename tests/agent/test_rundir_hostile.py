@@ -46,7 +46,7 @@ def _edit_state(ckpt: Path, old: str, new: str) -> None:
 
 def _resume(run: Path) -> tuple[int, list[str]]:
     """Resume ``run`` through :func:`run_training` (no further steps); its final step and its log lines."""
-    from trace_agent.train_cli import run_training
+    from trace_agent.run import run_training
 
     logs: list[str] = []
     cfg = tiny_config(run, steps=2, eval=EvalConfig(tasks=1, samples=1),

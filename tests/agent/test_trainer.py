@@ -325,7 +325,7 @@ def test_run_training_end_to_end(tmp_path: Path) -> None:
     """run_training: eval before/after, metrics.jsonl, checkpoint, final policy, PNG curves, summary; then resume."""
     from trace_agent.config import EvalConfig, LogConfig
     from trace_agent.metrics import read_metrics
-    from trace_agent.train_cli import run_training
+    from trace_agent.run import run_training
 
     cfg = tiny_config(tmp_path / "run", steps=1, eval=EvalConfig(tasks=2, samples=2),
                       log=LogConfig(tensorboard=True, wandb=False, progress=False))

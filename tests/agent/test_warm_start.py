@@ -116,7 +116,7 @@ def test_a_strategy_that_does_not_read_the_predictor_gets_no_warm_up(tmp_path: P
 def test_off_by_default_run_training_is_the_cold_trainer(tmp_path: Path) -> None:
     """With warm_start_tasks = 0 the trees of ``run_training`` are byte for byte the bare trainer's steps."""
     from trace_agent.metrics import read_metrics
-    from trace_agent.train_cli import run_training
+    from trace_agent.run import run_training
 
     cfg = warm_config(tmp_path / "run", tasks=0, roots=3)
     run_training(cfg, evaluate=False, log=lambda _m: None)
@@ -135,7 +135,7 @@ def test_off_by_default_run_training_is_the_cold_trainer(tmp_path: Path) -> None
 
 def test_resume_after_step_1_does_not_repeat_the_warm_up_and_is_bit_exact(tmp_path: Path) -> None:
     from trace_agent.metrics import read_metrics
-    from trace_agent.train_cli import run_training
+    from trace_agent.run import run_training
 
     straight = run_training(warm_config(tmp_path / "a"), evaluate=False, log=lambda _m: None)
     first = warm_config(tmp_path / "b", steps=1)

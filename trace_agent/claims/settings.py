@@ -88,8 +88,7 @@ def strategy_names(args: argparse.Namespace) -> list[str]:
 
 def train_config(args: argparse.Namespace) -> Any:
     """The comparison's TrainConfig: ``--config`` (default docs/configs/demo.yaml), ``--small`` sizes, flags, ``--set``."""
-    from trace_agent.config_io import load_config
-    from trace_agent.train_cli import CONFIG_DIR
+    from trace_agent.config_io import CONFIG_DIR, load_config
 
     path = args.config or str(CONFIG_DIR / "demo.yaml")
     flags = [f"out_dir={json.dumps(args.out)}", "log.progress=false"]

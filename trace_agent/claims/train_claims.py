@@ -92,7 +92,7 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
     from trace_agent.config_io import config_to_dict
     from trace_agent.evaluation import evaluate_heldout
     from trace_agent.metrics import read_metrics
-    from trace_agent.train_cli import run_training
+    from trace_agent.run import run_training
     from trace_agent.wiring import build_policies
 
     config = train_config(args)

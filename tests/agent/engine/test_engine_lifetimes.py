@@ -194,7 +194,7 @@ def test_close_generator_leaves_a_learner_that_is_its_own_generator() -> None:
 
 def test_comparison_evaluates_the_start_on_the_generator_and_closes_it(monkeypatch, tmp_path) -> None:
     import trace_agent.evaluation as evaluation
-    import trace_agent.train_cli as train_cli
+    import trace_agent.run as run
     import trace_agent.wiring as wiring
     from trace_agent.compare import compare_training
     from trace_agent.config import TrainConfig
@@ -217,7 +217,7 @@ def test_comparison_evaluates_the_start_on_the_generator_and_closes_it(monkeypat
 
     monkeypatch.setattr(wiring, "build_policies", lambda *a, **k: (learner, generator))
     monkeypatch.setattr(evaluation, "evaluate_heldout", evaluate)
-    monkeypatch.setattr(train_cli, "run_training", train)
+    monkeypatch.setattr(run, "run_training", train)
     out = compare_training(TrainConfig(out_dir=str(tmp_path / "ok")), ["trace"], [0], log=lambda _m: None)
     assert out.base["success"] == 0.5
     assert events == ["evaluate generator", "close generator", "train trace"]
@@ -233,11 +233,12 @@ def test_eval_command_closes_the_generator_it_built(monkeypatch, fails, capsys) 
 
     import trace_agent.train_cli as train_cli
     import trace_agent.wiring as wiring
+    from trace_agent.evaluation import EvalResult
 
     events: list[str] = []
     learner = SimpleNamespace(name="learner", close=lambda: events.append("close learner"))
     generator = SimpleNamespace(name="generator", close=lambda: events.append("close generator"))
-    result = train_cli.EvalResult(success=0.5, success_se=0.1, tasks=2, samples=1, episodes=2, solved_tasks=1,
+    result = EvalResult(success=0.5, success_se=0.1, tasks=2, samples=1, episodes=2, solved_tasks=1,
                                   seconds=0.1, per_task={"a": 1.0, "b": 0.0})
 
     def evaluate(policy, config, **kwargs):
@@ -332,7 +333,7 @@ def test_two_training_runs_and_a_comparison_in_one_process_give_their_engines_ba
     from trace_agent.config import EvalConfig, LogConfig, PolicyConfig
     from trace_agent.demo.model import tiny_policy
     from trace_agent.policy.vllm_backend import VLLMPolicy
-    from trace_agent.train_cli import run_training
+    from trace_agent.run import run_training
 
     hf = tiny_policy(seed=0)
     hf.model.save_pretrained(tmp_path / "m")
