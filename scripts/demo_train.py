@@ -21,7 +21,6 @@ trained policy on the same held-out episodes, and prints a Markdown table.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -111,27 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     report = run_training(config, resume=args.resume, log=lambda m: print(m, flush=True))
     total = time.perf_counter() - t0
 
-    print("\n=== TRACE demo: report ===")
-    if report.before and report.after:
-        b, a = report.before, report.after
-        print(f"held-out success (PythonMath-v0 test split, {a.tasks} tasks x {a.samples} samples = {a.episodes} "
-              f"episodes): {b.success:.3f} -> {a.success:.3f} ({a.success - b.success:+.3f}); tasks solved at least "
-              f"once: {b.solved_tasks} -> {a.solved_tasks}")
-    from trace_agent.metrics import read_metrics
+    from trace_agent.run_report import print_run_report
 
-    curve = [(r["step"], r["eval/success"]) for r in read_metrics(Path(report.out_dir) / "metrics.jsonl")
-             if "eval/success" in r]
-    if len(curve) > 2:
-        print("held-out success by step: " + " ".join(f"{step}:{success:.3f}" for step, success in curve))
-    ratios = " ".join("nan" if math.isnan(x) else f"{x:.2f}" for x in report.effective_ratio)
-    succ = " ".join("nan" if math.isnan(x) else f"{x:.2f}" for x in report.train_success)
-    print(f"effective ratio per step: {ratios}")
-    print(f"train rollout success per step: {succ}")
-    print(f"budget: {report.paper_units:.0f} paper units, {report.generated_tokens:.0f} generated tokens; "
-          f"predictor share of step wall-clock: {report.predictor_share:.1%}")
-    print(f"time: {total:.0f}s total ({t_build:.0f}s demo policy, {report.wall_seconds:.0f}s training run with evals)")
-    print(f"plots: {report.plot}\nmetrics: {Path(report.out_dir) / 'metrics.jsonl'} (TensorBoard: "
-          f"{Path(report.out_dir) / 'tb'})\ntrained policy: {report.policy_dir}")
+    print_run_report(report.out_dir)
+    print(f"time from start: {total:.0f}s ({t_build:.0f}s finding the demo policy, {report.wall_seconds:.0f}s the run "
+          f"above)\nmetrics: {Path(report.out_dir) / 'metrics.jsonl'} (TensorBoard: {Path(report.out_dir) / 'tb'})\n"
+          f"report: {Path(report.out_dir) / 'run_report.json'}\ntrained policy: {report.policy_dir}")
     return 0
 
 

@@ -85,6 +85,7 @@ class TrainReport:
     wall_seconds: float
     plot: str
     policy_dir: str
+    setup_seconds: float = 0.0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, default=float)
@@ -168,6 +169,7 @@ def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool | 
     out = Path(config.out_dir)
     trainer = Trainer(config)
     start, ckpt = _resume(trainer, out, log) if resume else (0, None)
+    setup_seconds = time.perf_counter() - t_start
     saved_path = out / "config.yaml"
     if ckpt is None or not saved_path.is_file():
         trainer.save_config()
@@ -247,8 +249,14 @@ def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool | 
         paper_units=trainer.totals.get("paper_units", 0.0), generated_tokens=trainer.totals.get("generated_tokens", 0.0),
         predictor_share=sum(shares) / sum(walls) if walls and sum(walls) > 0 else math.nan,
         wall_seconds=time.perf_counter() - t_start, plot=str(plot), policy_dir=str(policy_out),
+        setup_seconds=setup_seconds,
     )
     (out / "summary.json").write_text(report.to_json())
+    from trace_agent.run_report import build_run_report
+
+    (out / "run_report.json").write_text(build_run_report(
+        report, records, title=f"{config.rollout.strategy} / {config.objective.name} on {config.env_id}",
+        setup_s=setup_seconds, samples=config.eval.samples).to_json())
     return report
 
 
@@ -384,14 +392,10 @@ def _train_main(args: argparse.Namespace) -> int:
             clear_run(config.out_dir)
         check_fresh(config.out_dir)
     report = run_training(config, resume=resume, evaluate=not args.no_eval, log=lambda m: print(m, flush=True))
-    ratios = ", ".join("nan" if math.isnan(x) else f"{x:.2f}" for x in report.effective_ratio)
-    print(f"effective ratio per step: {ratios}")
-    if report.before and report.after:
-        print(f"held-out success: {report.before.success:.3f} -> {report.after.success:.3f} "
-              f"(± {report.after.success_se:.3f}; {report.after.tasks} tasks x {report.after.samples} samples)")
-    share = "n/a" if math.isnan(report.predictor_share) else f"{report.predictor_share:.1%}"
-    print(f"predictor share of step wall-clock: {share}")
-    print(f"plots: {report.plot}\nmetrics: {Path(report.out_dir) / 'metrics.jsonl'}\npolicy: {report.policy_dir}\n"
+    from trace_agent.run_report import print_run_report
+
+    print_run_report(report.out_dir)
+    print(f"metrics: {Path(report.out_dir) / 'metrics.jsonl'}\npolicy: {report.policy_dir}\n"
           f"trees: trace-gym show-tree {report.out_dir} --out {Path(report.out_dir) / 'tree_pictures'}")
     return 0
 
