@@ -16,8 +16,9 @@
 A run directory holds ``config.yaml``, ``metrics.jsonl`` (one line per step, step 0 =
 before training), TensorBoard events (``tb/``: scalars, tree pictures, transcripts),
 ``checkpoints/step_<k>/`` (safetensors + JSON + a sha256 manifest), ``trees/``, the final
-policy (``policy/``, loadable with ``HFPolicy.from_pretrained``), ``learning_curves.png``
-and ``summary.json``. ``--resume DIR`` refuses a conflicting config and names the
+policy (``policy/``, loadable with ``HFPolicy.from_pretrained``), ``learning_curves.png``,
+``summary.json`` and ``run_report.json`` (:mod:`trace_agent.run_report`: the report ``trace-gym train``
+ends with). ``--resume DIR`` refuses a conflicting config and names the
 differences; a fresh run refuses a directory that holds a run (``--overwrite`` replaces it).
 Splits: every env's ``train`` split trains and its ``test`` split is held out
 (:func:`trace_agent.env_factory.split_kwargs`).
