@@ -21,7 +21,6 @@ trained policy on the same held-out episodes, and prints a Markdown table.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -74,20 +73,60 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--policy-dir", default="",
                         help="demo policy dir (default: the shipped one; a missing dir is built first)")
     parser.add_argument("--build-steps", type=int, default=None, help="demo-policy warm-start steps if it is built")
-    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--strategy", default="trace")
     parser.add_argument("--objective", default="treerpo")
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-tasks", type=int, default=100, help="held-out tasks (the test split has 100)")
-    parser.add_argument("--eval-samples", type=int, default=4)
-    parser.add_argument("--eval-every", type=int, default=8, help="also evaluate every N steps (0: before/after only)")
+    parser.add_argument("--eval-samples", type=int, default=3)
+    parser.add_argument("--eval-every", type=int, default=0, help="also evaluate every N steps (0: before/after only)")
     parser.add_argument("--resume", action="store_true", help="continue a killed run from its checkpoint")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--compare", help="comma-separated strategies to compare at equal budget (e.g. trace,grpo)")
     parser.add_argument("--seeds", default="0,1,2", help="seeds of --compare")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    parser.add_argument("--before-from", metavar="RUN_DIR",
+                        help="reuse the held-out evaluation before training of RUN_DIR, a finished demo run of the same "
+                             "commit with the same starting policy, env, sampling and eval settings (checked): that "
+                             "evaluation is deterministic there, so the other seeds of a seed table need not repeat it")
     return parser
+
+
+def reused_before(run_dir: Path, config: TrainConfig):
+    """The evaluation before training of the demo run in ``run_dir``, when it is the one ``config`` would make.
+
+    Same env, sampling and eval sections, same policy settings and the same policy weights (sha256 of the
+    policy directory's files); anything else exits with what differs.
+    """
+    import hashlib
+    import json
+
+    from trace_agent.config_io import load_config
+    from trace_agent.evaluation import EvalResult
+
+    other = load_config(run_dir / "config.yaml")
+    differ = [name for name in ("env_id", "env_kwargs", "sampling", "eval")
+              if getattr(other, name) != getattr(config, name)]
+    if replace(other.policy, path="") != replace(config.policy, path=""):
+        differ.append("policy")
+
+    def digest(path: str) -> str:
+        h = hashlib.sha256()
+        for f in sorted(Path(path).glob("*")):
+            if f.is_file():
+                h.update(f.name.encode() + b"\0" + f.read_bytes())
+        return h.hexdigest()
+
+    if "policy" not in differ and digest(other.policy.path) != digest(config.policy.path):
+        differ.append("policy weights")
+    if differ:
+        raise SystemExit(f"--before-from {run_dir}: its {', '.join(differ)} differ from this run's: evaluate before "
+                         f"training (leave --before-from out)")
+    before = json.loads((run_dir / "summary.json").read_text()).get("before")
+    if not before or not before.get("per_task"):
+        raise SystemExit(f"--before-from {run_dir}: it has no evaluation before training with per-task rates")
+    return EvalResult(**before)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,31 +147,35 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         return compare(config, [x.strip() for x in args.compare.split(",")],
                        [int(x) for x in args.seeds.split(",")])
-    report = run_training(config, resume=args.resume, log=lambda m: print(m, flush=True))
+    before = reused_before(Path(args.before_from), config) if args.before_from else None
+    report = run_training(config, resume=args.resume, evaluate="after" if before else True,
+                          log=lambda m: print(m, flush=True))
     total = time.perf_counter() - t0
+    if before is not None:
+        add_before(report, before, config)
+        print(f"held-out success before: {before.success:.3f} ± {before.success_se:.3f} (reused from "
+              f"{args.before_from})", flush=True)
 
-    print("\n=== TRACE demo: report ===")
-    if report.before and report.after:
-        b, a = report.before, report.after
-        print(f"held-out success (PythonMath-v0 test split, {a.tasks} tasks x {a.samples} samples = {a.episodes} "
-              f"episodes): {b.success:.3f} -> {a.success:.3f} ({a.success - b.success:+.3f}); tasks solved at least "
-              f"once: {b.solved_tasks} -> {a.solved_tasks}")
-    from trace_agent.metrics import read_metrics
+    from trace_agent.run_report import print_run_report
 
-    curve = [(r["step"], r["eval/success"]) for r in read_metrics(Path(report.out_dir) / "metrics.jsonl")
-             if "eval/success" in r]
-    if len(curve) > 2:
-        print("held-out success by step: " + " ".join(f"{step}:{success:.3f}" for step, success in curve))
-    ratios = " ".join("nan" if math.isnan(x) else f"{x:.2f}" for x in report.effective_ratio)
-    succ = " ".join("nan" if math.isnan(x) else f"{x:.2f}" for x in report.train_success)
-    print(f"effective ratio per step: {ratios}")
-    print(f"train rollout success per step: {succ}")
-    print(f"budget: {report.paper_units:.0f} paper units, {report.generated_tokens:.0f} generated tokens; "
-          f"predictor share of step wall-clock: {report.predictor_share:.1%}")
-    print(f"time: {total:.0f}s total ({t_build:.0f}s demo policy, {report.wall_seconds:.0f}s training run with evals)")
-    print(f"plots: {report.plot}\nmetrics: {Path(report.out_dir) / 'metrics.jsonl'} (TensorBoard: "
-          f"{Path(report.out_dir) / 'tb'})\ntrained policy: {report.policy_dir}")
+    print_run_report(report.out_dir)
+    print(f"time from start: {total:.0f}s ({t_build:.0f}s finding the demo policy, {report.wall_seconds:.0f}s the run "
+          f"above)\nmetrics: {Path(report.out_dir) / 'metrics.jsonl'} (TensorBoard: {Path(report.out_dir) / 'tb'})\n"
+          f"report: {Path(report.out_dir) / 'run_report.json'}\ntrained policy: {report.policy_dir}")
     return 0
+
+
+def add_before(report, before, config: TrainConfig) -> None:
+    """Rewrite the run's run_report.json with ``before`` (reused) as its evaluation before training."""
+    from trace_agent.metrics import read_metrics
+    from trace_agent.run_report import REPORT_FILE, build_run_report
+
+    out = Path(report.out_dir)
+    records = [{"step": 0, "eval/success": before.success, "eval/success_se": before.success_se},
+               *read_metrics(out / "metrics.jsonl")]  # no eval/seconds: this run spent none on it
+    (out / REPORT_FILE).write_text(build_run_report(
+        replace(report, before=before), records, setup_s=report.setup_seconds, samples=config.eval.samples,
+        title=f"{config.rollout.strategy} / {config.objective.name} on {config.env_id}").to_json())
 
 
 def compare(config: TrainConfig, strategies: list[str], seeds: list[int]) -> int:

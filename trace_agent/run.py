@@ -10,7 +10,7 @@ policy and its learning curves, and returns a :class:`TrainReport` (also written
 The run directory (``config.out_dir``) holds ``config.yaml``, ``metrics.jsonl`` (one line per step,
 step 0 = before training), TensorBoard events (``tb/``), ``checkpoints/step_<k>/`` (safetensors + JSON +
 a sha256 manifest, :mod:`trace_agent.checkpoint`), ``trees/``, the final policy (``policy/``, loadable
-with ``HFPolicy.from_pretrained``), ``learning_curves.png`` and ``summary.json``. One process writes a
+with ``HFPolicy.from_pretrained``), ``learning_curves.png``, ``summary.json`` and ``run_report.json`` (:mod:`trace_agent.run_report`). One process writes a
 run directory at a time (``run.lock``, :func:`~trace_agent.rundir.lock_run_dir`); Ctrl-C, SIGTERM and
 SIGHUP stop a run with :class:`~trace_agent.rundir.TrainingStopped`, which names the step to resume from.
 """
@@ -49,6 +49,7 @@ class TrainReport:
     wall_seconds: float
     plot: str
     policy_dir: str
+    setup_seconds: float = 0.0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, default=float)
@@ -145,6 +146,7 @@ def _train(config: TrainConfig, *, resume: bool, evaluate: bool | Literal["after
     out = Path(config.out_dir)
     trainer = Trainer(config)
     start, ckpt = _resume(trainer, out, log) if resume else (0, None)
+    setup_seconds = time.perf_counter() - t_start
     saved_path = out / "config.yaml"
     if ckpt is None or not saved_path.is_file():
         trainer.save_config()
@@ -229,6 +231,12 @@ def _train(config: TrainConfig, *, resume: bool, evaluate: bool | Literal["after
         paper_units=trainer.totals.get("paper_units", 0.0), generated_tokens=trainer.totals.get("generated_tokens", 0.0),
         predictor_share=sum(shares) / sum(walls) if walls and sum(walls) > 0 else math.nan,
         wall_seconds=time.perf_counter() - t_start, plot=str(plot), policy_dir=str(policy_out),
+        setup_seconds=setup_seconds,
     )
     (out / "summary.json").write_text(report.to_json())
+    from trace_agent.run_report import build_run_report
+
+    (out / "run_report.json").write_text(build_run_report(
+        report, records, title=f"{config.rollout.strategy} / {config.objective.name} on {config.env_id}",
+        setup_s=setup_seconds, samples=config.eval.samples).to_json())
     return report

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -200,14 +199,10 @@ def _train_main(args: argparse.Namespace) -> int:
                 clear_run(config.out_dir)
             check_fresh(config.out_dir)
         report = run_training(config, resume=resume, evaluate=not args.no_eval, log=lambda m: print(m, flush=True))
-    ratios = ", ".join("nan" if math.isnan(x) else f"{x:.2f}" for x in report.effective_ratio)
-    print(f"effective ratio per step: {ratios}")
-    if report.before and report.after:
-        print(f"held-out success: {report.before.success:.3f} -> {report.after.success:.3f} "
-              f"(± {report.after.success_se:.3f}; {report.after.tasks} tasks x {report.after.samples} samples)")
-    share = "n/a" if math.isnan(report.predictor_share) else f"{report.predictor_share:.1%}"
-    print(f"predictor share of step wall-clock: {share}")
-    print(f"plots: {report.plot}\nmetrics: {Path(report.out_dir) / 'metrics.jsonl'}\npolicy: {report.policy_dir}\n"
+    from trace_agent.run_report import print_run_report
+
+    print_run_report(report.out_dir)
+    print(f"metrics: {Path(report.out_dir) / 'metrics.jsonl'}\npolicy: {report.policy_dir}\n"
           f"trees: trace-gym show-tree {report.out_dir} --out {Path(report.out_dir) / 'tree_pictures'}")
     return 0
 

@@ -52,6 +52,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "trace_agent.config",
         "trace_agent.trainer",
         "trace_agent.run",
+        "trace_agent.run_report",
         "trace_agent.warm_start",
         "trace_agent.backend_watch",
         "trace_agent.evaluation",
