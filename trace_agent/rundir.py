@@ -183,8 +183,9 @@ def stop_signals() -> Iterator[list[int]]:
     ``KeyboardInterrupt`` at once; :func:`~trace_agent.rollout.run_interruptibly`'s cancels the
     collection and raises when its loop is done), so a step is finished or abandoned the same way
     whichever signal came. A signal this process inherited as ignored (``nohup`` ignores SIGHUP)
-    stays ignored, and outside the main thread nothing is installed. The previous handlers come back
-    when the block ends.
+    stays ignored; a handler a library installed (Ray's ``ray.init`` sets one that exits at once) is
+    replaced for the block; outside the main thread nothing is installed. The previous handlers come
+    back when the block ends.
     """
     caught: list[int] = []
     if threading.current_thread() is not threading.main_thread():
@@ -201,7 +202,7 @@ def stop_signals() -> Iterator[list[int]]:
 
     previous: dict[int, Any] = {}
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) is signal.SIG_DFL:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
             previous[sig] = signal.signal(sig, forward)
     try:
         yield caught

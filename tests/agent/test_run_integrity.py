@@ -143,3 +143,23 @@ def test_sigterm_mid_run_stops_cleanly_and_resumes_to_the_uninterrupted_run(tmp_
     assert trees == sorted(p.name for p in (run / "trees").iterdir()) and len(trees) == target
     assert all((run / "trees" / n).read_bytes() == (straight / "trees" / n).read_bytes() for n in trees)
     assert state_equal(_weights(run), _weights(straight))
+
+
+def test_sigterm_stops_like_ctrl_c_over_a_handler_a_library_installed() -> None:
+    """Ray's ``ray.init`` leaves a SIGTERM handler that exits at once: within a run it is replaced, then restored."""
+    foreign = []
+
+    def library_handler(signum, frame):  # what ray.init installs: sys.exit(signum)
+        foreign.append(signum)
+
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous_term = signal.signal(signal.SIGTERM, library_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt), stop_signals() as caught:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises before this ends
+        assert caught == [signal.SIGTERM] and foreign == []
+        assert signal.getsignal(signal.SIGTERM) is library_handler
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
+        signal.signal(signal.SIGINT, previous_int)
