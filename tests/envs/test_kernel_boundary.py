@@ -247,7 +247,8 @@ def _ensure_test_user() -> int:
 @pytest.mark.skipif(shutil.which("setpriv") is None or shutil.which("unshare") is None,
                     reason="needs util-linux's setpriv and unshare")
 def test_hostile_suite_holds_as_an_unprivileged_user():
-    """The kernel-boundary, sandbox, BFCL, run-dir and retrieval-server hostile suites pass for a user
+    """The kernel-boundary, sandbox, snapshot, BFCL, run-dir, user-file and retrieval-server (fairness too) hostile
+    suites pass for a user
     with no privileges at all.
 
     The interpreter's own files may sit under a dir other users cannot enter (/root/.pyenv), and so may the
@@ -261,7 +262,8 @@ def test_hostile_suite_holds_as_an_unprivileged_user():
     suites = ["tests/envs/test_kernel_boundary.py", "tests/envs/test_python_sandbox.py", "tests/envs/test_hostile.py",
               "tests/envs/test_snapshot_hostile.py",
               "tests/envs/test_bfcl_hostile.py", "tests/agent/test_rundir_hostile.py",
-              "tests/retrievers/test_server_hostile.py"]
+              "tests/agent/test_user_files_hostile.py",
+              "tests/retrievers/test_server_hostile.py", "tests/retrievers/test_server_fairness.py"]
     pytest_cmd = (f"cd {PROJECT} && setpriv --reuid={uid} --regid={uid} --clear-groups env HOME={base} "
                   f"TMPDIR={base} PYTHONDONTWRITEBYTECODE=1 {sys.executable} -m pytest -q -x -p no:cacheprovider "
                   f"--basetemp={base}/pytest {' '.join(suites)}")
