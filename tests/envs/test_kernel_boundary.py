@@ -248,8 +248,7 @@ def _ensure_test_user() -> int:
                     reason="needs util-linux's setpriv and unshare")
 def test_hostile_suite_holds_as_an_unprivileged_user():
     """The kernel-boundary, sandbox, snapshot, BFCL, run-dir, user-file and retrieval-server (fairness too) hostile
-    suites pass for a user
-    with no privileges at all.
+    suites pass for a user with no privileges at all.
 
     The interpreter's own files may sit under a dir other users cannot enter (/root/.pyenv), and so may the
     checkout (a clone in a ``mktemp -d`` dir): a private mount namespace shows only those files to the test
