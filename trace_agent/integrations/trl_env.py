@@ -55,6 +55,7 @@ TRL is not imported here: the module works (and is tested) without it.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -97,6 +98,7 @@ def unsupported_reason(env_id: str) -> str | None:
             "(`trace-gym export`) instead.")
 
 
+@functools.cache
 def _suite_unsupported() -> dict[str, str]:
     import trace_envs
 
@@ -105,7 +107,14 @@ def _suite_unsupported() -> dict[str, str]:
 
 
 #: The suite's envs TRL's environment interface cannot drive, each with why (:func:`unsupported_reason`).
-UNSUPPORTED: dict[str, str] = _suite_unsupported()
+#: Computed on first access (it loads every env class of the suite), not when this module is imported.
+UNSUPPORTED: dict[str, str]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "UNSUPPORTED":
+        return _suite_unsupported()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 #: The system message of :func:`prompt_rows`: the tools' schemas come from the chat template.
 TOOL_SYSTEM_PROMPT = (
@@ -409,8 +418,9 @@ def prompt_rows(env_id: str, task_ids: Iterable[str], *, system_prompt: str = TO
     The tools' schemas are rendered by the chat template, so the system message only says to answer
     through ``answer``.
     """
-    if env_id in UNSUPPORTED:  # the suite's; another id is checked by the factory that plays it
-        raise EnvSetupError(UNSUPPORTED[env_id])
+    refused = _suite_unsupported()  # the suite's; another id is checked by the factory that plays it
+    if env_id in refused:
+        raise EnvSetupError(refused[env_id])
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     return [{"prompt": [*messages, {"role": "user", "content": ""}], "task_id": str(task_id),
              "data_source": env_id} for task_id in task_ids]
