@@ -74,6 +74,7 @@ from trace_agent.engine.scheduler import EngineConfig, EngineStats, GenerationEn
 from trace_agent.options import ENV_BACKENDS, Batching, EnvBackend, either
 from trace_agent.policy.base import Policy, SamplingConfig
 from trace_agent.predictor import SuccessPredictor
+from trace_agent.rundir import raises_keyboard_interrupt
 from trace_agent.strategies import Budget, Strategy, ValueKind, place_roots, reads_of, recorded_values
 from trace_agent.tree import RolloutTree
 from trace_agent.tree_stats import BatchStats, batch_stats
@@ -108,10 +109,13 @@ def run_interruptibly(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     cancellation somewhere down its await chain would return normally and the interrupt would be
     lost (a training run then goes on after Ctrl-C). Here the interrupt is recorded by our own
     handler (main thread, default handler only), the task is cancelled, and ``KeyboardInterrupt``
-    is raised once the loop is done, whatever the task did; a second Ctrl-C raises at once.
+    is raised once the loop is done, whatever the task did; a second Ctrl-C raises at once. This
+    applies where the SIGINT handler in force raises ``KeyboardInterrupt`` (Python's default, or a
+    training run's :func:`~trace_agent.rundir.stop_signals`); that handler comes back afterwards.
     """
     main_thread = threading.current_thread() is threading.main_thread()
-    if not main_thread or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    previous = signal.getsignal(signal.SIGINT)
+    if not main_thread or not raises_keyboard_interrupt(previous):
         return asyncio.run(make())
     interrupted = False
     current: asyncio.Task[Any] | None = None
@@ -139,7 +143,7 @@ def run_interruptibly(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
                 raise KeyboardInterrupt from None
             raise
         finally:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGINT, previous)
     if interrupted:
         raise KeyboardInterrupt
     return result

@@ -131,14 +131,14 @@ def run_training(config: TrainConfig, *, resume: bool = False, evaluate: bool | 
 
 def _train(config: TrainConfig, *, resume: bool, evaluate: bool | Literal["after"], log: Callable[[str], None],
            stops: Sequence[int]) -> TrainReport:
-    """:func:`run_training` under its lock; ``stops`` collects the stop signals (SIGTERM, SIGHUP) that arrived."""
+    """:func:`run_training` under its lock; ``stops`` collects the stop signals (SIGINT, SIGTERM, SIGHUP) that arrived."""
     from tqdm import tqdm
 
     from trace_agent.config_io import save_config
     from trace_agent.env_factory import check_env_id
     from trace_agent.metrics import MetricsLogger, plot_learning_curves, read_metrics
     from trace_agent.preflight import policy_dir, policy_env_ids, write_policy_meta
-    from trace_agent.rundir import TrainingStopped, config_differences, deferred_stops
+    from trace_agent.rundir import TrainingStopped, config_differences, deferred_stops, raise_if_stopped
     from trace_agent.trainer import Trainer
 
     check_env_id(config.env_id)
@@ -174,6 +174,7 @@ def _train(config: TrainConfig, *, resume: bool, evaluate: bool | Literal["after
             bar = tqdm(range(start, config.steps), initial=start, total=config.steps, desc="train", unit="step",
                        disable=not progress, dynamic_ncols=True)
             for _ in bar:
+                raise_if_stopped(stops)  # a stop whose KeyboardInterrupt a finalizer swallowed ends the run here
                 result = trainer.step()
                 metrics = dict(result.metrics)
                 k = result.step
@@ -201,6 +202,7 @@ def _train(config: TrainConfig, *, resume: bool, evaluate: bool | Literal["after
                     last_checkpoint = trainer.step_count
             done = any(r.get("step") == trainer.step_count and "eval/success" in r for r in earlier)
             if evaluate and not done:
+                raise_if_stopped(stops)
                 after = evaluate_heldout(trainer.generator, config, progress=progress)
                 logger.log(trainer.step_count, _eval_metrics(after))
                 log(f"held-out success after: {after.success:.3f} ± {after.success_se:.3f} ({after.tasks} tasks x "

@@ -30,7 +30,7 @@ import shutil
 import signal
 import socket
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,8 @@ __all__ = [
     "TrainingStopped",
     "lock_run_dir",
     "stop_signals",
+    "raise_if_stopped",
+    "raises_keyboard_interrupt",
     "deferred_stops",
     "config_differences",
     "named_code",
@@ -175,40 +177,56 @@ def lock_run_dir(path: str | Path) -> Iterator[Path]:
                 os.close(held.fd)  # closing the last descriptor releases the flock
 
 
+def raises_keyboard_interrupt(handler: Any) -> bool:
+    """Whether a SIGINT handler raises ``KeyboardInterrupt``: Python's default one, or the one :func:`stop_signals` installs."""
+    return handler is signal.default_int_handler or bool(getattr(handler, "raises_keyboard_interrupt", False))
+
+
 @contextlib.contextmanager
 def stop_signals() -> Iterator[list[int]]:
-    """Within the block, SIGTERM and SIGHUP stop like Ctrl-C; yields the list the stopping signal is appended to.
+    """Within the block, SIGINT, SIGTERM and SIGHUP stop the run alike; yields the list each stop is appended to.
 
-    Each goes to the SIGINT handler in force when it arrives (the default one raises
+    Every stop is recorded, then goes to the SIGINT handler in force when it arrives (ours raises
     ``KeyboardInterrupt`` at once; :func:`~trace_agent.rollout.run_interruptibly`'s cancels the
     collection and raises when its loop is done), so a step is finished or abandoned the same way
-    whichever signal came. A signal this process inherited as ignored (``nohup`` ignores SIGHUP)
-    stays ignored; a handler a library installed (Ray's ``ray.init`` sets one that exits at once) is
-    replaced for the block; outside the main thread nothing is installed. The previous handlers come
-    back when the block ends.
+    whichever signal came. The record is what makes a stop certain: a ``KeyboardInterrupt`` raised
+    while the main thread runs a finalizer (``__del__``, a weakref callback: Python prints
+    "Exception ignored" and goes on) is lost, and the training loop checks the list at every step
+    boundary (:func:`raise_if_stopped`). A signal this process inherited as ignored (``nohup``
+    ignores SIGHUP, a background job SIGINT) stays ignored; a handler a library installed (Ray's
+    ``ray.init`` sets one that exits at once) is replaced for the block; outside the main thread
+    nothing is installed. The previous handlers come back when the block ends.
     """
     caught: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield caught
         return
 
-    def forward(signum: int, frame: Any) -> None:
+    def stop(signum: int, frame: Any) -> None:
         caught.append(signum)
         handler = signal.getsignal(signal.SIGINT)
-        if callable(handler) and handler is not forward:
+        if callable(handler) and handler is not stop:
             handler(signal.SIGINT, frame)
         else:
             signal.default_int_handler(signal.SIGINT, frame)
 
+    stop.raises_keyboard_interrupt = True  # type: ignore[attr-defined]
     previous: dict[int, Any] = {}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) is not signal.SIG_IGN:
-            previous[sig] = signal.signal(sig, forward)
+    for sig in STOP_SIGNALS:
+        handler = signal.getsignal(sig)
+        if handler is not signal.SIG_IGN and handler is not None:
+            previous[sig] = signal.signal(sig, stop)
     try:
         yield caught
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def raise_if_stopped(caught: Sequence[int]) -> None:
+    """Raise ``KeyboardInterrupt`` if :func:`stop_signals` recorded a stop (one whose own exception was lost)."""
+    if caught:
+        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

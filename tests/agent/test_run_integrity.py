@@ -17,7 +17,7 @@ from tests.agent.test_cli import _comparable, _config_file, _steps, _weights
 from tests.agent.test_trainer import ROOT, state_equal
 from trace_agent.cli import main
 from trace_agent.errors import RunDirError
-from trace_agent.rundir import LOCK_FILE, deferred_stops, lock_run_dir, stop_signals
+from trace_agent.rundir import LOCK_FILE, deferred_stops, lock_run_dir, raise_if_stopped, stop_signals
 
 _ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
@@ -163,3 +163,57 @@ def test_sigterm_stops_like_ctrl_c_over_a_handler_a_library_installed() -> None:
     finally:
         signal.signal(signal.SIGTERM, previous_term)
         signal.signal(signal.SIGINT, previous_int)
+
+
+class _StopsInFinalizer:
+    """An object whose ``__del__`` gets the stop signal: the KeyboardInterrupt raised there is printed and lost."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+    def __del__(self) -> None:
+        os.kill(os.getpid(), self.signum)
+        time.sleep(0.05)  # the handler runs here, inside the finalizer
+
+
+def test_a_stop_whose_interrupt_a_finalizer_swallowed_is_still_recorded(monkeypatch) -> None:
+    ignored: list[type] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: ignored.append(u.exc_type))  # "Exception ignored in"
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with stop_signals() as caught:
+            _StopsInFinalizer(signal.SIGINT)  # dropped at once: __del__ runs, its KeyboardInterrupt is ignored
+            assert caught == [signal.SIGINT]  # ... yet the stop is on record, for the loop to act on
+            with pytest.raises(KeyboardInterrupt):
+                raise_if_stopped(caught)
+        assert ignored == [KeyboardInterrupt]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_run_stops_at_the_next_step_when_a_finalizer_swallowed_the_ctrl_c(tmp_path: Path, monkeypatch,
+                                                                           capsys) -> None:
+    """The stop is honoured at the step boundary: the run says where it stopped, exits 130, and resumes."""
+    from trace_agent.trainer import Trainer
+
+    step = Trainer.step
+
+    def step_then_lost_interrupt(self):
+        result = step(self)
+        if self.step_count == 2:
+            _StopsInFinalizer(signal.SIGINT)
+        return result
+
+    monkeypatch.setattr(Trainer, "step", step_then_lost_interrupt)
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: None)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        cfg = _config_file(tmp_path, steps=5)
+        run = tmp_path / "run"
+        assert main(["train", "--config", str(cfg), "--out", str(run), "--no-eval"]) == 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert _steps(run) == [1, 2]
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("trace-gym: stopped after step 2") and f"resume with: trace-gym train --resume {run}" in last
