@@ -150,6 +150,27 @@ def test_bfcl_ground_truth_to_a_reward_across_user_turns():
         assert len(user_turns) == len(env.env.unwrapped.ground_truth().turns) - 1  # the next user turns
 
 
+def test_tool_detail_writes_the_tools_as_the_policy_was_trained_to_read_them():
+    """The shipped BFCL policy reads tools by name: rows and ``init`` fold them in at the level asked for."""
+    from trace_envs.tool_schemas import tool_schema
+
+    tid = task_ids(BFCL, "train")[0]
+    full, names = skyrl_rows(BFCL, [tid])[0], skyrl_rows(BFCL, [tid], tool_detail="names")[0]
+    with _make(names, tool_detail="names") as env:
+        chat, _ = env.init("")  # an empty prompt: init writes the opening chat itself
+        opening = env.env.unwrapped.messages
+        tools = env.env.unwrapped.tools
+    assert chat == names["prompt"]
+    system = str(opening[0]["content"]) if opening and opening[0]["role"] == "system" else ""
+    assert names["prompt"][0]["content"] == tools_system_text(system, [tool_schema(t, "names") for t in tools])
+    assert full["prompt"][0]["content"] == tools_system_text(system, tools)
+    assert len(names["prompt"][0]["content"]) < len(full["prompt"][0]["content"])
+    with pytest.raises(EnvSetupError, match="tool_detail"):
+        _make(names, tool_detail="brief")
+    with pytest.raises(ValueError, match="tool_detail"):
+        skyrl_rows(BFCL, [tid], tool_detail="brief")
+
+
 def test_snapshot_restore_round_trip(math_env):
     math_env.step(format_tool_call("python", {"code": "x = 41"}))
     saved = math_env.snapshot()

@@ -19,7 +19,10 @@ dataset.
 
 Configuration. ``env_config`` (a dict or an OmegaConf ``DictConfig``) takes ``split`` (the task split,
 :func:`trace_agent.env_factory.split_kwargs`; "train" by default), ``env_kwargs`` (further
-``gymnasium.make`` arguments) and ``max_turns``; ``env_class`` is ignored. ``extras`` takes ``task_id``
+``gymnasium.make`` arguments), ``max_turns`` and ``tool_detail`` (how the tools are written into the
+prompt: "full", "compact" or "names", :mod:`trace_envs.tool_schemas`; "full" by default; set it to the
+policy's own, e.g. the shipped BFCL policy's "names", so the prompt is the one it was trained on);
+``env_class`` is ignored. ``extras`` takes ``task_id``
 (at the top or in ``extra_info``; without it the env draws a task, seeded by ``seed`` when given),
 ``max_turns`` (wins over ``env_config``'s: SkyRL's generator sets it to the turns it will play) and
 ``data_source`` (when non-empty it must name this env). Anything else in a row is ignored.
@@ -60,7 +63,7 @@ __all__ = ["ENTRY_POINT", "TextSnapshot", "TraceGymTextEnv", "register_suite", "
 ENTRY_POINT = "trace_agent.integrations.skyrl:TraceGymTextEnv"
 
 #: ``env_config`` keys the adapter reads (``env_class`` is SkyRL's own and ignored).
-_CONFIG_KEYS = frozenset({"split", "env_kwargs", "max_turns", "env_class"})
+_CONFIG_KEYS = frozenset({"split", "env_kwargs", "max_turns", "tool_detail", "env_class"})
 
 
 def _plain(value: Any) -> Any:
@@ -95,7 +98,8 @@ class TraceGymTextEnv(BaseTextEnv):
     """One episode of a suite env as a ``skyrl_gym`` ``BaseTextEnv`` (see the module docstring).
 
     Args:
-        env_config: ``split``, ``env_kwargs``, ``max_turns`` (a dict or a ``DictConfig``; None: defaults).
+        env_config: ``split``, ``env_kwargs``, ``max_turns``, ``tool_detail`` (a dict or a ``DictConfig``;
+            None: defaults).
         extras: the dataset row's other columns: ``task_id``, ``max_turns``, ``data_source``, ``seed``.
         env_id: the suite id to play (:func:`register_suite` binds it per registered id).
 
@@ -111,6 +115,7 @@ class TraceGymTextEnv(BaseTextEnv):
 
         import trace_envs  # noqa: F401  (registers the suite)
         from trace_agent.env_factory import check_env_id, split_kwargs
+        from trace_envs.tool_schemas import check_tool_detail
 
         config = dict(_plain(env_config) or {})
         extras = dict(_plain(extras) or {})
@@ -129,6 +134,10 @@ class TraceGymTextEnv(BaseTextEnv):
         max_turns = extras.get("max_turns", config.get("max_turns"))
         if max_turns is not None:
             kwargs["max_turns"] = int(max_turns)
+        try:
+            self.tool_detail = check_tool_detail(str(config.get("tool_detail", "full")))
+        except ValueError as exc:
+            raise EnvSetupError(f"env_config tool_detail for {env_id}: {exc}") from None
         self.env_id = env_id
         self._env = gym.make(env_id, **kwargs)
         self.max_turns = int(self._env.unwrapped.max_turns)
@@ -159,7 +168,7 @@ class TraceGymTextEnv(BaseTextEnv):
             raise EnvSetupError(f"{self.env_id} could not start task {self._task_id!r}: {exc}") from exc
         self.turns, self._started, self._done, self._reward = 0, True, False, 0.0
         self._task_id = str(self._env.unwrapped.task.task_id)
-        chat = _opening_chat(self._env.unwrapped) if _needs_opening(prompt) else [dict(m) for m in prompt]
+        chat = _opening_chat(self._env.unwrapped, self.tool_detail) if _needs_opening(prompt) else [dict(m) for m in prompt]
         return chat, {"env_id": self.env_id, "task_id": self._task_id}
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
@@ -251,12 +260,14 @@ def _needs_opening(prompt: Any) -> bool:
     return not (last.get("content") if isinstance(last, Mapping) else last)
 
 
-def _opening_chat(env: Any) -> list[dict[str, Any]]:
-    """The env's messages so far, its tools folded into the system message (a new one when it has none)."""
+def _opening_chat(env: Any, tool_detail: str = "full") -> list[dict[str, Any]]:
+    """The env's messages so far, its tools (at ``tool_detail``) folded into the system message (a new one when
+    it has none)."""
     from trace_agent.policy.chat import tools_system_text
+    from trace_envs.tool_schemas import tool_schema
 
     messages = [dict(m) for m in env.messages]
-    tools = env.tools
+    tools = [tool_schema(tool, tool_detail) for tool in env.tools]
     if not tools:
         return messages
     if messages and messages[0].get("role") == "system":
@@ -299,12 +310,16 @@ def register_suite(env_ids: Iterable[str] | None = None) -> list[str]:
 
 
 def skyrl_rows(env_id: str, ids: Sequence[str], *, split: str | None = "train",
-               env_kwargs: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+               env_kwargs: Mapping[str, Any] | None = None, tool_detail: str = "full") -> list[dict[str, Any]]:
     """SkyRL dataset rows for tasks ``ids``: ``prompt``, ``env_class``, ``data_source`` and ``task_id``.
 
-    The prompt is the env's opening chat with its tools folded in, exactly what ``init`` returns for
-    an empty prompt (read from one reset per task: a BFCL task's tools are its own).
+    The prompt is the env's opening chat with its tools folded in at ``tool_detail``, exactly what
+    ``init`` returns for an empty prompt under the same ``env_config`` ``tool_detail`` (read from one
+    reset per task: a BFCL task's tools are its own).
     """
+    from trace_envs.tool_schemas import check_tool_detail
+
+    check_tool_detail(tool_detail)
     import gymnasium as gym
 
     import trace_envs  # noqa: F401
@@ -315,7 +330,7 @@ def skyrl_rows(env_id: str, ids: Sequence[str], *, split: str | None = "train",
     with gym.make(env_id, **split_kwargs(env_id, split, dict(env_kwargs or {}))) as env:
         for task_id in ids:
             env.reset(options={"task_id": str(task_id)})
-            rows.append({"prompt": _opening_chat(env.unwrapped), "env_class": env_id, "data_source": env_id,
+            rows.append({"prompt": _opening_chat(env.unwrapped, tool_detail), "env_class": env_id, "data_source": env_id,
                          "task_id": str(task_id)})
     return rows
 
