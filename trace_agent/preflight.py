@@ -19,6 +19,7 @@ import importlib.util
 import json
 import os
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,7 +175,7 @@ def preflight(config: TrainConfig, *, train: bool = True, stop_early: bool = Fal
         except (EnvSetupError, ValueError, ImportError) as exc:
             checks.append(Check(name=name, ok=False, message=str(exc)))
             continue
-        checks += _task_file_checks(name, kwargs.get("tasks"))
+        checks += _task_file_checks(name, kwargs.get("tasks"), config.env_id)
     p = config.policy
     if p.kind == "demo":
         path = policy_dir(config)
@@ -222,11 +223,14 @@ def preflight(config: TrainConfig, *, train: bool = True, stop_early: bool = Fal
     return checks
 
 
-def _task_file_checks(name: str, tasks: Any) -> list[Check]:
+def _task_file_checks(name: str, tasks: Any, env_id: str) -> list[Check]:
     """Read a split's task file (when it is one) as the run will: within the read limits, every row checked.
 
     :func:`trace_envs.tasks.files.read_rows` refuses an empty, truncated, oversized or wrongly nested
-    file, a line or row group over its limit and an overlong field, in one line naming the file and row.
+    file, a line or row group over its limit and an overlong field, in one line naming the file and row;
+    an env that declares ``load_tasks`` (a classmethod: the task set its ``tasks=`` argument names, no
+    process started) then turns every row into a task as the env will, so a field of the wrong type
+    or a missing one fails here too. Rows the env's loader skips (with a warning) are counted.
     """
     if not isinstance(tasks, str | Path):
         return []
@@ -235,14 +239,23 @@ def _task_file_checks(name: str, tasks: Any) -> list[Check]:
 
     if not path.is_file() and not any(s.lower() in BUILDERS for s in path.suffixes):
         return []  # a split name, not a file
+    from trace_agent.env_factory import env_class
     from trace_envs.errors import TraceEnvError
     from trace_envs.tasks.files import read_rows
 
+    load = getattr(env_class(env_id), "load_tasks", None)
     try:
         rows = read_rows(path)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loaded = load(str(path)) if callable(load) else None
     except (TraceEnvError, ValueError, OSError) as exc:
         return [Check(name=f"{name} file", ok=False, message=f"{name}: {exc}")]
-    return [Check(name=f"{name} file", ok=True, message=f"{name}: {path} ({len(rows)} rows read and checked)")]
+    what = f"{len(rows)} rows read and checked"
+    if loaded is not None:
+        what += f", {len(loaded)} tasks"
+    skipped = "; ".join(str(w.message) for w in caught)
+    return [Check(name=f"{name} file", ok=True, message=f"{name}: {path} ({what})" + (f"; {skipped}" if skipped else ""))]
 def required_imports(config: TrainConfig, *, train: bool = True) -> dict[str, str]:
     """The modules a run of ``config`` imports (module -> what installs it), beyond trace-gym's base dependencies."""
     agent = "pip install 'trace-gym[agent]' (CPU machines: pip install torch==2.13.0 first)"

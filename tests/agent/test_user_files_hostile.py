@@ -158,6 +158,26 @@ def test_task_fields_of_the_wrong_type_are_refused_never_stringified(tmp_path: P
         load_qa_file(qa)
 
 
+def test_preflight_turns_every_row_into_a_task_as_the_env_will(tmp_path: Path, capsys) -> None:
+    """A row that reads fine but is not a task (a field of the wrong type) fails --preflight, naming file and row."""
+    rows = tmp_path / "typed.jsonl"
+    rows.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n"
+                    + json.dumps({"problem": {"a": 1}, "answer": "3"}) + "\n")
+    line = _preflight_line(tmp_path, rows, capsys)
+    assert "typed.jsonl: row 1: field 'problem' is a dict, expected text" in line, line
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(json.dumps({"question": "Q?", "golden_answers": ["A"], "data_source": {"x": 1}}) + "\n")
+    assert main(["train", "--env", "trace_envs/WikiQA-v0", "--set", f"train_split={qa}", "--preflight",
+                 "--out", str(tmp_path / "run")]) == 1
+    assert "field 'data_source' is a dict" in capsys.readouterr().out
+    rows.write_text(json.dumps({"problem": "1+1?", "answer": 2}) + "\n"  # the documented conversion: fine
+                    + json.dumps({"problem": "", "answer": "3"}) + "\n")  # skipped by the loader, and counted
+    main(["train", "--env", "trace_envs/PythonMath-v0", "--set", f"train_split={rows}", "--preflight",
+          "--out", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert "typed.jsonl (2 rows read and checked, 1 tasks)" in out and "skipped" in out.lower(), out
+
+
 # ------------------------------------------------------------------------------------------ trees and rows
 
 

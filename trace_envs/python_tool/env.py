@@ -129,6 +129,12 @@ class PythonMathEnv(BranchableEnv):
 
     env_id = "trace_envs/PythonMath-v0"
 
+    @classmethod
+    def load_tasks(cls, tasks: str | TaskSet) -> TaskSet:
+        """The task set ``tasks=`` names, read and checked as the constructor reads it, with no sandbox started
+        (``trace-gym train --preflight`` validates every row of a task file through it)."""
+        return _resolve_tasks(tasks)
+
     def __init__(
         self,
         *,

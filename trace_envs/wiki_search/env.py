@@ -228,6 +228,12 @@ class WikiQAEnv(BranchableEnv):
     env_id = "trace_envs/WikiQA-v0"
 
     @classmethod
+    def load_tasks(cls, tasks: str | Path | TaskSet | Sequence[Task]) -> TaskSet:
+        """The task set ``tasks=`` names, read and checked as the constructor reads it, with no retriever
+        started (``trace-gym train --preflight`` validates every row of a task file through it)."""
+        return resolve_tasks(tasks)
+
+    @classmethod
     def split_kwargs(cls, split: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """"train" / "test": the synthetic encyclopedia's disjoint question sets
         (:func:`trace_envs.tasks.wiki.wiki_split`); "all" / "default": every question; anything else must be
