@@ -103,11 +103,15 @@ def seed_record(report: Mapping[str, Any], config: Mapping[str, Any], *, commit:
 
 
 def record(run_dir: Path, *, commit: str, command: str, note: str, out: Path) -> dict[str, Any]:
+    """Write ``out``: the run in ``run_dir`` as :func:`seed_record` records it, without machine paths
+    (:func:`trace_agent.run_data.portable`)."""
     import yaml
+
+    from trace_agent.run_data import portable
 
     report = json.loads((run_dir / "run_report.json").read_text())
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    rec = seed_record(report, config, commit=commit, command=command, note=note)
+    rec = portable(seed_record(report, config, commit=commit, command=command, note=note), ROOT)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rec, indent=1) + "\n")
     return rec

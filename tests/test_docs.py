@@ -71,8 +71,8 @@ def test_site_builds_in_strict_mode_without_warnings(tmp_path):
     assert not literal, f"literal Sphinx roles in {literal}"
 
 
-#: A pre-registered comparison's per-run file: ``docs/paper/<env>/<...runs...>/<arm>_s<seed>.json``.
-RUN_FILE = re.compile(r"^docs/paper/[^/]+/[^/]*runs[^/]*/[^/]+_s\d+\.json$")
+#: A pre-registered comparison's per-run file: ``docs/paper/<env>/[...]/<...runs...>/<arm>_s<seed>.json[.gz]``.
+RUN_FILE = re.compile(r"^docs/paper/[^/]+/(?:[^/]+/)*[^/]*runs[^/]*/[^/]+_s\d+\.json(\.gz)?$")
 
 
 def test_docs_stay_small_apart_from_the_per_run_files():

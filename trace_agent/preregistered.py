@@ -18,7 +18,6 @@ t 95% interval on the paired differences (:func:`paired_ci`).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from trace_agent.analysis import spread
+from trace_agent.run_data import read_json, run_files
 
 __all__ = [
     "Arm",
@@ -185,10 +185,11 @@ def paired_power(delta: float, sd: float, n: int, *, alpha: float = 0.05) -> flo
 
 
 def load_runs(runs: str | Path) -> list[dict[str, Any]]:
-    """The run files in ``runs`` (``*_s<seed>.json``), in name order; ``base.json`` is not a run."""
+    """The run files in ``runs`` (``*_s<seed>.json``, plain or gzip-compressed as ``.json.gz``), in name order;
+    ``base.json`` is not a run."""
     out = []
-    for path in sorted(Path(runs).glob("*_s*.json")):
-        data = json.loads(path.read_text())
+    for path in run_files(runs):
+        data = read_json(path)
         if not {"arm", "seed", "evals", "steps"} <= set(data):
             raise RunTableError(f"{path} is not a run file")
         out.append(data)

@@ -63,7 +63,7 @@ def test_a_figure_whose_files_give_another_value_fails() -> None:
     wrong = figures[9][0]
     figures[9] = (Figure(text=wrong.text, sources=wrong.sources, compute=lambda d: 3.06),) + figures[9][1:]
     assert check_table(md, figures=figures) == [
-        "row 9: prints 3.0%, its files give 3.1% (3.06 from paper/math/runs/*_s*.json)"]
+        "row 9: prints 3.0%, its files give 3.1% (3.06 from paper/math/runs/*_s*.json*)"]
     missing = (Figure(text=wrong.text, sources=("paper/math/no_such_dir/*.json",), compute=wrong.compute),)
     assert "matches no file" in check_table(md, figures={**figures, 9: missing + figures[9][1:]})[0]
 

@@ -549,7 +549,17 @@ def test_train_runs_writes_one_file_per_arm_and_seed_with_its_shape(claims, tmp_
     assert wide["config"]["rollout"]["continuations_per_root"] == 2 and deep["config"]["rollout"]["roots"] == 4
     assert wide["paper_units"] == pytest.approx(16.0) and deep["paper_units"] <= 16.0 + 1e-9
     assert [e["step"] for e in wide["evals"]] == [0, 1] and json.loads((runs / "base.json").read_text())["eval"]
+    # no machine path recorded, though --runs and --out are absolute paths outside the repository
+    from trace_agent.run_data import machine_paths
+
+    base = json.loads((runs / "base.json").read_text())
+    assert wide["root"] == base["root"] == "." and list(machine_paths(wide)) == list(machine_paths(base)) == []
+    assert "--runs $OUTSIDE/runs" in wide["command"] and wide["command"].startswith("python scripts/paper_claims.py")
     assert claims.main(argv)["runs"] == []  # finished runs are skipped on a rerun
+    from trace_agent.run_data import compress_file
+
+    compress_file(runs / data["runs"][0])
+    assert claims.main(argv)["runs"] == []  # a compressed run file counts as finished too
 
 
 @pytest.mark.slow

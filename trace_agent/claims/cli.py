@@ -40,8 +40,10 @@ from trace_agent.claims.settings import DEFAULT_STRATEGIES, FULL, PAPER, SMALL
 from trace_agent.claims.train_claims import run_table, run_train
 from trace_agent.env_factory import check_env_id
 from trace_agent.preregistered import PLAN_PAIRS, RunTableError
+from trace_agent.run_data import REPO_ROOT, portable_command
 
-#: The command a claim's outputs record as having made them (followed by its arguments).
+#: The command a claim's outputs record as having made them (followed by its arguments, their paths relative
+#: to the repository: :func:`trace_agent.run_data.portable_command`).
 COMMAND = "python scripts/paper_claims.py"
 
 
@@ -130,7 +132,7 @@ def main(argv: Sequence[str] | None = None, *, policy: Any = None) -> dict[str, 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     rest = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(rest)
-    args.command_line = " ".join([COMMAND, *(shlex.quote(a) for a in rest)])
+    args.command_line = portable_command(" ".join([COMMAND, *(shlex.quote(a) for a in rest)]), REPO_ROOT)
     offline = (args.claim == "contrast" and args.trees) or getattr(args, "bench_json", None)
     if args.claim not in ("train", "table") and policy is None and not offline:
         check_env_id(args.env)

@@ -18,7 +18,6 @@ table-building commands print.
 from __future__ import annotations
 
 import glob
-import json
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -26,6 +25,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from trace_agent.run_data import read_json
 
 __all__ = [
     "DOCS",
@@ -109,7 +110,7 @@ def printed_as(value: float, text: str) -> str:
 
 @cache
 def _json(docs: Path, rel: str) -> Any:
-    return json.loads((docs / rel).read_text())
+    return read_json(docs / rel)
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -193,9 +194,9 @@ def _f(text: str, sources: str | tuple[str, ...], compute: Callable[[Path], floa
 
 _POOL_RATIO = "paper/math/pool/ratio/ratio.json"
 _RUNS = "paper/math/runs"
-_RUN_FILES = "paper/math/runs/*_s*.json"
+_RUN_FILES = "paper/math/runs/*_s*.json*"
 _SHAPE = "paper/math/shape_runs"
-_SHAPE_FILES = "paper/math/shape_runs/*_s*.json"
+_SHAPE_FILES = "paper/math/shape_runs/*_s*.json*"
 _BFCL10 = "paper/bfcl/ratio10/ratio.json"
 _BFCL_FULL = "paper/bfcl/ratio_full_states/ratio.json"
 _MATH_RATIO = "paper/math/ratio/ratio.json"

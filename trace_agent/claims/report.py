@@ -13,6 +13,7 @@ from trace_agent.analysis import spread
 from trace_agent.bench import BenchConfig, BenchResult
 from trace_agent.claims.settings import PAPER
 from trace_agent.preregistered import fmt
+from trace_agent.run_data import REPO_ROOT, portable, portable_text
 
 
 def fmt_spread(s: dict[str, float], digits: int = 3) -> str:
@@ -41,12 +42,14 @@ def claim_header(claim: str, args: argparse.Namespace, config: BenchConfig | Non
 
 def write_claim(out: str | Path, claim: str, data: dict[str, Any], markdown: str,
                 figures: Sequence[Callable[[Path], Path]] = ()) -> list[Path]:
-    """``<claim>.json``, ``<claim>.md`` and each figure under ``out``; prints the Markdown; returns the paths."""
+    """``<claim>.json``, ``<claim>.md`` and each figure under ``out``; prints the Markdown; returns the paths.
+    The JSON and Markdown hold no machine paths (:func:`trace_agent.run_data.portable`)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{claim}.json", out / f"{claim}.md"]
-    paths[0].write_text(json.dumps({"claim": claim, "paper": PAPER[claim], **data}, indent=1, default=_jsonable,
-                                   allow_nan=True))
+    record = json.loads(json.dumps({"claim": claim, "paper": PAPER[claim], **data}, default=_jsonable, allow_nan=True))
+    paths[0].write_text(json.dumps(portable(record, REPO_ROOT), indent=1, allow_nan=True))
+    markdown = portable_text(markdown, REPO_ROOT)
     paths[1].write_text(markdown)
     paths += [make(out) for make in figures]
     print(markdown)

@@ -27,9 +27,10 @@ from trace_agent.preregistered import (
     parse_arm,
     table_markdown,
 )
+from trace_agent.run_data import REPO_ROOT, portable, stored_path
 
-#: The checkout whose commit every run file records.
-ROOT = Path(__file__).resolve().parents[2]
+#: The checkout whose commit every run file records (its paths are written relative to it).
+ROOT = REPO_ROOT
 
 
 def run_train(args: argparse.Namespace, policy: Any = None) -> dict[str, Any]:
@@ -48,6 +49,7 @@ def run_train(args: argparse.Namespace, policy: Any = None) -> dict[str, Any]:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         result = compare_training(train_config(args), strategies, seeds,
                                   log=lambda m: print(m, file=sys.stderr, flush=True), command=args.command_line)
+    result = replace(result, config=portable(result.config, ROOT))
     result.write(args.out)
     md = "\n".join(["### train", "", f"Paper: {PAPER['train']}.", "", result.to_markdown()])
     data = json.loads(result.to_json())
@@ -59,7 +61,8 @@ def run_train(args: argparse.Namespace, policy: Any = None) -> dict[str, Any]:
 
 
 def _code_commit() -> dict[str, Any]:
-    """The checkout's commit, whether its code differs from it, and where it is (recorded in every run file)."""
+    """The checkout's commit and whether its code differs from it (recorded in every run file), and its ``root``:
+    ``.``, the repository every path in the file is relative to (no machine path is recorded)."""
 
     def git(*a: str) -> str:
         try:
@@ -69,7 +72,7 @@ def _code_commit() -> dict[str, Any]:
 
     dirty = git("status", "--porcelain", "--", "trace_agent", "trace_envs", "scripts", "docs/configs",
                 "docs/paper/math/pool")
-    return {"commit": git("rev-parse", "HEAD"), "code_dirty": bool(dirty), "root": str(ROOT)}
+    return {"commit": git("rev-parse", "HEAD"), "code_dirty": bool(dirty), "root": "."}
 
 
 def _eval_data(result: Any, step: int) -> dict[str, Any]:
@@ -105,21 +108,22 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     code = _code_commit()
     base_path = runs / "base.json"
-    key = _base_key(config)
+    key = portable(_base_key(config), ROOT)  # as base.json records it
     if base_path.is_file() and json.loads(base_path.read_text()).get("key") == key:
         base = json.loads(base_path.read_text())["eval"]
     else:
         policy, _ = build_policies(config.policy, seed=0, env_id=config.env_id)
         base = _eval_data(evaluate_heldout(policy, config), 0)
         del policy
-        base_path.write_text(json.dumps({"what": "held-out evaluation of the starting policy (step 0 of every run)",
-                                         **code, "command": args.command_line, "key": key, "eval": base}, indent=1))
+        base_path.write_text(json.dumps(portable({
+            "what": "held-out evaluation of the starting policy (step 0 of every run)",
+            **code, "command": args.command_line, "key": key, "eval": base}, ROOT), indent=1))
     log(f"starting policy: held-out {base['success']:.3f} ({base['tasks']} tasks x {base['samples']} samples)")
     done = []
     for seed in seeds:
         for arm in arms:
             path = runs / f"{arm_file_stem(arm)}_s{seed}.json"
-            if path.is_file():
+            if _stored(path):
                 log(f"{path.name}: already there, skipped")
                 continue
             strategy, mult, shape, warm = parse_arm(arm)
@@ -146,11 +150,20 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
                     "paper_units": rep.paper_units, "generated_tokens": rep.generated_tokens, "evals": evals,
                     "steps": steps, "warm_start": _warm_start_data(warm_record)}
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data, separators=(",", ":"), default=float))
+            tmp.write_text(json.dumps(portable(json.loads(json.dumps(data, default=float)), ROOT),
+                                      separators=(",", ":")))
             tmp.replace(path)
             done.append(path.name)
             log(f"{path.name}: {seconds:.0f}s, held-out " + " ".join(f"{e['step']}:{e['success']:.3f}" for e in evals))
     return {"runs": done, "base": base}
+
+
+def _stored(path: Path) -> bool:
+    """Whether the run file ``path`` is there, plain or compressed (``scripts/strip_run_paths.py``)."""
+    try:
+        return stored_path(path).is_file()
+    except FileNotFoundError:
+        return False
 
 
 def _warm_start_data(record: dict[str, Any] | None) -> dict[str, Any] | None:
