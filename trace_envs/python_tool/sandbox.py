@@ -11,8 +11,10 @@ The work dir's files are copied beside each frozen copy by the *filer* (``_filer
 of the sandbox's own uid, Landlock domain and seccomp filter that walks by directory descriptor,
 never by path, while every thread and process of the live interpreter is stopped (``_procs.py``).
 No process with more privilege than the sandbox resolves a name in a tree model code can change.
-A snapshot's cost grows with the work dir's files (``snapshot_max_depth``/``_entries`` cap it);
-held snapshots count against ``env_memory_mb`` (:meth:`Sandbox.memory_headroom`).
+A snapshot's cost grows with the work dir's files (``snapshot_max_depth``/``_entries`` cap it, and
+a cell that leaves the dir past a cap is told so: ``CellResult.tree_limit``); the store's quota is per
+branch (each ``thaw`` starts one; ``snapshot_branch_mb``/``_entries``); held snapshots count against
+``env_memory_mb`` (:meth:`Sandbox.memory_headroom`).
 
 The host trusts nothing the sandbox sends (model code shares the interpreter's
 process and can write to its socket): see ``_host.py`` for the checks (kernel-
