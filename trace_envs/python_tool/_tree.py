@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from _filer import Share
 
-__all__ = ["O_DIR", "TreeLimit", "Quota", "copy_tree", "clear_tree", "check_tree", "open_dir"]
+__all__ = ["O_DIR", "TreeLimit", "Quota", "copy_tree", "clear_tree", "check_tree", "open_dir", "too_many"]
 
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -131,8 +131,7 @@ def copy_tree(src: int, dst: int, *, max_depth: int, max_entries: int, share: Sh
             name, regular = names.pop()
             count += 1
             if count > max_entries:
-                raise TreeLimit(f"the work dir holds more than {max_entries:,} entries (SandboxConfig."
-                                "snapshot_max_entries)")
+                raise too_many(max_entries)
             if quota is not None:
                 quota.take(0, 1)
             if regular and _copy_regular(name, s_fd, d_fd, path, links, dst, share, quota):
@@ -325,9 +324,18 @@ def clear_tree(top: int) -> None:
                 os.close(fd)
 
 
-def check_tree(top: int, *, max_depth: int, max_entries: int) -> int:
-    """Count the entries below the directory descriptor ``top`` (names only, nothing opened but
-    dirs, never through a symlink), as a save would walk them; returns the count.
+def too_many(max_entries: int) -> TreeLimit:
+    """The entry cap's error (raised by the walks here and by the filer's inode count)."""
+    return TreeLimit(f"the work dir holds more than {max_entries:,} entries (SandboxConfig.snapshot_max_entries)")
+
+
+def check_tree(top: int, *, max_depth: int, max_entries: int | None) -> int:
+    """Walk the tree below the directory descriptor ``top`` against the caps a save would hit (nothing
+    opened but dirs, never through a symlink); returns the entries counted.
+
+    ``max_entries`` None: the caller counted the entries itself (the live tmpfs's inode count), so
+    only the depth is walked, and a dir whose link count says it has no subdir is not listed: the
+    walk then costs about one ``fstat`` a dir, whatever the number of files.
 
     Raises:
         TreeLimit: the same caps, with the same messages, as :func:`copy_tree`.
@@ -342,9 +350,8 @@ def check_tree(top: int, *, max_depth: int, max_entries: int) -> int:
                 os.close(stack.pop()[0])
                 continue
             count += 1
-            if count > max_entries:
-                raise TreeLimit(f"the work dir holds more than {max_entries:,} entries (SandboxConfig."
-                                "snapshot_max_entries)")
+            if max_entries is not None and count > max_entries:
+                raise too_many(max_entries)
             if is_dir:
                 if len(stack) >= max_depth:
                     raise TreeLimit(f"the work dir is more than {max_depth} directories deep (SandboxConfig."
@@ -352,9 +359,10 @@ def check_tree(top: int, *, max_depth: int, max_entries: int) -> int:
                 try:
                     child = open_dir(name, fd)
                 except OSError:
-                    continue  # gone, or not searchable: the save opens it up; the count is what matters
+                    continue  # gone, or not searchable: the save opens it up; this check is advice
                 try:
-                    stack.append((child, iter(_kinds(child))))
+                    leaf = max_entries is None and os.fstat(child).st_nlink == 2  # tmpfs: 2 + its subdirs
+                    stack.append((child, iter(() if leaf else _kinds(child))))
                 except BaseException:
                     os.close(child)
                     raise
