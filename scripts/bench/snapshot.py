@@ -12,7 +12,9 @@ Run: .venv/bin/python scripts/bench/snapshot.py [--repeats 50]
 With ``--files``: snapshot and restore time against the work dir's file count (0, 1k, 10k and 50k
 small files, 1,000 to a dir), as the ratio to the empty dir measured in the same run, how many
 of the snapshots had to hold their replay log only (their files not copied), and how many files the
-last snapshot shared with the held one instead of copying them (unchanged since it was taken). Run it as root and as
+last snapshot shared with the held one instead of copying them (unchanged since it was taken), and
+what a one-line cell costs beside that many files (past the smaller snapshot cap's count of inodes,
+the filer walks the work dir after each cell to tell the cell when it passed a cap). Run it as root and as
 an ordinary user (e.g. under ``setpriv --reuid``): the two differ in the filer's uid and the memory
 accounting (a cgroup, or each process's Pss).
 Ratios are against baselines measured in the same run.
@@ -60,19 +62,23 @@ def files_table(repeats: int) -> list[dict]:
         snapshot_ms = median_ms(lambda env=env: env.snapshot().release(), repeats)
         restore_ms = median_ms(lambda env=env, snap=snap: env.restore(snap), repeats)
         shared = getattr(env._sandbox, "last_save", {}).get("shared", 0)  # of the last timed snapshot
+        cell_ms = median_ms(lambda env=env: env._sandbox.run("1"), repeats * 4)
         info = env.step(_call("len(os.listdir('.'))"))[4]
         rows.append({"files": count, "snapshot_ms": snapshot_ms, "restore_ms": restore_ms, "shared": shared,
+                     "cell_ms": cell_ms,
                      "replay_only": info.get("replay_only_snapshots", 0),
                      "restored_by_replay": bool(info.get("restored_by_replay"))})
         env.close()
     for row in rows:
         row["snapshot_vs_empty"] = row["snapshot_ms"] / rows[0]["snapshot_ms"]
         row["restore_vs_empty"] = row["restore_ms"] / rows[0]["restore_ms"]
+        row["cell_vs_empty"] = row["cell_ms"] / rows[0]["cell_ms"]
     print(f"{'files':>7} {'snapshot ms':>12} {'vs empty':>9} {'restore ms':>11} {'vs empty':>9} {'replay-only':>12} "
-          f"{'shared':>7}")
+          f"{'shared':>7} {'cell ms':>8} {'vs empty':>9}")
     for r in rows:
         print(f"{r['files']:>7} {r['snapshot_ms']:>12.2f} {r['snapshot_vs_empty']:>8.1f}x {r['restore_ms']:>11.2f} "
-              f"{r['restore_vs_empty']:>8.1f}x {r['replay_only']:>12} {r['shared']:>7}")
+              f"{r['restore_vs_empty']:>8.1f}x {r['replay_only']:>12} {r['shared']:>7} {r['cell_ms']:>8.2f} "
+              f"{r['cell_vs_empty']:>8.1f}x")
     return rows
 
 

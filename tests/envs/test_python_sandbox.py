@@ -198,3 +198,12 @@ def test_files_keep_their_absolute_paths_and_links_across_branches(fresh):
     fresh.thaw(frozen)
     assert fresh.run("open(path).read()").output.strip() == "'a'"
     frozen.release()
+
+
+def test_a_branchs_share_of_the_snapshot_store_defaults_to_half_and_never_exceeds_it():
+    assert SandboxConfig().branch_share == (512, 524_288)
+    assert SandboxConfig(snapshot_disk_mb=64, snapshot_inodes=8192).branch_share == (32, 4096)
+    assert SandboxConfig(snapshot_branch_mb=100, snapshot_branch_entries=7).branch_share == (100, 7)
+    for bad in ({"snapshot_branch_mb": 2048}, {"snapshot_branch_mb": 0}, {"snapshot_branch_entries": 2_000_000}):
+        with pytest.raises(ValueError, match="snapshot_branch"):
+            SandboxConfig(**bad)

@@ -177,10 +177,20 @@ def test_a_deep_chain_within_the_cap_is_copied_exactly():
 
 
 def test_a_replay_only_snapshot_says_so_and_restore_keeps_the_record():
-    config = SandboxConfig(snapshot_max_depth=8, preload=())
-    with PythonMathEnv(tasks=TASKS, sandbox=config) as env:
+    """The cell that builds a tree past a cap gets an error line in its own observation; the snapshot
+    after it holds the replay log (``info`` says why) and a restore of it replays, keeping the record."""
+    config = SandboxConfig(snapshot_max_depth=8, snapshot_max_entries=100, preload=())
+    with PythonMathEnv(tasks=TASKS, sandbox=config, max_turns=10) as env:
         env.reset(seed=0, options={"task_id": "t"})
-        env.step(call(CHAIN.format(depth=20) + "x = 7"))
+        obs = env.step(call("import os\nfor i in range(60): open(f'f{i}', 'w').write('x')\n'sixty'"))[0]
+        assert obs.strip() == "'sixty'", obs  # within both caps: no line
+        obs = env.step(call("for i in range(60, 150): open(f'f{i}', 'w').write('x')\n'more'"))[0]
+        assert obs.startswith("'more'") and obs.rstrip().endswith("re-runs every cell of the episode."), obs
+        assert "Error: this cell left a work dir" in obs and "snapshot_max_entries" in obs, obs
+        obs = env.step(call("import shutil\nfor i in range(150): os.remove(f'f{i}')\n'gone'"))[0]
+        assert obs.strip() == "'gone'", obs
+        obs = env.step(call(CHAIN.format(depth=20) + "x = 7"))[0]
+        assert "Error: this cell left a work dir" in obs and "snapshot_max_depth" in obs, obs
         snap = env.snapshot()
         assert snap.payload.frozen is None
         info = dict(snap.episode_info)
@@ -294,10 +304,10 @@ def test_unchanged_files_are_shared_between_snapshots_and_no_change_is_ever_miss
     first, second = box.freeze(), box.freeze()  # held: a released snapshot's copy is not shared
     if box.last_save["shared"] == 0:
         pytest.skip("this kernel gives no fresh change time after every write (before Linux 6.13)")
-    assert box.last_save == {"entries": 300, "shared": 300}
+    assert (box.last_save["entries"], box.last_save["shared"]) == (300, 300)
     second.release()  # the copies it shared are still held by the first: the next snapshot links to those
     third = box.freeze()
-    assert box.last_save == {"entries": 300, "shared": 300}
+    assert (box.last_save["entries"], box.last_save["shared"]) == (300, 300)
     pairs = []
     changes = ["open('f1', 'a').write('+')", "os.chmod('f2', 0o604 if {n} % 2 else 0o640)",
                "os.utime('f3', ({n} + 1, {n} + 1))", "os.truncate('f4', {n} + 1)",
@@ -324,8 +334,8 @@ def test_unchanged_files_are_shared_between_snapshots_and_no_change_is_ever_miss
 
 @pytest.mark.slow
 def test_many_snapshots_of_a_big_work_dir_never_fill_the_store(box):
-    """50,000 files, 8 snapshots: copied once, then shared (a link costs no bytes, one of the store's
-    524,288 inode slots), so the store does not fill and a sibling branch's snapshot still copies."""
+    """50,000 files, 8 snapshots: copied once, then shared (a link costs no bytes, one of the 524,288
+    inode slots of the branch's share), so the store does not fill and a later snapshot still copies."""
     box.thaw(box.base)
     box.run("import os\nfor d in range(50):\n    os.mkdir(f'd{d}')\n    for i in range(1000):\n"
             "        open(f'd{d}/{i}', 'w').write(str(i))")
@@ -340,3 +350,44 @@ def test_many_snapshots_of_a_big_work_dir_never_fill_the_store(box):
     assert box.run("open('d0/0').read()").output.strip() == "'sibling'"
     for frozen in held:
         frozen.release()
+
+
+FILL = """
+import os
+os.makedirs('r{n}', exist_ok=True)
+for j in range({big}):
+    open(f'r{n}/big{{j}}', 'wb').write(os.urandom(10 << 20))
+for j in range({small}):
+    open(f'r{n}/s{{j}}', 'w').write('x')
+'filled'
+"""
+
+
+def test_one_branch_filling_the_store_never_makes_a_siblings_snapshot_replay_only():
+    """A branch writes 10 MB and 1,000 files a turn and snapshots each turn, past its share of a small
+    store (64 MB, 8,192 inode slots: half each per branch): only its own snapshots are refused, naming
+    the share; sibling branches (restored from its first snapshot, and from the start) still get real
+    snapshots with their own files, and restore from them."""
+    config = SandboxConfig(snapshot_disk_mb=64, snapshot_inodes=8192, timeout_s=30.0, cpu_s=25, preload=())
+    with Sandbox(config) as box:
+        unhooked(box)  # branch A
+        held, refused = [], []
+        for n in range(5):
+            assert "'filled'" in box.run(FILL.format(n=n, big=1, small=1000)).output
+            try:
+                held.append(box.freeze())
+            except SnapshotTreeError as exc:
+                refused.append(str(exc))
+        first = held[0]
+        assert len(held) >= 1 and len(refused) >= 2, refused
+        assert all("snapshot_branch_" in text for text in refused), refused
+        for source in (first, box.base):  # siblings: from A's held snapshot, and a fresh branch
+            box.thaw(source)
+            assert "'filled'" in box.run(FILL.format(n="b", big=1, small=1500)).output
+            sibling = box.freeze()  # a SnapshotTreeError or a full store here is the defect
+            assert box.last_save["branch_bytes"] < 32 << 20 and box.last_save["branch_entries"] < 4096
+            box.run("import shutil; shutil.rmtree('rb')")
+            box.thaw(sibling)
+            out = box.run("import os\nlen(os.listdir('rb')), os.path.getsize('rb/big0')").output
+            assert out.strip() == f"(1501, {10 << 20})", out
+            sibling.release()

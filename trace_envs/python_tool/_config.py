@@ -32,6 +32,14 @@ class SandboxConfig:
         disk_mb: size of the live work dir's private tmpfs (what model code can write).
         snapshot_disk_mb: size of the private tmpfs holding every snapshot's copy of the work dir; a
             snapshot whose files do not fit holds its replay log only (``info`` says so).
+        snapshot_inodes: inode slots of that tmpfs (every file, dir and hard link of every snapshot;
+            a slot that holds a link costs about 0.2 KB of kernel memory, within ``env_memory_mb``).
+        snapshot_branch_mb: most bytes of the store one branch's held snapshots may add (a branch is
+            one live interpreter, from the restore or reset that started it to the next): past it,
+            that branch's snapshot holds its replay log only (``info`` says why) and the rest of the
+            store stays free for its siblings. At most ``snapshot_disk_mb``; None: half of it.
+        snapshot_branch_entries: most inode slots of the store one branch's held snapshots may take
+            (likewise; at most ``snapshot_inodes``; None: half of it).
         snapshot_max_depth: deepest directory nesting a snapshot copies; a deeper work dir makes the
             snapshot hold its replay log only (``info`` says why).
         snapshot_max_entries: most files and dirs a snapshot copies (likewise).
@@ -57,6 +65,9 @@ class SandboxConfig:
     cpus: float | None = None
     disk_mb: int = 256
     snapshot_disk_mb: int = 1024
+    snapshot_inodes: int = 1_048_576
+    snapshot_branch_mb: int | None = None
+    snapshot_branch_entries: int | None = None
     snapshot_max_depth: int = 256
     snapshot_max_entries: int = 65_536
     max_open_files: int = 256
@@ -81,10 +92,21 @@ class SandboxConfig:
                 or self.snapshot_max_depth < 1 or self.snapshot_max_entries < 1):
             raise ValueError("SandboxConfig: env_memory_mb >= memory_mb / 4, cpus > 0 or None, disk_mb and snapshot_disk_mb >= 1, "
                              "max_open_files >= 16, snapshot_max_depth and snapshot_max_entries >= 1")
+        branch_mb, branch_entries = self.branch_share
+        if not (1 <= branch_mb <= self.snapshot_disk_mb and 1 <= branch_entries <= self.snapshot_inodes):
+            raise ValueError("SandboxConfig: need 1 <= snapshot_branch_mb <= snapshot_disk_mb and "
+                             "1 <= snapshot_branch_entries <= snapshot_inodes")
         unknown = set(self.allow_weaker) - set(REQUIRED_LAYERS)
         if unknown:
             raise ValueError(f"SandboxConfig.allow_weaker: unknown layer(s) {sorted(unknown)}; "
                              f"the layers are {list(REQUIRED_LAYERS)}")
+
+    @property
+    def branch_share(self) -> tuple[int, int]:
+        """(MB, inode slots) of the snapshot store one branch's held snapshots may take."""
+        return (self.snapshot_branch_mb if self.snapshot_branch_mb is not None else max(1, self.snapshot_disk_mb // 2),
+                self.snapshot_branch_entries if self.snapshot_branch_entries is not None
+                else max(1, self.snapshot_inodes // 2))
 
     @property
     def required_layers(self) -> tuple[str, ...]:

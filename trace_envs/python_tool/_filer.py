@@ -16,317 +16,39 @@ opened inode checked against the one listed), iteratively (no recursion), with a
 cap; the host stops every process of the live interpreter before a ``save``, so nothing renames
 under a walk. A symlink is copied as a link and never followed.
 
+**The store's quota is per branch.** A branch is one live interpreter's life, from the restore
+that started it to the next (the host numbers them and names the branch in every ``save``). The
+snapshots a branch holds may together add at most ``branch_mb`` bytes and ``branch_inodes`` inode
+slots to the store (files copied count their pages; every name made counts a slot, a hard link to
+an unchanged file too, as tmpfs counts them): past that, the save stops with a ``limit`` error and
+*that* snapshot holds its replay log only, while the rest of the store stays free for the branch's
+siblings. The charge is the store's measured growth (``statvfs`` of the store's own tmpfs), and a
+drop gives back what it measurably freed; a branch holding no snapshot any more owes nothing. With
+the default share (half the store), no one branch can fill the store; several heavy branches
+together still can, and then a save fails on the store's own quota as before (``error``, replay-only).
+
 Requests come from the host over a socket of its own (4-byte big-endian length + JSON, ``seq``
-echoed): ``save`` (live dir -> snapshot ``id``), ``load`` (snapshot ``id``, or nothing when ``id``
-is None, -> live dir), ``drop`` (snapshots listed in ``drop``; every op drops those first).
+echoed): ``save`` (live dir -> snapshot ``id`` of ``branch``), ``load`` (snapshot ``id``, or nothing
+when ``id`` is None, -> live dir), ``check`` (walk the live dir against the depth and entry caps
+without copying: the host asks after a cell that may have passed them), ``drop`` (snapshots listed
+in ``drop``; every op drops those first).
 Every failure is an ``error`` reply (``limit`` true when a cap was hit); the loop never exits on
 one. When the host's socket closes, the filer exits (and, as the pid namespace's first process,
 the kernel ends every process in it).
 
-This file is imported by ``_server.py`` from its own directory; it must not import trace_envs.
+The walks themselves are in ``_tree.py``. This file is imported by ``_server.py`` from its own
+directory; it must not import trace_envs.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import stat
 import struct
 from typing import NamedTuple
 
-O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-O_NOATIME = getattr(os, "O_NOATIME", 0)
-_CLEAR_DEPTH = 64  # deeper dirs are moved up to the top while a tree is removed (bounded descriptors)
-
-
-class TreeLimit(Exception):
-    """The tree is deeper or larger than the caps allow."""
-
-
-def _open_dir(name: str, parent: int, want: os.stat_result | None = None) -> int:
-    """``name`` in ``parent`` as a directory descriptor, never through a symlink; when ``want`` is
-    given, the opened inode must be the one that was listed (else OSError)."""
-    fd = os.open(name, O_DIR, dir_fd=parent)
-    if want is not None:
-        got = os.fstat(fd)
-        if (got.st_dev, got.st_ino) != (want.st_dev, want.st_ino):
-            os.close(fd)
-            raise OSError(f"{name!r} changed while it was copied")
-    return fd
-
-
-def _chmod(name: str, mode: int, parent: int) -> None:
-    os.chmod(name, mode, dir_fd=parent, follow_symlinks=False)
-
-
-def _entries(fd: int) -> list[tuple[str, bool]]:
-    """The names in the directory ``fd``, last first, each with whether the kernel's listing (d_type)
-    calls it a regular file: those are opened straight away (``O_NOFOLLOW``, then checked by fstat)."""
-    with os.scandir(fd) as it:
-        found = [(entry.name, entry.is_file(follow_symlinks=False)) for entry in it]
-    found.sort(reverse=True)
-    return found
-
-
-def _copy_data(fin: int, fout: int, size: int) -> None:
-    done = 0
-    while done < size:
-        sent = os.sendfile(fout, fin, done, size - done)
-        if sent == 0:
-            break
-        done += sent
-
-
-def copy_tree(src: int, dst: int, *, max_depth: int, max_entries: int, share: Share | None = None) -> int:
-    """Copy the contents of directory ``src`` into the empty directory ``dst`` (both descriptors).
-
-    Regular files get their own inodes, names sharing an inode in ``src`` share one in ``dst``
-    (where the first copy's dir can still be opened), symlinks are copied as links, FIFOs re-made,
-    other special files skipped; modes and times are kept. An entry the owner cannot read (mode
-    0) is opened up for the copy and its mode put back. Returns the number of entries.
-
-    ``share``: the :class:`Shares` record to consult and fill (see there); None copies every file.
-
-    Raises:
-        TreeLimit: more than ``max_entries`` entries, or dirs deeper than ``max_depth``.
-        OSError: a file could not be copied (e.g. the store's quota).
-    """
-    links: dict[tuple[int, int], tuple[tuple[str, ...], str]] = {}
-    count = 0
-    top = os.fstat(src)
-    # a frame: source fd, target fd, names left, path of names from the top, the dir's own stat, mode to put back
-    stack = [[os.dup(src), os.dup(dst), _entries(src), (), top, None]]
-    try:
-        while stack:
-            frame = stack[-1]
-            s_fd, d_fd, names, path = frame[0], frame[1], frame[2], frame[3]
-            if not names:
-                stack.pop()
-                info, restore = frame[4], frame[5]
-                try:
-                    os.chmod(d_fd, stat.S_IMODE(info.st_mode))
-                    os.utime(d_fd, ns=(info.st_atime_ns, info.st_mtime_ns))
-                    if restore is not None and stack:
-                        _chmod(path[-1], restore, stack[-1][0])
-                finally:
-                    os.close(s_fd)
-                    os.close(d_fd)
-                continue
-            name, regular = names.pop()
-            count += 1
-            if count > max_entries:
-                raise TreeLimit(f"the work dir holds more than {max_entries:,} entries (SandboxConfig."
-                                "snapshot_max_entries)")
-            if regular and _copy_regular(name, s_fd, d_fd, path, links, dst, share):
-                continue
-            info = os.stat(name, dir_fd=s_fd, follow_symlinks=False)
-            kind, mode = stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode)
-            if kind == stat.S_IFDIR:
-                if len(stack) >= max_depth:
-                    raise TreeLimit(f"the work dir is more than {max_depth} directories deep (SandboxConfig."
-                                    "snapshot_max_depth)")
-                restore = None
-                if mode & 0o500 != 0o500:
-                    _chmod(name, mode | 0o700, s_fd)
-                    restore = mode
-                os.mkdir(name, 0o700, dir_fd=d_fd)
-                child = _open_dir(name, s_fd, info)
-                try:
-                    target = _open_dir(name, d_fd)
-                except BaseException:
-                    os.close(child)
-                    raise
-                stack.append([child, target, _entries(child), (*path, name), info, restore])
-            elif kind == stat.S_IFREG:
-                _copy_file(name, s_fd, d_fd, info, path, links, dst)
-            elif kind == stat.S_IFLNK:
-                os.symlink(os.readlink(name, dir_fd=s_fd), name, dir_fd=d_fd)
-                os.utime(name, ns=(info.st_atime_ns, info.st_mtime_ns), dir_fd=d_fd, follow_symlinks=False)
-            elif kind == stat.S_IFIFO:
-                os.mkfifo(name, 0o600, dir_fd=d_fd)
-                _chmod(name, mode, d_fd)
-                os.utime(name, ns=(info.st_atime_ns, info.st_mtime_ns), dir_fd=d_fd, follow_symlinks=False)
-    finally:  # on an error: the source's opened-up modes are put back, every descriptor closed
-        for depth in range(len(stack) - 1, -1, -1):
-            frame = stack[depth]
-            try:
-                if frame[5] is not None and depth > 0:
-                    _chmod(frame[3][-1], frame[5], stack[depth - 1][0])
-            except OSError:
-                pass
-            os.close(frame[0])
-            os.close(frame[1])
-    return count
-
-
-def _copy_regular(name: str, s_fd: int, d_fd: int, path: tuple[str, ...],
-                  links: dict[tuple[int, int], tuple[tuple[str, ...], str]], dst_top: int,
-                  share: Share | None) -> bool:
-    """Copy the regular file ``name`` opened directly (not touching its access time); False when it
-    cannot be read as it is (its mode): then the caller takes the slow route, which opens it up first."""
-    try:
-        fin = os.open(name, O_FILE | O_NOATIME, dir_fd=s_fd)
-    except PermissionError:
-        try:
-            fin = os.open(name, O_FILE, dir_fd=s_fd)
-        except PermissionError:
-            return False
-    try:
-        info = os.fstat(fin)
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"{name!r} changed while it was copied")
-        if info.st_nlink > 1:
-            key = (info.st_dev, info.st_ino)
-            if key in links and _link(links[key], dst_top, name, d_fd):
-                return True
-            links[key] = (path, name)
-        elif share is not None and (held := share.shares.reuse(share, info, name, d_fd)) is not None:
-            share.shares.note(share, info.st_ino, path, name, info, held)
-            return True
-        fout = os.open(name, O_NEW, stat.S_IMODE(info.st_mode) | 0o200, dir_fd=d_fd)
-        try:
-            if info.st_size:
-                _copy_data(fin, fout, info.st_size)
-            if not info.st_mode & 0o200:
-                os.chmod(fout, stat.S_IMODE(info.st_mode))
-            os.utime(fout, ns=(info.st_atime_ns, info.st_mtime_ns))
-            if share is not None and (info.st_nlink == 1 or not share.saving):  # a stored copy may be shared
-                made = info if share.saving else os.fstat(fout)
-                share.shares.note(share, made.st_ino, path, name, made)
-        finally:
-            os.close(fout)
-    finally:
-        os.close(fin)
-    return True
-
-
-def _copy_file(name: str, s_fd: int, d_fd: int, info: os.stat_result, path: tuple[str, ...],
-               links: dict[tuple[int, int], tuple[tuple[str, ...], str]], dst_top: int) -> None:
-    key = (info.st_dev, info.st_ino)
-    if info.st_nlink > 1 and key in links and _link(links[key], dst_top, name, d_fd):
-        return
-    mode = stat.S_IMODE(info.st_mode)
-    opened_up = not mode & 0o400
-    if opened_up:
-        _chmod(name, mode | 0o400, s_fd)
-    try:
-        fin = os.open(name, O_FILE, dir_fd=s_fd)
-    finally:
-        if opened_up:
-            _chmod(name, mode, s_fd)
-    try:
-        got = os.fstat(fin)
-        if (got.st_dev, got.st_ino) != key or not stat.S_ISREG(got.st_mode):
-            raise OSError(f"{name!r} changed while it was copied")
-        fout = os.open(name, O_NEW, 0o600, dir_fd=d_fd)
-        try:
-            _copy_data(fin, fout, got.st_size)
-            os.chmod(fout, mode)
-            os.utime(fout, ns=(info.st_atime_ns, info.st_mtime_ns))
-        finally:
-            os.close(fout)
-    finally:
-        os.close(fin)
-    if info.st_nlink > 1:
-        links[key] = (path, name)
-
-
-def _link(first: tuple[tuple[str, ...], str], dst_top: int, name: str, d_fd: int) -> bool:
-    """Hard-link ``name`` in ``d_fd`` to the copy made first; False when its dir cannot be opened."""
-    dirs, first_name = first
-    fds: list[int] = []
-    try:
-        parent = dst_top
-        for part in dirs:
-            parent = _open_dir(part, parent)
-            fds.append(parent)
-        os.link(first_name, name, src_dir_fd=parent, dst_dir_fd=d_fd, follow_symlinks=False)
-        return True
-    except OSError:
-        return False
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
-def _kinds(fd: int) -> list[tuple[str, bool]]:
-    """The names in the directory ``fd``, each with whether it is a dir (d_type; a symlink is not)."""
-    with os.scandir(fd) as it:
-        return [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in it]
-
-
-def clear_tree(top: int) -> None:
-    """Remove everything inside the directory ``top`` (a descriptor), whatever the depth or modes;
-    ``top`` itself stays. Dirs deeper than a fixed bound are first moved up to ``top`` under a
-    fresh name, so the descriptors held stay bounded however deep the tree is."""
-    os.chmod(top, 0o700)
-    pending = list(os.listdir(top))
-    moved = 0
-    while pending:
-        name = pending.pop()
-        info = os.stat(name, dir_fd=top, follow_symlinks=False)
-        if not stat.S_ISDIR(info.st_mode):
-            os.unlink(name, dir_fd=top)
-            continue
-        _chmod(name, 0o700, top)
-        first = _open_dir(name, top)
-        stack = [(first, iter(_kinds(first)), name)]
-        try:
-            while stack:
-                fd, entries, own = stack[-1]
-                entry, is_dir = next(entries, (None, False))
-                if entry is None:
-                    stack.pop()
-                    os.close(fd)
-                    os.rmdir(own, dir_fd=stack[-1][0] if stack else top)
-                    continue
-                if not is_dir:
-                    os.unlink(entry, dir_fd=fd)
-                    continue
-                _chmod(entry, 0o700, fd)
-                if len(stack) >= _CLEAR_DEPTH:
-                    while True:  # a name not taken (model code may have made any name)
-                        moved += 1
-                        flat = f".trace-gym-clear-{moved}"
-                        try:
-                            os.stat(flat, dir_fd=top, follow_symlinks=False)
-                        except FileNotFoundError:
-                            break
-                    os.rename(entry, flat, src_dir_fd=fd, dst_dir_fd=top)
-                    pending.append(flat)
-                    continue
-                child = _open_dir(entry, fd)
-                stack.append((child, iter(_kinds(child)), entry))
-        finally:
-            for fd, _, _ in stack:
-                os.close(fd)
-
-
-def tree_usage(top: int) -> tuple[int, int]:
-    """(bytes, inodes) of the tree below the descriptor ``top``, counted by ``st_blocks``."""
-    used, inodes, seen = 0, 0, set()
-    stack = [os.dup(top)]
-    try:
-        while stack:
-            fd = stack.pop()
-            try:
-                for name in os.listdir(fd):
-                    info = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                    if (info.st_dev, info.st_ino) in seen:
-                        continue
-                    seen.add((info.st_dev, info.st_ino))
-                    used += info.st_blocks * 512
-                    inodes += 1
-                    if stat.S_ISDIR(info.st_mode):
-                        stack.append(_open_dir(name, fd))
-            finally:
-                os.close(fd)
-    finally:
-        for fd in stack:
-            os.close(fd)
-    return used, inodes
+from _tree import O_DIR, Quota, TreeLimit, check_tree, clear_tree, copy_tree, too_many
+from _tree import open_dir as _open_dir
 
 
 # ------------------------------------------------------------------ unchanged files shared between snapshots
@@ -479,11 +201,35 @@ def _send(sock, obj: dict) -> None:
 class Filer:
     """The file operations of one sandbox, on descriptors of its live dir and snapshot store."""
 
-    def __init__(self, root: str, *, max_depth: int, max_entries: int) -> None:
+    def __init__(self, root: str, *, max_depth: int, max_entries: int, branch_mb: int = 1 << 20,
+                 branch_inodes: int = 1 << 40, measured: bool = False) -> None:
         self.live = os.open(root + "/live", O_DIR)
         self.snaps = os.open(root + "/snaps", O_DIR)
         self.max_depth, self.max_entries = max_depth, max_entries
+        self.branch_mb, self.branch_inodes = branch_mb, branch_inodes
+        self.measured = measured  # the store is a file system of its own: statvfs counts only snapshots
+        self.charges: dict[int, tuple[int, int, int]] = {}  # snapshot -> (branch, bytes, inodes)
+        self.usage: dict[int, list[int]] = {}  # branch -> [bytes, inodes] its held snapshots hold
         self.shares = Shares(self.snaps) if fine_change_times(self.snaps) else None
+
+    def _store_use(self) -> tuple[int, int]:
+        """(bytes, inodes) in use on the store, or zeros when it shares a file system with others."""
+        if not self.measured:
+            return 0, 0
+        st = os.statvfs(self.snaps)
+        return (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_files - st.f_ffree
+
+    def _uncharge(self, ident: int, freed: tuple[int, int] | None) -> None:
+        """Take a dropped snapshot off its branch: what its drop freed (measured), else its own charge.
+        A branch holding no snapshot any more owes nothing (what others still link is theirs)."""
+        branch, size, inodes = self.charges.pop(ident, (None, 0, 0))
+        if branch is None or branch not in self.usage:
+            return
+        used = self.usage[branch]
+        size, inodes = freed if freed is not None else (size, inodes)
+        used[0], used[1] = max(0, used[0] - size), max(0, used[1] - inodes)
+        if not any(b == branch for b, _, _ in self.charges.values()):
+            del self.usage[branch]
 
     def _share(self, ident: int, *, saving: bool) -> Share | None:
         return self.shares.start(ident, saving=saving) if self.shares is not None else None
@@ -499,12 +245,16 @@ class Filer:
         try:
             fd = _open_dir(name, self.snaps)
         except FileNotFoundError:
+            self._uncharge(int(ident), None)
             return
+        before = self._store_use()
         try:
             clear_tree(fd)
         finally:
             os.close(fd)
         os.rmdir(name, dir_fd=self.snaps)
+        after = self._store_use()
+        self._uncharge(int(ident), (before[0] - after[0], before[1] - after[1]) if self.measured else None)
 
     def handle(self, msg: dict) -> dict:
         """One request; every failure is an error reply."""
@@ -517,7 +267,9 @@ class Filer:
         op, ident = msg.get("op"), msg.get("id")
         try:
             if op == "save":
-                return self._save(int(ident))
+                return self._save(int(ident), int(msg.get("branch", 0)))
+            if op == "check":
+                return self._check()
             if op == "load":
                 self._finish(False)
                 clear_tree(self.live)
@@ -544,16 +296,43 @@ class Filer:
             text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             return {"error": f"{op}: {type(exc).__name__}: {text}"[:900]}
 
-    def _save(self, ident: int) -> dict:
+    def _check(self) -> dict:
+        """The live dir against the caps, without copying. On the work root's own tmpfs its inode count
+        gives the entries (less the root, live/ and the store's mount point) and only the depth is walked."""
+        if not self.measured:
+            return {"ok": True, "entries": check_tree(self.live, max_depth=self.max_depth,
+                                                      max_entries=self.max_entries)}
+        st = os.statvfs(self.live)
+        entries = st.f_files - st.f_ffree - 3
+        if entries > self.max_entries:
+            raise too_many(self.max_entries)
+        check_tree(self.live, max_depth=self.max_depth, max_entries=None)
+        return {"ok": True, "entries": entries}
+
+    def _save(self, ident: int, branch: int) -> dict:
+        """Copy the live dir into snapshot ``ident`` of ``branch``, within that branch's share of the
+        store (``branch_mb``, ``branch_inodes`` over its held snapshots); the store's measured growth
+        (else the copy's own count) is charged to the branch."""
         name = str(ident)
+        used = self.usage.get(branch, [0, 0])
+        quota = Quota(self.branch_mb * 1024 * 1024 - used[0], self.branch_inodes - used[1],
+                      branch_mb=self.branch_mb, branch_inodes=self.branch_inodes)
+        before = self._store_use()
         os.mkdir(name, 0o700, dir_fd=self.snaps)
         target = _open_dir(name, self.snaps)
         try:
             count = copy_tree(self.live, target, max_depth=self.max_depth, max_entries=self.max_entries,
-                              share=self._share(ident, saving=True))
+                              share=self._share(ident, saving=True), quota=quota)
             shared = self.shares.reused if self.shares is not None else 0
             self._finish(True)
-            return {"ok": True, "entries": count, "shared": shared}
+            after = self._store_use()
+            size, inodes = ((after[0] - before[0], after[1] - before[1]) if self.measured
+                            else (quota.bytes, quota.inodes + 1))
+            self.charges[ident] = (branch, max(0, size), max(0, inodes))
+            total = self.usage.setdefault(branch, [0, 0])
+            total[0], total[1] = total[0] + max(0, size), total[1] + max(0, inodes)
+            return {"ok": True, "entries": count, "shared": shared, "branch_bytes": total[0],
+                    "branch_entries": total[1]}
         except BaseException:
             self._finish(False)
             if self.shares is not None:

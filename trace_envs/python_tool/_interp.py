@@ -46,7 +46,7 @@ def _check_reply(op: str, reply: dict[str, Any], output_chars: int) -> None:
     if op == "exec":
         ok, output, truncated = reply.get("ok"), reply.get("output"), reply.get("truncated")
         if (type(ok) is not bool or not isinstance(output, str) or len(output) > output_chars
-                or type(truncated) is not int or truncated < 0):
+                or type(truncated) is not int or truncated < 0 or type(reply.get("inodes", 0)) is not int):
             raise ProtocolError("an exec reply off its schema")
     elif op == "fork":
         if reply.get("forked") is not True:

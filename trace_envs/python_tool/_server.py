@@ -25,7 +25,7 @@ process and can write to the socket): the host learns a copy's pid from the
 kernel (SCM_CREDENTIALS), checks its parentage and uid, and enforces a frame
 cap, a schema and a deadline per reply.
 
-The in-process guard (an audit hook) is always armed, in every thread, the
+The in-process guard (an audit hook, made by ``_guard.py``) is always armed, in every thread, the
 server's own code included; the server's few privileged calls (fork, adopting
 a socket, setting rlimits) are let through by one-shot permits for the main
 thread, consumed by the audit event of that very C call. The hook, its state
@@ -47,7 +47,6 @@ import _imp
 import _json
 import _signal
 import _socket
-import _thread
 import builtins
 import json
 import os
@@ -62,6 +61,7 @@ import types
 
 import _filer  # the sibling files (this script's directory is sys.path[0])
 import _isolation
+from _guard import make_guard, sealed_objects
 from _isolation import (
     PR_SET_CHILD_SUBREAPER,
     PR_SET_DUMPABLE,
@@ -74,17 +74,6 @@ from _isolation import (
     set_limits,
 )
 
-WRITE_EVENTS = ("os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.chmod", "os.chown", "os.link",
-                "os.symlink", "os.truncate", "os.utime", "os.chflags", "os.setxattr", "os.removexattr",
-                "shutil.rmtree", "shutil.move", "shutil.copyfile", "shutil.copytree", "shutil.chown",
-                "shutil.copymode", "shutil.copystat", "shutil.make_archive", "shutil.unpack_archive")
-BLOCKED_EVENTS = ("os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-                  "subprocess.Popen", "os.kill", "os.killpg", "signal.pthread_kill", "socket.",
-                  "ctypes.", "os.setuid", "os.setgid", "os.setreuid", "os.setregid", "os.setresuid",
-                  "os.setresgid", "os.setgroups", "resource.setrlimit", "resource.prlimit", "gc.get_",
-                  "sys._current_frames", "sys.settrace", "sys.setprofile", "sys.addaudithook",
-                  "sys._current_exceptions", "cpython.PyInterpreterState_")
-FRAME_ATTRS = ("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back", "f_globals", "f_locals")
 
 # ------------------------------------------------------------------ framing (keeper and start-up only)
 def send(sock: socket.socket, obj: object) -> None:
@@ -109,154 +98,13 @@ def recv(sock: socket.socket) -> dict:
     return json.loads(body)
 
 
-# ------------------------------------------------------------- the sealed part
-# Defined in a namespace of their own: model code reaches these objects (sys.stdout, signal handlers),
-# and through a function's __globals__ it would reach its module; this module must stay out of reach.
-_SEALED_SRC = '''
-class CellTimeout(Exception):
-    pass
-
-
-class CappedWriter:
-    def __init__(self, limit):
-        self.parts = []
-        self.size = 0
-        self.limit = limit
-        self.truncated = 0
-
-    def write(self, text):
-        text = str(text)
-        room = self.limit - self.size
-        if room > 0:
-            self.parts.append(text[:room])
-            self.size += min(room, len(text))
-        self.truncated += max(0, len(text) - max(room, 0))
-        return len(text)
-
-    def flush(self):
-        pass
-
-    def isatty(self):
-        return False
-
-    def getvalue(self):
-        return "".join(self.parts)
-
-
-def on_alarm(signum, frame):
-    raise CellTimeout("the cell exceeded its wall-clock limit")
-
-
-def on_xcpu(signum, frame):
-    raise CellTimeout("the cell exceeded its CPU-time limit")
-'''
-
-
-def _sealed_objects() -> dict:
-    allowed = ("str", "len", "min", "max", "Exception", "__build_class__")
-    ns: dict = {"__name__": "sandbox_io", "__builtins__": {k: getattr(builtins, k) for k in allowed}}
-    exec(compile(_SEALED_SRC, "<sandbox io>", "exec"), ns)
-    return ns
-
-
-def make_guard(workdir: str):
-    """The audit hook and its one handle (a one-shot permit), sharing a closure; the work dir is fixed.
-
-    Everything the hook calls is captured here as a C-level object: rebinding ``os.path.realpath``,
-    ``builtins.isinstance`` or any module attribute from model code changes nothing in it.
-    """
-    get_ident, main = _thread.get_ident, _thread.get_ident()
-    getcwd, lstat, readlink, is_link = os.getcwd, os.lstat, os.readlink, stat.S_ISLNK
-    is_instance, str_, bytes_, int_, denied, shallow = isinstance, str, bytes, int, PermissionError, ValueError
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-    write_events, blocked, frame_attrs = frozenset(WRITE_EVENTS), BLOCKED_EVENTS, frozenset(FRAME_ATTRS)
-    stat_, is_directory = os.stat, stat.S_ISDIR
-    state = {"workdir": workdir, "permit": None}
-
-    def resolve(path):
-        """``path`` absolute with every symlink resolved (non-strict, like ``os.path.realpath``)."""
-        if is_instance(path, bytes_):
-            path = path.decode("utf-8", "surrogateescape")
-        if not path.startswith("/"):
-            path = getcwd() + "/" + path
-        pending = path.split("/")[::-1]
-        out: list = []
-        hops = 0
-        while pending:
-            part = pending.pop()
-            if part in ("", "."):
-                continue
-            if part == "..":
-                if out:
-                    out.pop()
-                continue
-            candidate = "/" + "/".join(out) + ("/" if out else "") + part
-            try:
-                mode = lstat(candidate).st_mode
-            except OSError:
-                out.append(part)
-                continue
-            if is_link(mode):
-                hops += 1
-                if hops > 40:
-                    raise denied("sandbox: too many symbolic links")
-                target = readlink(candidate)
-                if target.startswith("/"):
-                    out = []
-                pending.extend(target.split("/")[::-1])
-            else:
-                out.append(part)
-        return "/" + "/".join(out)
-
-    def inside(path) -> bool:
-        real, top = resolve(path), state["workdir"]
-        return real == top or real.startswith(top + "/")
-
-    def hook(event, args):
-        if event == state["permit"] and get_ident() == main:
-            state["permit"] = None  # the server's own call, consumed by its audit event
-        elif event == "open":
-            path, mode, flags = args
-            writing = (is_instance(mode, str_) and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)) or (
-                is_instance(flags, int_) and flags & write_flags)
-            if writing and is_instance(path, (str_, bytes_)):
-                if not inside(path):
-                    raise denied(f"sandbox: writing outside the work directory is not allowed: {path!r}")
-            elif mode is None and is_instance(path, (str_, bytes_)) and not inside(path):
-                # os.open of a directory elsewhere would give a dir_fd, and writes relative to it carry
-                # no path this hook could check
-                try:
-                    is_dir = is_directory(stat_(path).st_mode)
-                except OSError:
-                    is_dir = False
-                if is_dir:
-                    raise denied("sandbox: opening directories outside the work directory is not allowed")
-        elif event in write_events:
-            for arg in args:
-                if is_instance(arg, (str_, bytes_)) and not inside(arg):
-                    raise denied(f"sandbox: {event} outside the work directory is not allowed")
-        elif event.startswith(blocked):
-            raise denied(f"sandbox: {event} is not allowed")
-        elif event == "sys._getframe":
-            raise shallow("call stack is not deep enough")  # what callers such as namedtuple expect
-        elif event == "object.__getattr__" and args[1] in frame_attrs:
-            raise denied(f"sandbox: reading .{args[1]} is not allowed")
-        elif event == "object.__setattr__" and args[1] in ("__code__", "__globals__"):
-            raise denied(f"sandbox: replacing .{args[1]} is not allowed")
-
-    def permit(event):
-        state["permit"] = event
-
-    return hook, permit
-
-
 class Runtime:
     """What the interpreter loop needs, captured before model code runs (see the module docstring)."""
 
     def __init__(self, cfg: dict, workdir: str) -> None:
         self.cfg = cfg
         self.hook, self.permit = make_guard(workdir)
-        self.io = _sealed_objects()
+        self.io = sealed_objects()
         self.workdir = workdir
         self.root = cfg["root"]
         self.cell = 0
@@ -281,7 +129,7 @@ class Runtime:
         self.sys = sys
         self.rlimit_cpu, self.itimer_real, self.rusage_self = resource.RLIMIT_CPU, signal.ITIMER_REAL, resource.RUSAGE_SELF
         self.listdir, self.fstat, self.getcwd, self.pread = os.listdir, os.fstat, os.getcwd, os.pread
-        self.dup2, self.lseek = os.dup2, os.lseek
+        self.dup2, self.lseek, self.statvfs = os.dup2, os.lseek, os.statvfs
         self.is_reg, self.is_dir, self.int = stat.S_ISREG, stat.S_ISDIR, int
         self.O = {name: getattr(os, name) for name in ("O_RDONLY", "O_RDWR", "O_CREAT", "O_EXCL", "O_TRUNC",
                                                        "O_TMPFILE", "O_CLOEXEC", "SEEK_SET")}
@@ -419,6 +267,17 @@ class Runtime:
         # (a burning background thread, while the main thread waits in recvmsg), it cannot be deferred
         self.signal(signal.SIGXCPU, _signal.SIG_DFL)
 
+    def work_inodes(self) -> int:
+        """Inodes in use on the work root's own tmpfs (-1 when it has none): the host asks the filer
+        whether the work dir passed a snapshot cap only when this count allows it."""
+        if not self.cfg.get("tmpfs"):
+            return -1
+        try:
+            st = self.statvfs(self.workdir)
+        except OSError:
+            return -1
+        return self.int(st.f_files - st.f_ffree)
+
     # ------------------------------------------------------------ serving
     def serve(self, sock) -> None:
         while True:
@@ -431,7 +290,8 @@ class Runtime:
             op, seq = msg.get("op"), msg.get("seq", 0)
             if op == "exec":
                 result = self.run_cell(str(msg.get("code", "")))
-                self.reply(sock, seq, ok=result["ok"], output=result["output"], truncated=result["truncated"])
+                self.reply(sock, seq, ok=result["ok"], output=result["output"], truncated=result["truncated"],
+                           inodes=self.work_inodes())
             elif op == "fork":
                 if not fds:
                     self.reply(sock, seq, error="fork failed: no socket arrived (file descriptors exhausted?)")
@@ -592,7 +452,8 @@ def interpreter_main(cfg: dict, base_fd: int, layers: list[str]) -> None:
     runtime = Runtime(cfg, os.path.realpath(workdir))
     runtime.restore_signals()
     sys.modules["__main__"] = types.ModuleType("__main__")  # this module is out of model code's reach
-    sys.modules.pop("_isolation", None)
+    for name in ("_isolation", "_guard"):
+        sys.modules.pop(name, None)
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # stdio was the host's log file: model code must not write to the host's disk
         os.dup2(null, fd)
@@ -629,7 +490,9 @@ def filer_main(cfg: dict, fd: int) -> None:
     for std in (0, 1):
         os.dup2(null, std)
     os.close(null)
-    filer = _filer.Filer(cfg["root"], max_depth=cfg["snapshot_max_depth"], max_entries=cfg["snapshot_max_entries"])
+    filer = _filer.Filer(cfg["root"], max_depth=cfg["snapshot_max_depth"], max_entries=cfg["snapshot_max_entries"],
+                         branch_mb=cfg["snapshot_branch_mb"], branch_inodes=cfg["snapshot_branch_entries"],
+                         measured=bool(cfg.get("tmpfs")))
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = 2 * cfg["snapshot_max_depth"] + 64
     if hard != resource.RLIM_INFINITY and hard < want:

@@ -96,9 +96,11 @@ class PythonMathEnv(BranchableEnv):
     if even that fails (a replayed cell crashes, the pristine interpreter is
     gone), the sandbox is restarted and the state rebuilt by replay, or, as a last
     resort, the interpreter starts fresh and the observation says the state was lost.
-    A snapshot that cannot copy the interpreter (or its work dir: a quota, ``snapshot_max_depth``,
-    ``snapshot_max_entries``) holds the replay log only; ``info["replay_only_snapshots"]`` counts
-    those and ``info["replay_only_reason"]`` says why; a restore that replayed sets
+    A snapshot that cannot copy the interpreter (or its work dir: a quota, its branch's share of the
+    snapshot store, ``snapshot_max_depth``, ``snapshot_max_entries``) holds the replay log only;
+    ``info["replay_only_snapshots"]`` counts those and ``info["replay_only_reason"]`` says why; a
+    cell that leaves the work dir past either cap ends its observation with an error line saying
+    so; a restore that replayed sets
     ``info["restored_by_replay"]``. A snapshot beyond the env's memory budget raises
     :class:`~trace_envs.errors.SnapshotLimitError` instead.
 
@@ -269,6 +271,8 @@ class PythonMathEnv(BranchableEnv):
         text = result.output if result.output else "(no output)"
         if result.truncated_chars:
             text += f"\n[output truncated: {result.truncated_chars} more characters]"
+        if result.tree_limit:
+            text += f"\nError: {result.tree_limit}."
         return text
 
     def _rebuild(self) -> str:

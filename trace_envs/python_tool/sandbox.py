@@ -11,8 +11,10 @@ The work dir's files are copied beside each frozen copy by the *filer* (``_filer
 of the sandbox's own uid, Landlock domain and seccomp filter that walks by directory descriptor,
 never by path, while every thread and process of the live interpreter is stopped (``_procs.py``).
 No process with more privilege than the sandbox resolves a name in a tree model code can change.
-A snapshot's cost grows with the work dir's files (``snapshot_max_depth``/``_entries`` cap it);
-held snapshots count against ``env_memory_mb`` (:meth:`Sandbox.memory_headroom`).
+A snapshot's cost grows with the work dir's files (``snapshot_max_depth``/``_entries`` cap it, and
+a cell that leaves the dir past a cap is told so: ``CellResult.tree_limit``); the store's quota is per
+branch (each ``thaw`` starts one; ``snapshot_branch_mb``/``_entries``); held snapshots count against
+``env_memory_mb`` (:meth:`Sandbox.memory_headroom`).
 
 The host trusts nothing the sandbox sends (model code shares the interpreter's
 process and can write to its socket): see ``_host.py`` for the checks (kernel-
@@ -91,8 +93,8 @@ __all__ = ["REQUIRED_LAYERS", "SandboxConfig", "CellResult", "FrozenInterpreter"
 _SERVER = Path(__file__).with_name("_server.py")
 
 _KEEPER_TIMEOUT_S = 60.0
-_SNAPSHOT_INODES = 524_288  # a hard link takes one too (tmpfs counts dentries); about 0.2 KB each
 _MEMORY_SLACK = 64 * 1024 * 1024  # the keeper, the filer and the kernel's own use
+_ROOT_INODES = 3  # the work root's tmpfs holds its root, live/ and the store's mount point besides the live files
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,8 @@ class CellResult:
     output: str
     truncated_chars: int = 0
     crashed: bool = False
+    #: the snapshot cap the work dir passed after this cell (``snapshot_max_depth``/``_entries``), or ""
+    tree_limit: str = ""
 
 
 class FrozenInterpreter:
@@ -187,7 +191,8 @@ class Sandbox:
         cfg = {
             "keeper_fd": keeper_theirs.fileno(), "base_fd": base_theirs.fileno(), "root": self.root,
             "filer_fd": filer_theirs.fileno(), "snapshot_max_depth": cfg_.snapshot_max_depth,
-            "snapshot_max_entries": cfg_.snapshot_max_entries, "snapshot_inodes": _SNAPSHOT_INODES,
+            "snapshot_max_entries": cfg_.snapshot_max_entries, "snapshot_inodes": cfg_.snapshot_inodes,
+            "snapshot_branch_mb": cfg_.branch_share[0], "snapshot_branch_entries": cfg_.branch_share[1],
             "uid": self.uid, "network_namespace": cfg_.network_namespace,
             "memory_mb": cfg_.memory_mb, "file_mb": cfg_.file_mb, "disk_mb": cfg_.disk_mb,
             "snapshot_disk_mb": cfg_.snapshot_disk_mb,
@@ -196,9 +201,11 @@ class Sandbox:
             "max_processes": cfg_.max_processes, "preload": list(cfg_.preload), "cgroup_procs": procs,
         }
         self._pending_drops: list[int] = []
-        #: the last snapshot's work dir: entries copied and unchanged files shared with an earlier one
+        #: the last snapshot's work dir: entries copied and unchanged files shared with an earlier one; and
+        #: what its branch's held snapshots take of the store (``branch_bytes``, ``branch_entries``)
         self.last_save: dict[str, int] = {"entries": 0, "shared": 0}
         self._saved: set[int] = set()
+        self._branch = 0  # the live interpreter's branch: each thaw starts one (the store's quota is per branch)
         self._keeper_lock = threading.Lock()
         live_dir = self.root + "/live"
         env = {"PATH": "/usr/bin:/bin", "HOME": live_dir, "TMPDIR": live_dir, "LANG": "C.UTF-8",
@@ -331,6 +338,7 @@ class Sandbox:
         source = frozen._proc.pid if frozen is not self._base else None
         if source is not None and source not in self._saved:
             raise SandboxError("the frozen interpreter's files were not saved")
+        self._branch += 1
         self._file_request({"op": "load", "id": source})
         try:
             new = frozen._proc.fork(self.config.timeout_s, "live")
@@ -375,10 +383,13 @@ class Sandbox:
             stop_tree(live.pid, live.pidfd, known=frozenset(self._known_pids() | {proc.pid}))
             try:
                 self.kill_strays(also_known=(proc.pid,))  # what was orphaned earlier (keeper, filer)
-                reply = self._file_request({"op": "save", "id": proc.pid})
+                reply = self._file_request({"op": "save", "id": proc.pid, "branch": self._branch})
                 entries, shared = reply.get("entries"), reply.get("shared")
                 if type(entries) is int and type(shared) is int:
                     self.last_save = {"entries": entries, "shared": shared}
+                    for key in ("branch_bytes", "branch_entries"):
+                        if type(reply.get(key)) is int:
+                            self.last_save[key] = reply[key]
             finally:
                 resume(live.pidfd)
         except QuiesceError as exc:
@@ -429,6 +440,10 @@ class Sandbox:
                 raise SandboxCrashed(f"the sandbox's filer did not answer ({type(exc).__name__}: {exc})") from exc
         if reply.get("ok") is not True:
             error = str(reply.get("error"))[:400]
+            if reply.get("limit") is True and msg.get("op") == "check":
+                raise SnapshotTreeError(f"this cell left a work dir that snapshots do not copy: "
+                                        f"{error.removeprefix('check: ')}; snapshots of this state hold the replay "
+                                        "log only, and restoring one re-runs every cell of the episode")
             if reply.get("limit") is True:
                 raise SnapshotTreeError(f"the work dir was not saved: {error}")
             raise SandboxError(f"the work dir could not be copied: {error}")
@@ -473,7 +488,23 @@ class Sandbox:
             reply = self._request({"op": "exec", "code": code}, self.config.timeout_s + self.config.kill_grace_s)
         finally:
             self.kill_strays()  # a cell's processes end with the cell
-        return CellResult(ok=reply["ok"], output=reply["output"], truncated_chars=reply["truncated"])
+        return CellResult(ok=reply["ok"], output=reply["output"], truncated_chars=reply["truncated"],
+                          tree_limit=self._tree_limit(reply.get("inodes")))
+
+    def _tree_limit(self, inodes: object) -> str:
+        """Whether the work dir passed a snapshot cap, asked of the filer only when the live tmpfs's
+        inode count (sent by the interpreter: a hint only, model code may change it) could allow it:
+        a work dir of fewer entries than either cap is neither too deep nor too large."""
+        cap = min(self.config.snapshot_max_depth, self.config.snapshot_max_entries)
+        if type(inodes) is int and 0 <= inodes - _ROOT_INODES <= cap:
+            return ""
+        try:
+            self._file_request({"op": "check"})
+        except SnapshotTreeError as exc:
+            return str(exc)
+        except SandboxError:
+            pass  # the tree changed under the walk, or the filer is gone: the next snapshot says so
+        return ""
 
     def _request(self, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
         self._check_open()
