@@ -5,11 +5,13 @@ and of the history's tail, cached by text hash, and a logistic-regression head f
 L-BFGS on weighted cross-entropy with soft targets. Learns in seconds. Without the model
 package it falls back to hashed word n-grams, with a warning and ``featurizer_name`` saying so.
 
-The fit's matrix-vector products are small (at most ``buffer_size`` rows of the features): they
-run with one BLAS thread (:func:`one_blas_thread`). Each product's output is split among the BLAS
-threads, never its sums, so the weights are the same bits with one thread as with many, and one
-thread spares the thread hand-offs that dominate these products on a loaded machine (a demo run's
-fits: 2.9-3.6 s -> 0.27-0.41 s on 2 busy cores; docs/benchmarks.md, "Predictor share").
+The fit's matrix-vector products are small (the replay buffer's rows of the features): they run
+on one BLAS thread (:func:`one_blas_thread`), which spares the thread hand-offs that dominate such
+products on a loaded machine (a demo run's four first fits: 2.9-3.6 s with two OpenBLAS threads,
+0.27-0.41 s with one, on 2 busy cores). Up to a few hundred thousand buffer entries (a demo run's
+buffer has ~100 x 897) OpenBLAS splits a product's outputs among its threads, not its sums, so the
+weights are the same bits as with many threads; on larger buffers it splits the sums, whose bits
+then depend on the thread count, and the one-thread fit's do not (the same on any machine).
 """
 
 from __future__ import annotations
@@ -197,10 +199,14 @@ def one_blas_thread() -> Iterator[None]:
     arithmetic, most of all when other processes hold the cores. The limit is process-wide
     (``threadpoolctl``), so blocks are serialised and the previous limits come back on exit; torch's
     own thread pool is not touched. Libraries loaded inside the block are not limited: import
-    what the block uses first.
+    what the block uses first. Without ``threadpoolctl`` (an ``agent`` dependency) the block runs
+    as it is: the same results, with the BLAS libraries' own thread counts.
     """
-    from threadpoolctl import ThreadpoolController
-
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        yield
+        return
     with _BLAS_LOCK, ThreadpoolController().limit(limits=1, user_api="blas"):
         yield
 
