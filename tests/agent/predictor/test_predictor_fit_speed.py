@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,18 @@ def test_one_blas_thread_limits_inside_and_restores_after() -> None:
     assert before, "numpy's BLAS must be visible to threadpoolctl"
     with embedding_mod.one_blas_thread():
         assert _blas_threads() == [1] * len(before)
+    assert _blas_threads() == before
+
+
+def test_without_threadpoolctl_the_fit_runs_unlimited(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = _blas_threads()
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)  # import fails as if not installed
+    ran = []
+    with embedding_mod.one_blas_thread():
+        ran.append(True)
+    p = _buffered(13, 897, seed=1)
+    assert p._fit()["iterations"] >= 1 and ran == [True]
+    monkeypatch.undo()
     assert _blas_threads() == before
 
 
