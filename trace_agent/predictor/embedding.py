@@ -4,12 +4,22 @@ Frozen all-MiniLM-L6-v2 embeddings (:mod:`trace_agent.predictor.featurizers`) of
 and of the history's tail, cached by text hash, and a logistic-regression head fitted by
 L-BFGS on weighted cross-entropy with soft targets. Learns in seconds. Without the model
 package it falls back to hashed word n-grams, with a warning and ``featurizer_name`` saying so.
+
+The fit's matrix-vector products are small (the replay buffer's rows of the features): they run
+on one BLAS thread (:func:`one_blas_thread`), which spares the thread hand-offs that dominate such
+products on a loaded machine (a demo run's four first fits: 2.9-3.6 s with two OpenBLAS threads,
+0.27-0.41 s with one, on 2 busy cores). Up to a few hundred thousand buffer entries (a demo run's
+buffer has ~100 x 897) OpenBLAS splits a product's outputs among its threads, not its sums, so the
+weights are the same bits as with many threads; on larger buffers it splits the sums, whose bits
+then depend on the thread count, and the one-thread fit's do not (the same on any machine).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +29,7 @@ from numpy.typing import ArrayLike, NDArray
 from trace_agent.predictor.base import check_training_data
 from trace_agent.predictor.featurizers import Featurizer, default_featurizer
 
-__all__ = ["EmbeddingPredictorConfig", "EmbeddingPredictor"]
+__all__ = ["EmbeddingPredictorConfig", "EmbeddingPredictor", "one_blas_thread"]
 
 #: The learned arrays of an :class:`EmbeddingPredictor` (its ``state_dict()["state"]`` keys).
 _STATE_FIELDS = ("_x", "_y", "_w", "_theta", "_mean", "_scale")
@@ -147,8 +157,12 @@ class EmbeddingPredictor:
         return np.hstack([z, np.ones((z.shape[0], 1))])
 
     def _fit(self) -> dict[str, float]:
-        from scipy.optimize import minimize
+        from scipy.optimize import minimize  # before the limit, which finds the BLAS libraries loaded
 
+        with one_blas_thread():
+            return self._fit_head(minimize)
+
+    def _fit_head(self, minimize: Any) -> dict[str, float]:
         self._mean = self._x.mean(axis=0)
         self._scale = np.maximum(self._x.std(axis=0), 1e-6)
         x = self._design(self._x)
@@ -172,6 +186,29 @@ class EmbeddingPredictor:
         res = minimize(loss_grad, theta0, jac=True, method="L-BFGS-B", options={"maxiter": self.config.max_iter})
         self._theta = np.asarray(res.x, dtype=np.float64)
         return {"loss": float(res.fun), "buffer": float(self._y.shape[0]), "iterations": float(res.nit)}
+
+
+_BLAS_LOCK = threading.Lock()
+
+
+@contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """Run the block with the BLAS libraries loaded in this process (numpy's, scipy's) on one thread.
+
+    For small products: the thread hand-offs of a multi-threaded BLAS call cost more than the
+    arithmetic, most of all when other processes hold the cores. The limit is process-wide
+    (``threadpoolctl``), so blocks are serialised and the previous limits come back on exit; torch's
+    own thread pool is not touched. Libraries loaded inside the block are not limited: import
+    what the block uses first. Without ``threadpoolctl`` (an ``agent`` dependency) the block runs
+    as it is: the same results, with the BLAS libraries' own thread counts.
+    """
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        yield
+        return
+    with _BLAS_LOCK, ThreadpoolController().limit(limits=1, user_api="blas"):
+        yield
 
 
 def _sigmoid(z: NDArray[np.float64]) -> NDArray[np.float64]:
