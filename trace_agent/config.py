@@ -202,6 +202,8 @@ class RolloutSettings:
         continuation_cost: paper units per continuation (the paper's 1/2).
         root_cap: most root rollouts on one prompt (None: 4 * group_size).
         prefix_cap: most continuations from one prefix (None: no cap).
+
+            The budget fields' defaults are :class:`~trace_agent.budget.Budget`'s, referenced here.
         workers: local backend: threads that run env calls (steps, snapshots, restores) at once.
         concurrent_prompts: env slots: prompts whose trees grow at once (one env each; the
             rest start in pool order as slots free up).
@@ -221,10 +223,10 @@ class RolloutSettings:
     prompts_per_step: int = 8
     roots: int = 16
     continuations_per_root: int = 1
-    group_size: int = 4
-    continuation_cost: float = 0.5
-    root_cap: int | None = None
-    prefix_cap: int | None = None
+    group_size: int = Budget.group_size
+    continuation_cost: float = Budget.continuation_cost
+    root_cap: int | None = Budget.root_cap
+    prefix_cap: int | None = Budget.prefix_cap
     workers: int = 2
     concurrent_prompts: int = 64
     max_batch_size: int | None = None
