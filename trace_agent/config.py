@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from trace_agent.budget import Budget
+from trace_agent.demo.profiles import DEFAULT_ENV_ID
 from trace_agent.engine.ray_envs import RayConfig
 from trace_agent.errors import ConfigError
 from trace_agent.options import (
@@ -503,7 +504,8 @@ class TrainConfig:
     """One training run.
 
     Attributes:
-        env_id: the environment (``trace_envs/PythonMath-v0`` ...).
+        env_id: the environment (``trace_envs/PythonMath-v0`` ...); the default is the demo profile table's
+            (:data:`trace_agent.demo.profiles.DEFAULT_ENV_ID`).
         env_kwargs: extra ``gymnasium.make`` arguments.
         train_split: task split prompts are drawn from.
         train_tasks: use only the first that many train tasks (None: all).
@@ -516,7 +518,7 @@ class TrainConfig:
         policy, sampling, rollout, objective, optim, predictor, eval, log: the sections.
     """
 
-    env_id: str = "trace_envs/PythonMath-v0"
+    env_id: str = DEFAULT_ENV_ID
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     train_split: str = "train"
     train_tasks: int | None = None

@@ -44,6 +44,7 @@ from typing import Any
 
 from trace_agent.config import TrainConfig
 from trace_agent.config_io import CONFIG_DIR, load_config
+from trace_agent.demo.profiles import PROFILES
 from trace_agent.evaluation import evaluate_heldout
 from trace_agent.options import BATCHING, ENV_BACKENDS, OBJECTIVES, POLICY_KINDS
 from trace_agent.strategies import STRATEGY_NAMES
@@ -59,12 +60,8 @@ __all__ = [
 
 
 #: The demo policy's settings per env: file names under :data:`~trace_agent.config_io.CONFIG_DIR` (see the
-#: module docstring).
-DEMO_CONFIGS: dict[str, str] = {
-    "trace_envs/PythonMath-v0": "demo.yaml",
-    "trace_envs/WikiQA-v0": "wiki_demo.yaml",
-    "trace_envs/BFCL-v0": "bfcl_demo.yaml",
-}
+#: module docstring), the ``config`` of each env's profile (:data:`trace_agent.demo.profiles.PROFILES`).
+DEMO_CONFIGS: dict[str, str] = {env_id: p.config for env_id, p in PROFILES.items() if p.config is not None}
 
 
 # --------------------------------------------------------------------------------------------------
