@@ -46,7 +46,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from trace_agent.bench_plots import plot_result
-from trace_agent.config import PredictorSettings
+from trace_agent.config import PredictorSettings, RolloutSettings, SamplingSettings, TrainConfig
 from trace_agent.env_factory import make_env_factory, task_ids
 from trace_agent.policy.base import SamplingConfig
 from trace_agent.rollout import Collection, PromptSpec, RolloutConfig, TreeCollector
@@ -54,6 +54,7 @@ from trace_agent.strategies import STRATEGY_NAMES, Budget, Strategy, TreePO
 from trace_agent.wiring import resolve_strategy
 
 __all__ = [
+    "BENCH_OVERRIDES",
     "BenchConfig",
     "BenchResult",
     "add_bench_parser",
@@ -70,6 +71,16 @@ _SUMMARY_KEYS = ("effective_ratio", "success_rate", "mixed_trees", "active_promp
                  "continuations", "paper_units", "generated_tokens", "env_steps", "wall_seconds",
                  "oracle_generated_tokens")
 
+
+#: Where the bench departs from the training config's defaults (config key -> value), on purpose; every other
+#: knob it shares with ``trace-gym train`` takes the config tree's default (:mod:`trace_agent.config`):
+#:
+#: - ``rollout.roots`` 32 and ``rollout.continuations_per_root`` 2: a bench batch of (M, N) = (32, 2), the
+#:   paper's N at eight groups of four: the batch the README's and docs/guides/benchmark.md's commands measure.
+#: - ``sampling.max_new_tokens`` 160: the turn length of the demo configs (``docs/configs/demo.yaml``) that
+#:   trained the bench's default policy, the shipped demo one.
+BENCH_OVERRIDES: dict[str, Any] = {"rollout.roots": 32, "rollout.continuations_per_root": 2,
+                                   "sampling.max_new_tokens": 160}
 
 #: Predictor kinds the bench builds itself (the LM critic needs a checkpoint: pass it as ``predictor``).
 BENCH_PREDICTORS = ("embedding", "hashed", "policy-states")
@@ -98,19 +109,26 @@ class BenchConfig:
             ``hashed`` or ``policy-states`` (the same head on a frozen copy of the benched policy's
             hidden states).
         command: the command line, recorded in the outputs.
+
+    The knobs a training run shares take the config tree's defaults (``env_id``, ``max_turns``, the
+    budget's group size and cost, the sampling and collector settings, ``predictor``), except the ones
+    :data:`BENCH_OVERRIDES` names.
     """
 
-    env_id: str = "trace_envs/PythonMath-v0"
+    env_id: str = TrainConfig.env_id
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    max_turns: int = 4
+    max_turns: int = SamplingSettings.max_turns
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     seeds: int = 5
     prompts: int = 16
-    budget: Budget = field(default_factory=lambda: Budget(roots=32, continuations_per_root=2, group_size=4))
+    budget: Budget = field(default_factory=lambda: Budget(
+        roots=BENCH_OVERRIDES["rollout.roots"], continuations_per_root=BENCH_OVERRIDES["rollout.continuations_per_root"],
+        group_size=RolloutSettings.group_size, continuation_cost=RolloutSettings.continuation_cost))
     warmup_prompts: int = 48
     prefix_share: float | None = PredictorSettings.prefix_share
-    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(sampling=SamplingConfig(max_new_tokens=160)))
-    predictor: str = "embedding"
+    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(
+        sampling=SamplingConfig(max_new_tokens=BENCH_OVERRIDES["sampling.max_new_tokens"])))
+    predictor: str = PredictorSettings.kind
     command: str = ""
 
     def __post_init__(self) -> None:
@@ -126,7 +144,7 @@ class BenchConfig:
             raise ValueError(f"predictor must be one of {', '.join(BENCH_PREDICTORS)}, got {self.predictor!r}")
 
 
-def load_policy(spec: str, *, cache_dir: str | Path | None = None, env_id: str = "trace_envs/PythonMath-v0",
+def load_policy(spec: str, *, cache_dir: str | Path | None = None, env_id: str = TrainConfig.env_id,
                 log: Callable[[str], None] = print) -> Any:
     """``"demo"``: ``env_id``'s offline demo policy (the shipped one, or built in ``cache_dir`` if given and
     missing); else a transformers model dir. Loaded by :func:`~trace_agent.wiring.build_policies`, as a
@@ -419,26 +437,29 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``bench`` to a ``trace-gym`` subparsers object."""
     p = subparsers.add_parser("bench", help="compare sampling strategies at equal budget",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", default="trace_envs/PythonMath-v0", help="registered env id")
+    d = BenchConfig()  # every default below is the config's: one default per knob
+    p.add_argument("--env", default=d.env_id, help="registered env id")
     p.add_argument("--env-kwargs", default="{}", help='extra gym.make arguments as JSON, e.g. \'{"tasks": "test"}\'')
-    p.add_argument("--max-turns", type=int, default=4)
+    p.add_argument("--max-turns", type=int, default=d.max_turns)
     p.add_argument("--policy", default="demo", help='"demo" or a saved transformers policy directory')
     p.add_argument("--policy-cache", default=None,
                    help="with --policy demo: a dir to build/load a demo policy in (default: the shipped one)")
     p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
                    help=f"comma-separated: {', '.join(STRATEGY_NAMES)} or module:attribute")
-    p.add_argument("--seeds", type=int, default=5)
-    p.add_argument("--prompts", type=int, default=16, help="candidate pool size per batch")
-    p.add_argument("--budget", default="32,2", help="M,N: root rollouts per batch, continuations per root")
-    p.add_argument("--group-size", type=int, default=4, help="baseline rollouts per prompt (M / group = prompts)")
-    p.add_argument("--warmup-prompts", type=int, default=48)
-    p.add_argument("--prefix-share", type=prefix_share_arg, default=PredictorSettings.prefix_share,
+    p.add_argument("--seeds", type=int, default=d.seeds)
+    p.add_argument("--prompts", type=int, default=d.prompts, help="candidate pool size per batch")
+    p.add_argument("--budget", default=f"{d.budget.roots},{d.budget.continuations_per_root}",
+                   help="M,N: root rollouts per batch, continuations per root")
+    p.add_argument("--group-size", type=int, default=d.budget.group_size,
+                   help="baseline rollouts per prompt (M / group = prompts)")
+    p.add_argument("--warmup-prompts", type=int, default=d.warmup_prompts)
+    p.add_argument("--prefix-share", type=prefix_share_arg, default=d.prefix_share,
                    help="most share of prefix examples in each warm-up refresh of the predictor; 'all': every prefix")
-    p.add_argument("--max-new-tokens", type=int, default=160)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--oracle-samples", type=int, default=8)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--predictor", default="embedding", choices=BENCH_PREDICTORS,
+    p.add_argument("--max-new-tokens", type=int, default=d.rollout.sampling.max_new_tokens)
+    p.add_argument("--temperature", type=float, default=d.rollout.sampling.temperature)
+    p.add_argument("--oracle-samples", type=int, default=d.rollout.oracle_samples)
+    p.add_argument("--workers", type=int, default=d.rollout.workers)
+    p.add_argument("--predictor", default=d.predictor, choices=BENCH_PREDICTORS,
                    help="embedding: MiniLM + logistic head; policy-states: the same head on a frozen copy of the "
                         "policy's hidden states; hashed: hashed n-grams")
     p.add_argument("--out", default="artifacts/bench", help="output directory")

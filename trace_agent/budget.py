@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
     pass
 
 __all__ = [
+    "PAPER_CONTINUATION_COST",
     "Budget",
     "continuation_budget",
     "continuation_cost",
@@ -55,6 +56,11 @@ def whole_count(name: str, x: Any, *, minimum: int = 0) -> int:
 
 
 
+#: The paper's price of one continuation in full-rollout units: the one default of every ``continuation_cost``
+#: (:class:`Budget`, the functions here, ``rollout.continuation_cost``, the trees' statistics, verl's section).
+PAPER_CONTINUATION_COST: float = 0.5
+
+
 def continuation_cost(x: Any) -> float:
     """``x`` as the paper-unit price of one continuation: a finite number in (0, 1] (1/2 in the paper)."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
@@ -64,7 +70,8 @@ def continuation_cost(x: Any) -> float:
     return float(x)
 
 
-def paper_budget(roots: int, continuations_per_root: float, *, continuation_cost: float = 0.5) -> float:
+def paper_budget(roots: int, continuations_per_root: float, *,
+                 continuation_cost: float = PAPER_CONTINUATION_COST) -> float:
     """The paper's budget unit for M roots with N continuations each: M * (1 + N * continuation_cost).
 
     With the default cost of 1/2, (1024, 2) and (512, 6) both cost 2048.
@@ -75,7 +82,8 @@ def paper_budget(roots: int, continuations_per_root: float, *, continuation_cost
     return m * (1.0 + continuations_per_root * _price(continuation_cost))
 
 
-def spent_units(root_rollouts: int, continuations: int, *, continuation_cost: float = 0.5) -> float:
+def spent_units(root_rollouts: int, continuations: int, *,
+                continuation_cost: float = PAPER_CONTINUATION_COST) -> float:
     """Paper units of rollouts that ran: 1 per root rollout, ``continuation_cost`` per continuation."""
     return root_rollouts + _price(continuation_cost) * continuations
 
@@ -92,16 +100,17 @@ class Budget:
         continuations_per_root: N, continuation units per root rollout (a prompt with m roots
             gets ``N * m``).
         group_size: rollouts per prompt of the fixed-size baseline; ``roots / group_size`` is
-            the most distinct prompts any strategy may activate (``max_active``).
-        continuation_cost: paper units charged per continuation (1/2 in the paper).
+            the most distinct prompts any strategy may activate (``max_active``). Its default is every
+            entry point's (``rollout.group_size``, ``trace-gym bench --group-size``).
+        continuation_cost: paper units charged per continuation (:data:`PAPER_CONTINUATION_COST`, the paper's 1/2).
         root_cap: most root rollouts one prompt may get (None: ``4 * group_size``).
         prefix_cap: most continuations from one prefix (None: no cap).
     """
 
     roots: int
     continuations_per_root: int
-    group_size: int = 8
-    continuation_cost: float = 0.5
+    group_size: int = 4
+    continuation_cost: float = PAPER_CONTINUATION_COST
     root_cap: int | None = None
     prefix_cap: int | None = None
 

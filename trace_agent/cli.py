@@ -6,7 +6,7 @@ Subcommands are contributed by the modules that own them, each through an
 * ``index build`` and ``serve-retriever`` — :mod:`retrievers.cli` (``index synthetic``:
   :mod:`trace_envs.wiki_search.cli`)
 * ``bench`` — :mod:`trace_agent.bench`
-* ``train`` and ``eval`` — :mod:`trace_agent.train_cli`
+* ``train``, ``eval`` and ``config show`` — :mod:`trace_agent.train_cli`
 * ``export`` — :mod:`trace_agent.export`
 * ``show-tree`` — :mod:`trace_agent.plotting`
 
@@ -41,6 +41,7 @@ _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("trace_agent.bench", "add_bench_parser"),
     ("trace_agent.train_cli", "add_train_parser"),
     ("trace_agent.train_cli", "add_eval_parser"),
+    ("trace_agent.train_cli", "add_config_parser"),
     ("trace_agent.export", "add_export_parser"),
     ("trace_agent.plotting", "add_show_tree_parser"),
 )

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from trace_agent.budget import Budget
+from trace_agent.demo.profiles import DEFAULT_ENV_ID
 from trace_agent.engine.ray_envs import RayConfig
 from trace_agent.errors import ConfigError
 from trace_agent.options import (
@@ -202,6 +203,8 @@ class RolloutSettings:
         continuation_cost: paper units per continuation (the paper's 1/2).
         root_cap: most root rollouts on one prompt (None: 4 * group_size).
         prefix_cap: most continuations from one prefix (None: no cap).
+
+            The budget fields' defaults are :class:`~trace_agent.budget.Budget`'s, referenced here.
         workers: local backend: threads that run env calls (steps, snapshots, restores) at once.
         concurrent_prompts: env slots: prompts whose trees grow at once (one env each; the
             rest start in pool order as slots free up).
@@ -221,10 +224,10 @@ class RolloutSettings:
     prompts_per_step: int = 8
     roots: int = 16
     continuations_per_root: int = 1
-    group_size: int = 4
-    continuation_cost: float = 0.5
-    root_cap: int | None = None
-    prefix_cap: int | None = None
+    group_size: int = Budget.group_size
+    continuation_cost: float = Budget.continuation_cost
+    root_cap: int | None = Budget.root_cap
+    prefix_cap: int | None = Budget.prefix_cap
     workers: int = 2
     concurrent_prompts: int = 64
     max_batch_size: int | None = None
@@ -501,7 +504,8 @@ class TrainConfig:
     """One training run.
 
     Attributes:
-        env_id: the environment (``trace_envs/PythonMath-v0`` ...).
+        env_id: the environment (``trace_envs/PythonMath-v0`` ...); the default is the demo profile table's
+            (:data:`trace_agent.demo.profiles.DEFAULT_ENV_ID`).
         env_kwargs: extra ``gymnasium.make`` arguments.
         train_split: task split prompts are drawn from.
         train_tasks: use only the first that many train tasks (None: all).
@@ -514,7 +518,7 @@ class TrainConfig:
         policy, sampling, rollout, objective, optim, predictor, eval, log: the sections.
     """
 
-    env_id: str = "trace_envs/PythonMath-v0"
+    env_id: str = DEFAULT_ENV_ID
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     train_split: str = "train"
     train_tasks: int | None = None

@@ -171,12 +171,13 @@ def check_trace_step(device: str, quick: bool) -> Row:
         SamplingSettings,
         TrainConfig,
     )
+    from trace_agent.demo.profiles import DEFAULT_ENV_ID
     from trace_agent.trainer import Trainer
 
     with tempfile.TemporaryDirectory(prefix="gpu-check-trace-") as tmp:
         roots = 4 if quick else 16
         config = TrainConfig(
-            env_id="trace_envs/PythonMath-v0", steps=1, seed=0, out_dir=tmp,
+            env_id=DEFAULT_ENV_ID, steps=1, seed=0, out_dir=tmp,
             policy=PolicyConfig(kind="tiny", device=device),
             sampling=SamplingSettings(max_new_tokens=16 if quick else 64, temperature=1.0, max_turns=2),
             rollout=RolloutSettings(strategy="trace", prompts_per_step=roots, roots=roots, continuations_per_root=1,

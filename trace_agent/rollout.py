@@ -56,6 +56,7 @@ from typing import Any, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
+from trace_agent.config import RolloutSettings, TrainConfig
 from trace_agent.contexts import format_messages, make_context
 from trace_agent.engine.base import (
     CollectionError,
@@ -171,17 +172,21 @@ class RolloutConfig:
         oracle_samples: rollouts per anchor when a strategy asks for Monte-Carlo values.
         release_snapshots: release each tree's snapshots once it is expanded (keep them only
             to inspect or branch further by hand; PythonMath-v0 snapshots hold processes).
+
+    The fields a training config sets (``seed``, and ``workers`` to ``backend`` of its ``rollout``
+    section) take that config's defaults (:class:`~trace_agent.config.TrainConfig`,
+    :class:`~trace_agent.config.RolloutSettings`): one default per knob.
     """
 
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    seed: int = 0
-    workers: int = 2
-    concurrent_prompts: int = 64
-    max_batch_size: int | None = None
-    max_wait_s: float = 0.05
-    batching: Batching = "deterministic"
+    seed: int = TrainConfig.seed
+    workers: int = RolloutSettings.workers
+    concurrent_prompts: int = RolloutSettings.concurrent_prompts
+    max_batch_size: int | None = RolloutSettings.max_batch_size
+    max_wait_s: float = RolloutSettings.max_wait_s
+    batching: Batching = RolloutSettings.batching
     env_retries: int = 1
-    backend: EnvBackend = "local"
+    backend: EnvBackend = RolloutSettings.backend
     ray: RayConfig = field(default_factory=RayConfig)
     oracle_samples: int = 8
     release_snapshots: bool = True

@@ -29,6 +29,7 @@ import shlex
 import shutil
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -196,6 +197,10 @@ def stop_signals() -> Iterator[list[int]]:
     ignores SIGHUP, a background job SIGINT) stays ignored; a handler a library installed (Ray's
     ``ray.init`` sets one that exits at once) is replaced for the block; outside the main thread
     nothing is installed. The previous handlers come back when the block ends.
+
+    A stop lost that way is not reported as an error either: while Python's own ``sys.unraisablehook``
+    is in force, the block's hook drops a ``KeyboardInterrupt`` of a recorded stop (the user sees where
+    the run stopped, not a finalizer's traceback) and hands every other unraisable exception on.
     """
     caught: list[int] = []
     if threading.current_thread() is not threading.main_thread():
@@ -210,17 +215,27 @@ def stop_signals() -> Iterator[list[int]]:
         else:
             signal.default_int_handler(signal.SIGINT, frame)
 
+    def quiet(unraisable: Any) -> None:
+        if caught and isinstance(unraisable.exc_value, KeyboardInterrupt):
+            return  # on record: the loop stops at the next step boundary and says so
+        sys.__unraisablehook__(unraisable)
+
     stop.raises_keyboard_interrupt = True  # type: ignore[attr-defined]
     previous: dict[int, Any] = {}
     for sig in STOP_SIGNALS:
         handler = signal.getsignal(sig)
         if handler is not signal.SIG_IGN and handler is not None:
             previous[sig] = signal.signal(sig, stop)
+    hooked = sys.unraisablehook is sys.__unraisablehook__  # a hook someone else set is theirs to keep
+    if hooked:
+        sys.unraisablehook = quiet
     try:
         yield caught
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if hooked and sys.unraisablehook is quiet:
+            sys.unraisablehook = sys.__unraisablehook__
 
 
 def raise_if_stopped(caught: Sequence[int]) -> None:

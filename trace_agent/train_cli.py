@@ -1,5 +1,6 @@
-"""``trace-gym train`` and ``trace-gym eval``: the arguments to a config, then
-:func:`~trace_agent.run.run_training` or :func:`~trace_agent.evaluation.evaluate_heldout` on it.
+"""``trace-gym train``, ``trace-gym eval`` and ``trace-gym config show``: the arguments to a config, then
+:func:`~trace_agent.run.run_training` or :func:`~trace_agent.evaluation.evaluate_heldout` on it, or the
+config itself printed as YAML.
 
 ::
 
@@ -12,6 +13,7 @@
     trace-gym train --config docs/configs/qwen3_gpu.yaml --preflight   # check prerequisites, then exit
     trace-gym eval --policy hf --policy-path runs/trace/policy --tasks 50 --samples 4
     trace-gym eval --policy hf --policy-path runs/trace/policy --transcripts runs/trace/eval.jsonl
+    trace-gym config show --env trace_envs/WikiQA-v0 --set optim.lr=1e-4   # the tree train would run with
 
 A run directory holds ``config.yaml``, ``metrics.jsonl`` (one line per step, step 0 =
 before training), TensorBoard events (``tb/``: scalars, tree pictures, transcripts),
@@ -42,6 +44,7 @@ from typing import Any
 
 from trace_agent.config import TrainConfig
 from trace_agent.config_io import CONFIG_DIR, load_config
+from trace_agent.demo.profiles import PROFILES
 from trace_agent.evaluation import evaluate_heldout
 from trace_agent.options import BATCHING, ENV_BACKENDS, OBJECTIVES, POLICY_KINDS
 from trace_agent.strategies import STRATEGY_NAMES
@@ -51,17 +54,14 @@ __all__ = [
     "config_from_args",
     "add_train_parser",
     "add_eval_parser",
+    "add_config_parser",
     "demo_config_path",
 ]
 
 
 #: The demo policy's settings per env: file names under :data:`~trace_agent.config_io.CONFIG_DIR` (see the
-#: module docstring).
-DEMO_CONFIGS: dict[str, str] = {
-    "trace_envs/PythonMath-v0": "demo.yaml",
-    "trace_envs/WikiQA-v0": "wiki_demo.yaml",
-    "trace_envs/BFCL-v0": "bfcl_demo.yaml",
-}
+#: module docstring), the ``config`` of each env's profile (:data:`trace_agent.demo.profiles.PROFILES`).
+DEMO_CONFIGS: dict[str, str] = {env_id: p.config for env_id, p in PROFILES.items() if p.config is not None}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -271,6 +271,35 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--transcripts", metavar="FILE.jsonl",
                    help="write every episode (task id, sample, reward, chat messages) to this JSONL file")
     p.set_defaults(func=_eval_main)
+    return p
+
+
+def _config_show_main(args: argparse.Namespace) -> int:
+    import yaml
+
+    from trace_agent.config_io import config_to_dict
+
+    config = config_from_args(args)
+    print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
+    return 0
+
+
+def add_config_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``config show`` to a ``trace-gym`` subparsers object."""
+    p = subparsers.add_parser("config", help="show the resolved training config")
+    sub = p.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    show = sub.add_parser(
+        "show", help="print the config tree trace-gym train would run with, as YAML",
+        description="Print the fully resolved config tree as YAML: the defaults, the env's demo config (when the "
+                    "policy is the demo one and no --config is given), --config, then --set, exactly as trace-gym "
+                    "train resolves them. The output is a config file: --config accepts it.")
+    show.add_argument("--config", help="YAML config (see docs/configs/); --set overrides it")
+    show.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                      help="override any config field, e.g. --set optim.lr=1e-4 (repeatable; values are YAML)")
+    show.add_argument("--env", help="env id (config: env_id)")
+    show.add_argument("--policy", choices=POLICY_KINDS, help="policy kind (config: policy.kind)")
+    show.set_defaults(func=_config_show_main, policy_path=None, device=None, seed=None, tasks=None, samples=None,
+                      no_progress=False, resume=None, out=None)
     return p
 
 

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from trace_agent.budget import PAPER_CONTINUATION_COST
 from trace_agent.contexts import format_messages, make_context
 from trace_agent.errors import TreeError
 from trace_agent.success import is_success
@@ -426,7 +427,7 @@ class RolloutTree:
         node = self.root if node is None else self._own(node)
         return make_context(format_messages(self.root.messages), format_messages(node.history()))
 
-    def stats(self, *, continuation_cost: float = 0.5) -> TreeStats:
+    def stats(self, *, continuation_cost: float = PAPER_CONTINUATION_COST) -> TreeStats:
         """Counts, outcome mix, contrast pairs, branch-point depth histogram and costs of this tree.
 
         ``paper_units`` charges 1 per rollout from the root and ``continuation_cost`` per

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from trace_agent.budget import spent_units
+from trace_agent.budget import PAPER_CONTINUATION_COST, spent_units
 
 if TYPE_CHECKING:  # pragma: no cover
     from trace_agent.tree import RolloutTree
@@ -96,7 +96,7 @@ class BatchStats(RolloutCounts):
 _AS_DICT_ORDER = ("trees", "active_prompts", "mixed_trees", "effective_ratio", *_SUMMED)
 
 
-def tree_stats(tree: RolloutTree, *, continuation_cost: float = 0.5) -> TreeStats:
+def tree_stats(tree: RolloutTree, *, continuation_cost: float = PAPER_CONTINUATION_COST) -> TreeStats:
     """Counts, outcome mix, contrast pairs, branch-point depth histogram and costs of ``tree``.
 
     ``paper_units`` charges 1 per rollout from the root and ``continuation_cost`` per
@@ -119,7 +119,7 @@ def tree_stats(tree: RolloutTree, *, continuation_cost: float = 0.5) -> TreeStat
     )
 
 
-def batch_stats(trees: Iterable[RolloutTree], *, continuation_cost: float = 0.5) -> BatchStats:
+def batch_stats(trees: Iterable[RolloutTree], *, continuation_cost: float = PAPER_CONTINUATION_COST) -> BatchStats:
     """Batch statistics: effective ratio (mixed trees / active prompts), contrast pairs, depth histograms, costs."""
     per = [tree_stats(t, continuation_cost=continuation_cost) for t in trees]
     active = sum(1 for s in per if s.leaves > 0)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trace_agent.budget import Budget
+from trace_agent.budget import PAPER_CONTINUATION_COST, Budget
 from trace_agent.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -87,7 +87,7 @@ def warm_start_draw(pool_ids: Sequence[str], tasks: int, seed: int) -> tuple[tup
     return tuple(pool_ids[int(i)] for i in chosen), int(rng.integers(2**31))
 
 
-def warm_start_budget(tasks: int, roots: int, *, continuation_cost: float = 0.5) -> Budget:
+def warm_start_budget(tasks: int, roots: int, *, continuation_cost: float = PAPER_CONTINUATION_COST) -> Budget:
     """GRPO groups of ``roots`` on each of ``tasks`` prompts, no continuations: ``tasks * roots`` paper units."""
     return Budget(roots=tasks * roots, continuations_per_root=0, group_size=roots,
                   continuation_cost=continuation_cost)

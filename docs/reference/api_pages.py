@@ -62,6 +62,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "trace_agent.export_trl",
         "trace_agent.export_verl",
         "trace_agent.demo",
+        "trace_agent.demo.profiles",
         "trace_agent.cli",
         "trace_agent.integrations",
         "trace_agent.integrations.rows",

@@ -1,12 +1,12 @@
-"""The trainer knows no env by name: no env id is a string literal in ``trace_agent`` outside ``demo/``.
+"""The trainer knows no env by name: no env id is a string literal in ``trace_agent`` outside the profile table.
 
 What the trainer knows of an env is ``gymnasium.make(id, **kwargs)`` and what the env declares about
 itself (its splits: :meth:`trace_envs.BranchableEnv.split_kwargs`; rendering settings live in the
-policy's chat renderer). ``trace_agent/demo/`` holds the one per-env profile table (the shipped demo
-policies and their demonstrators). Docstrings may name an env as an example; code may not.
+policy's chat renderer). ``trace_agent/demo/profiles.py`` holds the one per-env profile table (the demo
+configs, the shipped demo policies, their demonstrators, the TRL adapters, the default env); every other
+module reads it. Docstrings may name an env as an example; code may not.
 
-:data:`ALLOWED` lists the files that still hold an env id, each with the change that removes it; the
-goal is an empty list.
+:data:`ALLOWED` lists the files that may hold an env id, each with its reason.
 """
 
 from __future__ import annotations
@@ -19,17 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "trace_agent"
 ENV_ID = re.compile(r"\b(PythonMath|WikiQA|BFCL)-v\d+\b")
 
-PENDING = "pending the one-front-door change"
-#: path (relative to trace_agent/, a folder ends with "/") -> why it still names an env.
+#: path (relative to trace_agent/, a folder ends with "/") -> why it names an env.
 ALLOWED: dict[str, str] = {
-    "demo/": "the demo profile table: the shipped policies and demonstrators, one per env",
-    "train_cli.py": PENDING + " (DEMO_CONFIGS, the demo config per env)",
-    "bench.py": PENDING + " (BenchConfig's default env)",
-    "config.py": PENDING + " (TrainConfig's default env)",
-    "gpu_check.py": PENDING + " (the GPU check's env)",
-    "claims/": PENDING + " (the paper claims' default env)",
-    "integrations/verl.py": PENDING + " (TraceVerlConfig's default env, to be the train config's)",
-    "integrations/trl_env.py": "TRL's per-env tool adapters: their methods (python, search) are the tools TRL shows",
+    "demo/profiles.py": "the demo profile table: each env id named once, with what the project ships for it",
 }
 
 

@@ -192,6 +192,28 @@ def test_a_stop_whose_interrupt_a_finalizer_swallowed_is_still_recorded(monkeypa
         signal.signal(signal.SIGINT, previous)
 
 
+class _RaisesInFinalizer:
+    def __del__(self) -> None:
+        raise ValueError("a finalizer's own bug")
+
+
+def test_a_stop_lost_in_a_finalizer_prints_no_traceback_and_other_errors_still_do(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with stop_signals() as caught:
+            _RaisesInFinalizer()
+            _StopsInFinalizer(signal.SIGINT)
+            assert caught == [signal.SIGINT]
+            _RaisesInFinalizer()
+        assert sys.unraisablehook is sys.__unraisablehook__
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    err = capsys.readouterr().err
+    assert err.count("Exception ignored") == 2 and err.count("ValueError: a finalizer's own bug") == 2
+    assert "KeyboardInterrupt" not in err
+
+
 def test_a_run_stops_at_the_next_step_when_a_finalizer_swallowed_the_ctrl_c(tmp_path: Path, monkeypatch,
                                                                            capsys) -> None:
     """The stop is honoured at the step boundary: the run says where it stopped, exits 130, and resumes."""

@@ -50,22 +50,23 @@ COMMAND = "python scripts/paper_claims.py"
 def _add_common(p: argparse.ArgumentParser, claim: str) -> None:
     """The options every bench and probe claim takes (``--bench-json`` where a claim reads saved rows)."""
     p.add_argument("--small", action="store_true", help="the tests' sizes (seconds to a minute)")
-    p.add_argument("--env", default="trace_envs/PythonMath-v0", help="registered env id")
+    bench = BenchConfig()  # the knobs a claim shares with the bench take its defaults (the config tree's)
+    p.add_argument("--env", default=bench.env_id, help="registered env id")
     p.add_argument("--env-kwargs", default="{}", help="extra gym.make arguments as JSON")
-    p.add_argument("--max-turns", type=int, default=4)
+    p.add_argument("--max-turns", type=int, default=bench.max_turns)
     p.add_argument("--policy", default="demo", help='"demo" (the env\'s shipped demo policy) or a policy directory')
     p.add_argument("--seeds", type=int, default=None, help=f"bench seeds (default {FULL['seeds']}, small {SMALL['seeds']})")
     p.add_argument("--prompts", type=int, default=None, help="candidate pool per batch")
     p.add_argument("--budget", default=None, help="M,N: root rollouts per batch, continuations per root")
     p.add_argument("--group-size", type=int, default=None, help="baseline rollouts per prompt")
     p.add_argument("--warmup-prompts", type=int, default=None, help="tasks the predictor is warmed up on")
-    p.add_argument("--prefix-share", type=prefix_share_arg, default=BenchConfig.prefix_share,
+    p.add_argument("--prefix-share", type=prefix_share_arg, default=bench.prefix_share,
                    help="most share of prefix examples in the predictor's warm-up refreshes ('all': every prefix)")
     p.add_argument("--max-new-tokens", type=int, default=None)
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=bench.rollout.sampling.temperature)
     p.add_argument("--oracle-samples", type=int, default=None, help="Monte-Carlo continuations per anchor")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--predictor", default="embedding", choices=BENCH_PREDICTORS,
+    p.add_argument("--workers", type=int, default=bench.rollout.workers)
+    p.add_argument("--predictor", default=bench.predictor, choices=BENCH_PREDICTORS,
                    help="the bench's predictor: embedding (MiniLM), policy-states (frozen policy copy) or hashed")
     p.add_argument("--out", default=f"artifacts/paper/{claim}", help="output directory")
     p.add_argument("--raw", default=None, help="also keep the bench's own outputs (bench.json, trees.jsonl...) here")

@@ -35,10 +35,15 @@ PAPER: dict[str, str] = {
              "51.2 -> 54.0, function calling 46.1 -> 48.0)",
 }
 
+#: The claims' sizes are their named overrides of the bench's defaults (:class:`~trace_agent.bench.BenchConfig`,
+#: itself the config tree's but for :data:`~trace_agent.bench.BENCH_OVERRIDES`); every knob not named here
+#: takes the bench's default.
+#:
 #: ``--small``: the tests' sizes (a minute or less with the demo policy on PythonMath-v0).
 SMALL: dict[str, Any] = {"seeds": 2, "prompts": 4, "budget": "8,2", "group_size": 2, "warmup_prompts": 4,
                          "oracle_samples": 4, "max_new_tokens": 200}
-#: Defaults otherwise (the sizes of docs/benchmarks.md's strategies bench).
+#: Defaults otherwise: the sizes docs/benchmarks.md's strategies bench and docs/paper's claims were measured with
+#: (200 tokens per turn, (M, N) = (24, 2) in groups of 4).
 FULL: dict[str, Any] = {"seeds": 5, "prompts": 12, "budget": "24,2", "group_size": 4, "warmup_prompts": 96,
                         "oracle_samples": 8, "max_new_tokens": 200}
 

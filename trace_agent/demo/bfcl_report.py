@@ -40,7 +40,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-ENV_ID = "trace_envs/BFCL-v0"
+from trace_agent.demo.profiles import BFCL, PYTHON_MATH
+
+ENV_ID = BFCL
 
 #: :func:`copying`'s cases: the ground truth's first call on each entry as is, with the user's names made up (in
 #: the question and the call), the same without system prompt and tools, and the build's list drills
@@ -116,7 +118,7 @@ def context_lengths() -> dict[str, Any]:
     from trace_agent.policy.chat import ChatRenderer
 
     out: dict[str, Any] = {}
-    for label, env_id in (("pythonmath_tokenizer", "trace_envs/PythonMath-v0"), ("bfcl_tokenizer", ENV_ID)):
+    for label, env_id in (("pythonmath_tokenizer", PYTHON_MATH), ("bfcl_tokenizer", ENV_ID)):
         chat = ChatRenderer(AutoTokenizer.from_pretrained(str(SHIPPED_DEMO_POLICIES[env_id])))
         for detail in ("full", "compact", "names"):
             env = gym.make(ENV_ID, tasks="test", tool_detail=detail).unwrapped

@@ -29,6 +29,7 @@ import numpy as np
 
 from trace_agent.demo.demonstrators import Demonstration, collect_demonstrations, demonstrator_for
 from trace_agent.demo.model import DemoModelConfig, make_demo_model, train_demo_tokenizer
+from trace_agent.demo.profiles import DEFAULT_ENV_ID
 from trace_agent.policy.base import PolicyError
 from trace_agent.policy.chat import ChatRenderer
 from trace_agent.success import is_success
@@ -45,7 +46,7 @@ __all__ = [
 ]
 
 #: The envs a demo policy is built for when none is named.
-DEFAULT_ENV_IDS: tuple[str, ...] = ("trace_envs/PythonMath-v0",)
+DEFAULT_ENV_IDS: tuple[str, ...] = (DEFAULT_ENV_ID,)
 
 
 @dataclass(frozen=True, kw_only=True)

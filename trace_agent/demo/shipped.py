@@ -1,6 +1,7 @@
 """The demo policies the project ships, one per env, and loading them.
 
-:data:`SHIPPED_DEMO_POLICIES` names each env's directory under ``trace_agent/demo/assets/``;
+:data:`SHIPPED_DEMO_POLICIES` names each env's directory under ``trace_agent/demo/assets/`` (the profiles'
+``policy_dir``, :mod:`trace_agent.demo.profiles`);
 :func:`load_demo_policy` loads one as an :class:`~trace_agent.policy.hf.HFPolicy`;
 :func:`ensure_demo_policy` returns the shipped directory or builds a policy where the caller asks.
 """
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trace_agent.demo.build import DEFAULT_ENV_IDS, build_demo_policy, demo_train_config
+from trace_agent.demo.profiles import DEFAULT_ENV_ID, PROFILES
 from trace_agent.policy.base import PolicyError
 
 if TYPE_CHECKING:
@@ -30,14 +32,10 @@ __all__ = [
 #: The demo policy the project ships (built by ``scripts/build_demo_policy.py --steps 400 --seed 0``;
 #: its ``build_report.json`` holds the losses and timings).
 _ASSETS = Path(__file__).resolve().parent / "assets"
-#: The shipped demo policy of PythonMath-v0 (the default of every ``path``-less call).
-SHIPPED_DEMO_POLICY = _ASSETS / "demo_policy"
 #: env id -> the directory its shipped demo policy lives in (it may not be built yet for every env).
-SHIPPED_DEMO_POLICIES: dict[str, Path] = {
-    "trace_envs/PythonMath-v0": SHIPPED_DEMO_POLICY,
-    "trace_envs/WikiQA-v0": _ASSETS / "demo_policy_wiki",
-    "trace_envs/BFCL-v0": _ASSETS / "demo_policy_bfcl",
-}
+SHIPPED_DEMO_POLICIES: dict[str, Path] = {env_id: _ASSETS / p.policy_dir for env_id, p in PROFILES.items()}
+#: The shipped demo policy of the default env, PythonMath-v0 (the default of every ``path``-less call).
+SHIPPED_DEMO_POLICY = SHIPPED_DEMO_POLICIES[DEFAULT_ENV_ID]
 
 
 def shipped_demo_policy(env_id: str = DEFAULT_ENV_IDS[0]) -> Path:

@@ -60,6 +60,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
+from trace_agent.demo.profiles import PROFILES, PYTHON_MATH, WIKI_QA
 from trace_agent.errors import EnvSetupError
 
 __all__ = [
@@ -313,7 +314,7 @@ def _needs_opening(prompt: Any) -> bool:
 class PythonMathEnvironment(TraceGymEnvironment):
     """``trace_envs/PythonMath-v0`` for TRL: tools ``python`` and ``answer``."""
 
-    env_id = "trace_envs/PythonMath-v0"
+    env_id = PYTHON_MATH
 
     def python(self, code: str) -> str:
         """Run Python code in a persistent interpreter: variables and imports stay from one call to the next.
@@ -330,7 +331,7 @@ class PythonMathEnvironment(TraceGymEnvironment):
 class WikiQAEnvironment(TraceGymEnvironment):
     """``trace_envs/WikiQA-v0`` (action format ``tool_call``) for TRL: tools ``search`` and ``answer``."""
 
-    env_id = "trace_envs/WikiQA-v0"
+    env_id = WIKI_QA
 
     def search(self, query: str) -> str:
         """Search the encyclopedia for passages.
@@ -344,11 +345,10 @@ class WikiQAEnvironment(TraceGymEnvironment):
         return self._step(_call_text("search", {"query": query}), "search")
 
 
-#: env id -> the instance class that plays it.
+#: env id -> the instance class that plays it: the ``trl_environment`` of each env's profile
+#: (:data:`trace_agent.demo.profiles.PROFILES`).
 SUPPORTED: dict[str, type[TraceGymEnvironment]] = {
-    PythonMathEnvironment.env_id: PythonMathEnvironment,
-    WikiQAEnvironment.env_id: WikiQAEnvironment,
-}
+    env_id: globals()[p.trl_environment] for env_id, p in PROFILES.items() if p.trl_environment is not None}
 
 
 class TraceGymEnvFactory:

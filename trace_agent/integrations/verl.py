@@ -50,7 +50,6 @@ import logging
 import zlib
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,14 +71,13 @@ from trace_agent.integrations.shared_predictor import (
     load_predictor,
     save_predictor,
 )
+from trace_agent.integrations.verl_config import VERL_OVERRIDES, TraceVerlConfig
 from trace_agent.integrations.verl_server import PolicyServerClient, VerlServerPolicy, request_seed
-from trace_agent.options import PREDICTOR_PREFIXES
 from trace_agent.policy.base import PolicyError, SamplingConfig
 from trace_agent.policy.chat import read_policy_settings
 from trace_agent.rollout import PromptSpec, RolloutConfig, TreeCollector
 from trace_agent.strategies import (
     GRPO,
-    STRATEGY_NAMES,
     Budget,
     Strategy,
     make_strategy,
@@ -93,6 +91,7 @@ __all__ = [
     "ESTIMATORS",
     "PREDICTOR_ACTOR",
     "TraceVerlConfig",
+    "VERL_OVERRIDES",
     "request_seed",
     "tree_seed",
     "VerlServerPolicy",
@@ -117,73 +116,6 @@ logger = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------------------------------
 # configuration
-
-
-@dataclass(frozen=True, kw_only=True)
-class TraceVerlConfig:
-    """The ``trace`` section of verl's config.
-
-    Attributes:
-        env_id: the trace-gym env of every prompt (a row's ``extra_info.env_id`` wins).
-        split: the env's task split (its ``tasks`` argument).
-        env_kwargs: extra env arguments.
-        max_turns: most turns per episode.
-        strategy: one of :data:`~trace_agent.strategies.STRATEGY_NAMES` (training only).
-        continuations_per_root: N of the (M, N) budget (M = ``rollout.n`` x prompts in a chunk).
-        continuation_cost: paper units per continuation.
-        root_cap: most roots one prompt may get (None: 4 x ``rollout.n``).
-        max_new_tokens: most tokens of one assistant turn (None: ``rollout.response_length``).
-        env_threads: trace-gym envs (and threads growing trees) per agent-loop worker.
-        predictor: ``"embedding"`` (MiniLM, hashed n-grams without it) or ``"hashed"``.
-        predictor_prefixes: which prefixes the refresh trains on (``refresh_predictor``).
-        seed: base seed of every tree (with the step and the row's dataset index).
-    """
-
-    env_id: str = "trace_envs/PythonMath-v0"
-    split: str = "train"
-    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    max_turns: int = 4
-    strategy: str = "trace"
-    continuations_per_root: int = 2
-    continuation_cost: float = 0.5
-    root_cap: int | None = None
-    max_new_tokens: int | None = None
-    env_threads: int = 4
-    predictor: str = "embedding"
-    predictor_prefixes: str = "all"
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.strategy not in STRATEGY_NAMES:
-            raise ValueError(f"trace.strategy must be one of {STRATEGY_NAMES}, got {self.strategy!r}")
-        if self.max_turns < 1 or self.env_threads < 1 or self.continuations_per_root < 0:
-            raise ValueError("trace.max_turns and trace.env_threads must be >= 1, continuations_per_root >= 0")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError(f"trace.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.predictor not in ("embedding", "hashed"):
-            raise ValueError(f"trace.predictor must be 'embedding' or 'hashed', got {self.predictor!r}")
-        if self.predictor_prefixes not in PREDICTOR_PREFIXES:
-            raise ValueError(f"trace.predictor_prefixes must be {'|'.join(PREDICTOR_PREFIXES)}, "
-                             f"got {self.predictor_prefixes!r}")
-        object.__setattr__(self, "env_kwargs", dict(self.env_kwargs))
-
-    @classmethod
-    def from_verl(cls, config: Any) -> TraceVerlConfig:
-        """Read ``config.trace`` (a DictConfig or a mapping); unknown keys are refused."""
-        section = config.get("trace", None) if hasattr(config, "get") else None
-        if section is None:
-            return cls()
-        try:
-            from omegaconf import OmegaConf
-
-            data = OmegaConf.to_container(section, resolve=True) if OmegaConf.is_config(section) else dict(section)
-        except ImportError:  # pragma: no cover - omegaconf ships with verl
-            data = dict(section)
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown trace.* settings {unknown}; known: {sorted(known)}")
-        return cls(**data)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Scripted demonstrators for the suite's envs (one module each) and the loop that plays them.
 
-``build_demo_policy`` warm-starts the demo LM on what these play. A new env gets demonstrations by
-registering a :class:`Demonstrator` for its id (:func:`register_demonstrator`).
+``build_demo_policy`` warm-starts the demo LM on what these play. Each env's demonstrator is the one its
+profile names (:data:`trace_agent.demo.profiles.PROFILES`); a new env gets demonstrations by a profile row,
+or by registering a :class:`Demonstrator` for its id (:func:`register_demonstrator`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from trace_agent.demo.demonstrators.python_math import (
     short_program,
 )
 from trace_agent.demo.demonstrators.wiki import WikiQADemonstrator
+from trace_agent.demo.profiles import PROFILES
 
 __all__ = [
     "Demonstration",
@@ -36,6 +38,6 @@ __all__ = [
     "misconception_program",
 ]
 
-register_demonstrator(PythonMathDemonstrator.env_id, PythonMathDemonstrator)
-register_demonstrator(WikiQADemonstrator.env_id, WikiQADemonstrator)
-register_demonstrator(BFCLDemonstrator.env_id, BFCLDemonstrator)
+for _profile in PROFILES.values():
+    if _profile.demonstrator is not None:
+        register_demonstrator(_profile.env_id, globals()[_profile.demonstrator])

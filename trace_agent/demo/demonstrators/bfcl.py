@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from trace_agent.demo.profiles import BFCL
+
 if TYPE_CHECKING:
     from trace_agent.demo.demonstrators.base import Demonstration
     from trace_envs.actions import PythonCall
@@ -254,7 +256,7 @@ class BFCLDemonstrator:
     "Done.", per user turn; a turn left without calls is just "Done.".
     """
 
-    env_id = "trace_envs/BFCL-v0"
+    env_id = BFCL
     #: ``gym.make`` arguments of the env the demos are played in (and the policy is meant for)
     env_kwargs: Mapping[str, Any] = {"tool_detail": "names"}
     #: :class:`~trace_agent.policy.hf.HFPolicy` settings the built policy needs (its ``trace_policy.json``):

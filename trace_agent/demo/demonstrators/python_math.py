@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trace_agent.demo.demonstrators.base import tool_call
+from trace_agent.demo.profiles import PYTHON_MATH
 
 if TYPE_CHECKING:
     from trace_envs.core import BranchableEnv, Task, TaskSet
@@ -117,7 +118,7 @@ class PythonMathDemonstrator:
     by ±1 (or ±2); the answer then boxes the wrong output, as a careless solver would.
     """
 
-    env_id = "trace_envs/PythonMath-v0"
+    env_id = PYTHON_MATH
 
     def covers(self, task: Task) -> bool:
         """Only levels 1–2 of the families with a one-line program are demonstrated.

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trace_agent.demo.demonstrators.base import Demonstration, tool_call
+from trace_agent.demo.profiles import WIKI_QA
 
 if TYPE_CHECKING:
     from trace_envs.core import BranchableEnv, TaskSet
@@ -404,7 +405,7 @@ class WikiQADemonstrator:
     to a held-out (test) question.
     """
 
-    env_id = "trace_envs/WikiQA-v0"
+    env_id = WIKI_QA
 
     #: DemoTrainConfig fields of WikiQA-v0's demo policy (see ``demo_train_config``). Episodes here are
     #: ~450 tokens after the shared system prompt (three passages per search), several times PythonMath's

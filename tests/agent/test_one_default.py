@@ -1,0 +1,168 @@
+"""One default per knob: every entry point that sets a knob of the training config defaults to the config's value.
+
+The entry points are ``trace-gym bench`` (its :class:`~trace_agent.bench.BenchConfig` and its flags), the paper
+claims' command line (:mod:`trace_agent.claims.cli`), verl's ``trace`` section
+(:class:`~trace_agent.integrations.verl_config.TraceVerlConfig`), the collector's
+:class:`~trace_agent.rollout.RolloutConfig`, :class:`~trace_agent.budget.Budget`, the sampling parameters and
+every function with a ``continuation_cost`` keyword. An entry point may depart from the config only through its
+named override table (``BENCH_OVERRIDES``, the claims' ``FULL`` sizes, ``VERL_OVERRIDES``), each entry with its
+reason beside it; a default that differs silently fails here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytest
+
+from trace_agent.bench import BENCH_OVERRIDES, BenchConfig
+from trace_agent.budget import PAPER_CONTINUATION_COST, Budget, paper_budget, spent_units
+from trace_agent.claims import cli as claims_cli
+from trace_agent.claims.settings import FULL
+from trace_agent.cli import build_parser
+from trace_agent.config import EvalConfig, TrainConfig
+from trace_agent.integrations.verl_config import VERL_OVERRIDES, TraceVerlConfig
+from trace_agent.policy.base import SamplingConfig
+from trace_agent.rollout import RolloutConfig
+from trace_agent.tree import RolloutTree
+from trace_agent.tree_stats import batch_stats, tree_stats
+from trace_agent.warm_start import warm_start_budget
+
+
+def train_default(knob: str) -> Any:
+    """The default of config key ``knob`` (``rollout.roots``) in a fresh :class:`TrainConfig`."""
+    value: Any = TrainConfig()
+    for part in knob.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def disagreements(defaults: Mapping[str, Any], overrides: Mapping[str, Any]) -> list[str]:
+    """The knobs of ``defaults`` that differ from the config's default without a named override (or from it)."""
+    out = []
+    for knob, value in defaults.items():
+        expected = overrides[knob] if knob in overrides else train_default(knob)
+        if value != expected or type(value) is not type(expected):
+            named = f", named override {overrides[knob]!r}" if knob in overrides else ", no named override"
+            out.append(f"{knob}: {value!r}, config default {train_default(knob)!r}{named}")
+    return out
+
+
+def _budget(budget: Budget) -> dict[str, Any]:
+    return {"rollout.roots": budget.roots, "rollout.continuations_per_root": budget.continuations_per_root,
+            "rollout.group_size": budget.group_size, "rollout.continuation_cost": budget.continuation_cost,
+            "rollout.root_cap": budget.root_cap, "rollout.prefix_cap": budget.prefix_cap}
+
+
+def _sampling(sampling: SamplingConfig) -> dict[str, Any]:
+    return {"sampling.max_new_tokens": sampling.max_new_tokens, "sampling.temperature": sampling.temperature,
+            "sampling.top_p": sampling.top_p}
+
+
+def _collector(config: RolloutConfig) -> dict[str, Any]:
+    return {"seed": config.seed, "rollout.workers": config.workers,
+            "rollout.concurrent_prompts": config.concurrent_prompts, "rollout.max_batch_size": config.max_batch_size,
+            "rollout.max_wait_s": config.max_wait_s, "rollout.batching": config.batching,
+            "rollout.backend": config.backend, "rollout.ray": config.ray, **_sampling(config.sampling)}
+
+
+def bench_defaults() -> dict[str, Any]:
+    c = BenchConfig()
+    return {"env_id": c.env_id, "sampling.max_turns": c.max_turns, "predictor.kind": c.predictor,
+            "predictor.prefix_share": c.prefix_share, **_budget(c.budget), **_collector(c.rollout)}
+
+
+def bench_cli_defaults() -> dict[str, Any]:
+    a = build_parser().parse_args(["bench"])
+    return {"env_id": a.env, "sampling.max_turns": a.max_turns, "predictor.kind": a.predictor,
+            "predictor.prefix_share": a.prefix_share, "sampling.max_new_tokens": a.max_new_tokens,
+            "sampling.temperature": a.temperature, "rollout.workers": a.workers,
+            **_budget(Budget.parse(a.budget, group_size=a.group_size))}
+
+
+def _claim_setting(a: argparse.Namespace, key: str) -> Any:
+    return FULL[key] if getattr(a, key) is None else getattr(a, key)
+
+
+def claims_defaults() -> dict[str, Any]:
+    a = claims_cli.build_parser().parse_args(["ratio"])
+    return {"env_id": a.env, "sampling.max_turns": a.max_turns, "predictor.kind": a.predictor,
+            "predictor.prefix_share": a.prefix_share, "sampling.temperature": a.temperature,
+            "rollout.workers": a.workers, "sampling.max_new_tokens": _claim_setting(a, "max_new_tokens"),
+            **_budget(Budget.parse(_claim_setting(a, "budget"), group_size=_claim_setting(a, "group_size")))}
+
+
+#: The claims' named overrides: their FULL sizes, as config keys.
+CLAIMS_OVERRIDES = {**{k: v for k, v in _budget(Budget.parse(FULL["budget"], group_size=FULL["group_size"])).items()
+                       if k in ("rollout.roots", "rollout.continuations_per_root", "rollout.group_size")},
+                    "sampling.max_new_tokens": FULL["max_new_tokens"]}
+
+
+def verl_defaults() -> dict[str, Any]:
+    c = TraceVerlConfig()
+    return {"env_id": c.env_id, "train_split": c.split, "sampling.max_turns": c.max_turns,
+            "rollout.strategy": c.strategy, "rollout.continuations_per_root": c.continuations_per_root,
+            "rollout.continuation_cost": c.continuation_cost, "rollout.root_cap": c.root_cap,
+            "sampling.max_new_tokens": c.max_new_tokens, "predictor.kind": c.predictor,
+            "predictor.prefixes": c.predictor_prefixes, "seed": c.seed}
+
+
+def library_defaults() -> dict[str, Any]:
+    """Budget, the sampling parameters, the evaluation's temperature and every ``continuation_cost`` keyword."""
+    out = {k: v for k, v in _budget(Budget(roots=8, continuations_per_root=1)).items()
+           if k not in ("rollout.roots", "rollout.continuations_per_root")}
+    out |= _sampling(SamplingConfig()) | _collector(RolloutConfig())
+    out["sampling.temperature"] = EvalConfig().temperature
+    for function in (paper_budget, spent_units, tree_stats, batch_stats, RolloutTree.stats, warm_start_budget):
+        out[f"rollout.continuation_cost ({function.__qualname__})"] = \
+            inspect.signature(function).parameters["continuation_cost"].default
+    return out
+
+
+ENTRY_POINTS: dict[str, tuple[Callable[[], dict[str, Any]], Mapping[str, Any]]] = {
+    "trace-gym bench (BenchConfig)": (bench_defaults, BENCH_OVERRIDES),
+    "trace-gym bench (flags)": (bench_cli_defaults, BENCH_OVERRIDES),
+    "paper claims (flags + FULL)": (claims_defaults, CLAIMS_OVERRIDES),
+    "verl trace section": (verl_defaults, VERL_OVERRIDES),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
+def test_an_entry_points_defaults_are_the_configs_or_named_overrides(name: str) -> None:
+    read, overrides = ENTRY_POINTS[name]
+    assert disagreements(read(), overrides) == [], name
+
+
+def test_the_library_underneath_takes_the_configs_defaults() -> None:
+    defaults = library_defaults()
+    keyed = {k.split(" ")[0]: v for k, v in defaults.items()}
+    assert [f"{k}: {v!r} != {train_default(k.split(' ')[0])!r}" for k, v in defaults.items()
+            if v != train_default(k.split(" ")[0])] == []
+    assert keyed["rollout.continuation_cost"] == PAPER_CONTINUATION_COST == 0.5
+
+
+@pytest.mark.parametrize("overrides", [BENCH_OVERRIDES, VERL_OVERRIDES], ids=["bench", "verl"])
+def test_a_named_override_is_one(overrides: Mapping[str, Any]) -> None:
+    """Every named override departs from the config's default (one that agrees is not an override)."""
+    for knob, value in overrides.items():
+        assert value != train_default(knob), knob
+
+
+def test_the_issues_knobs_are_enumerated_for_every_entry_point() -> None:
+    for name in ("trace-gym bench (BenchConfig)", "trace-gym bench (flags)", "paper claims (flags + FULL)"):
+        assert {"sampling.max_new_tokens", "rollout.roots", "rollout.continuations_per_root", "rollout.group_size",
+                "rollout.continuation_cost", "env_id", "sampling.max_turns"} <= set(ENTRY_POINTS[name][0]())
+    assert {"sampling.max_new_tokens", "rollout.continuation_cost", "rollout.continuations_per_root",
+            "rollout.strategy", "seed", "predictor.kind"} <= set(verl_defaults())
+
+
+def test_the_check_sees_a_silent_departure_and_accepts_a_named_one() -> None:
+    tokens = train_default("sampling.max_new_tokens")
+    assert disagreements({"sampling.max_new_tokens": tokens}, {}) == []
+    assert disagreements({"sampling.max_new_tokens": tokens + 1}, {}) == [
+        f"sampling.max_new_tokens: {tokens + 1}, config default {tokens}, no named override"]
+    assert disagreements({"sampling.max_new_tokens": tokens + 1}, {"sampling.max_new_tokens": tokens + 1}) == []
+    assert disagreements({"rollout.continuation_cost": 1}, {}) != []  # 1 == 1.0, but an int is not the config's float
