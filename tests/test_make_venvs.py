@@ -1,5 +1,6 @@
-"""The Makefile and the docs agree: which venvs `make test` builds, and that the README's GPU line
-(`.venv-vllm/bin/trace-gym ...`) has a trace-gym to run in the venv `make setup-vllm` builds."""
+"""The Makefile and the docs agree: which venvs `make test` and `make test-all` build, that CI runs both, and
+that the README's GPU line (`.venv-vllm/bin/trace-gym ...`) has a trace-gym to run in the venv `make setup-vllm`
+builds."""
 
 from __future__ import annotations
 
@@ -21,29 +22,56 @@ def _recipe(target: str) -> str:
     return body.group(1).replace("\\\n", " ")
 
 
-def _venvs_of_make_test() -> set[str]:
-    """The venvs `make test` sets up: its test targets' setup prerequisites, mapped to their venv dirs."""
+def _venvs_of(goal: str) -> set[str]:
+    """The venvs ``make <goal>`` sets up: the setup prerequisites of its test targets, followed through the
+    aggregate targets (``test-all: test test-slow test-venvs``), mapped to their venv dirs."""
     text = (ROOT / "Makefile").read_text()
     venv_of = {"setup": ".venv", **{f"setup-{m}": f".venv-{m}" for m in re.findall(r"^setup-(\w+):", text, re.M)}}
-    (tests,) = re.findall(r"^test: (.*)$", text, re.M)
-    setups = set()
-    for target in tests.split():
-        (prereq,) = re.findall(rf"^{re.escape(target)}: (\S+)", text, re.M)
-        setups.add(venv_of[prereq])
+    setups, todo, seen = set(), [goal], set()
+    while todo:
+        target = todo.pop()
+        if target in seen:
+            continue
+        seen.add(target)
+        (prereqs,) = re.findall(rf"^{re.escape(target)}:(.*)$", text, re.M)
+        for prereq in prereqs.split():
+            if prereq in venv_of:
+                setups.add(venv_of[prereq])
+            else:
+                todo.append(prereq)
     return setups
 
 
-def _make_test_line(page: str) -> str:
-    (line,) = [row for row in (ROOT / page).read_text().splitlines() if row.startswith("make test ")]
+def _command_line(page: str, command: str) -> str:
+    (line,) = [row for row in (ROOT / page).read_text().splitlines() if row.startswith(f"make {command} ")]
     return line
 
 
 def test_the_docs_name_the_venvs_make_test_builds() -> None:
-    venvs = _venvs_of_make_test()
-    assert venvs >= {".venv", ".venv-vllm"}
+    """`make test` builds .venv alone; `make test-all` (CI) builds every venv the Makefile can set up. The README's
+    and the docs site's lines for each name exactly those."""
+    text = (ROOT / "Makefile").read_text()
+    every = {".venv", *(f".venv-{m}" for m in re.findall(r"^setup-(\w+):", text, re.M))}
+    assert every >= {".venv", ".venv-vllm", ".venv-verl", ".venv-trl", ".venv-skyrl"}
+    assert _venvs_of("test") == {".venv"}
+    assert _venvs_of("test-all") == every
     for page in ("README.md", "docs/index.md"):
-        named = set(re.findall(r"\.venv(?:-\w+)?", _make_test_line(page)))
-        assert named == venvs, f"{page}'s `make test` line names {sorted(named)}; the Makefile builds {sorted(venvs)}"
+        for command in ("test", "test-all"):
+            named = set(re.findall(r"\.venv(?:-\w+)?", _command_line(page, command)))
+            venvs = _venvs_of(command)
+            assert named == venvs, (f"{page}'s `make {command}` line names {sorted(named)}; "
+                                    f"the Makefile builds {sorted(venvs)}")
+
+
+def test_ci_runs_make_test_then_everything_else() -> None:
+    """.ci/run runs the README's `make test` first, then what `make test-all` adds to it, so CI runs every test."""
+    text = (ROOT / "Makefile").read_text()
+    (all_prereqs,) = re.findall(r"^test-all:(.*)$", text, re.M)
+    steps = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+             if line.strip().startswith("make ")]
+    assert steps[0] == "make test", steps
+    ran = {target for step in steps for target in step.split()[1:]}
+    assert set(all_prereqs.split()) <= ran, f".ci/run runs {sorted(ran)}; `make test-all` is {all_prereqs.split()}"
 
 
 def test_setup_vllm_installs_the_project_for_the_readme_gpu_line() -> None:

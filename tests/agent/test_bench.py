@@ -16,6 +16,7 @@ from trace_agent.strategies import Budget, Strategy
 from .test_rollout import make_math_env, scripted_setup
 
 
+@pytest.mark.slow
 def test_bench_runs_every_strategy_at_equal_budget_and_writes_its_outputs(tmp_path) -> None:
     policy, _ = scripted_setup(300)  # flaw rates spread over the whole default task set
     budget = Budget(roots=8, continuations_per_root=2, group_size=4)

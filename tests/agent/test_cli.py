@@ -54,6 +54,7 @@ def straight_run(tmp_path_factory) -> tuple[Path, Path]:
     return tmp / "a", cfg
 
 
+@pytest.mark.slow
 def test_resume_dir_alone_equals_an_uninterrupted_run(straight_run, tmp_path: Path) -> None:
     """Kill after step 1's checkpoint (step 2's checkpoint gone), then `--resume DIR` alone: same run."""
     a, cfg = straight_run
@@ -188,6 +189,7 @@ def test_preflight_warns_about_a_policy_trained_on_another_env(tmp_path: Path, c
     assert "config.json" in out and ("vLLM" in out or "CUDA" in out)
 
 
+@pytest.mark.slow
 def test_ctrl_c_leaves_a_resumable_run_and_prints_the_hint(tmp_path: Path) -> None:
     cfg = _config_file(tmp_path, steps=40)
     run = tmp_path / "killed"

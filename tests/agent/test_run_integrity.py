@@ -40,6 +40,7 @@ def _holder(run: Path) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow
 def test_two_trains_on_one_directory_one_runs_the_other_is_refused(tmp_path: Path) -> None:
     cfg = _config_file(tmp_path, steps=6)  # the first holds the directory long after the second has started
     run = tmp_path / "run"

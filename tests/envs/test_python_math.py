@@ -202,6 +202,7 @@ def test_hostile_cells_end_in_error_observations(env):
     assert env.step(call("keep"))[0].strip() == "'me'"
 
 
+@pytest.mark.slow
 def test_thousand_snapshot_restore_cycles_leave_no_extra_processes(env):
     start(env)
     env.step(call("n = 0"))

@@ -244,6 +244,7 @@ def _build_script(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_the_build_script_applies_and_records_its_settings(tmp_path: Path) -> None:
     """``build_demo_policy.py --set`` reaches the build: the report records it and the saved tokenizer splits
     as it says; a bad setting stops the script before anything is built."""

@@ -106,6 +106,7 @@ def test_prefill_padding_is_the_pad_share_of_the_chunks() -> None:
     assert prefill_padding([4, 8], max_rows=2, max_tokens=100, sort=True) == (0.25, 1)
 
 
+@pytest.mark.slow
 def test_the_bfcl_length_batching_bench_runs(tmp_path) -> None:
     """scripts/bench/length_batching.py at its smallest, run as a user runs it."""
     import json

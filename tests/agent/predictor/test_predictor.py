@@ -129,6 +129,7 @@ def minilm() -> object:
     return MiniLMFeaturizer()
 
 
+@pytest.mark.slow
 def test_embedding_predictor_minilm_learns_known_success_rates(minilm: object) -> None:
     predictor = EmbeddingPredictor(minilm)  # type: ignore[arg-type]
     assert predictor.featurizer_name == "all-MiniLM-L6-v2"

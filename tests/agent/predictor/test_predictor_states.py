@@ -132,6 +132,7 @@ def _predictor_features(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_predictor_features_bench_ranks_two_families_of_prompts(policy, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """scripts/bench/predictor_features.py end to end on saved trees: pooled rates, folds, the ratio column."""
     import json
