@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,12 +36,18 @@ WIKI_ENV = make_env_factory("trace_envs/WikiQA-v0", "default", max_turns=3)
 
 @pytest.fixture(scope="module")
 def cluster():
-    """One local cluster for the module (2 CPUs, a small object store); shut down afterwards."""
+    """One local cluster for the module (2 CPUs, a small object store); shut down afterwards.
+
+    ``ray.init`` leaves a SIGTERM handler that calls ``sys.exit`` in the driver, and ``ray.shutdown`` keeps
+    it: the test process gets its own back, so a SIGTERM to pytest later still ends it.
+    """
     had = ray.is_initialized()
+    sigterm = signal.getsignal(signal.SIGTERM)
     started = ensure_ray(RayConfig(cluster_cpus=2, object_store_mb=128))
     yield {"started": started, "home_token": os.path.expanduser("~/.ray/auth_token")}
     if started and not had:
         ray.shutdown()
+        signal.signal(signal.SIGTERM, sigterm)
 
 
 def _config(backend: str, **kw: Any) -> RolloutConfig:
