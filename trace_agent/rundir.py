@@ -313,9 +313,8 @@ def is_run(path: str | Path) -> bool:
 def named_code(config: TrainConfig) -> dict[str, str]:
     """``{dotted field: "module:attribute"}`` for every field of ``config`` that names code to import:
     a ``module:attribute`` ``rollout.strategy`` and a ``module.path:EnvName-v0`` ``env_id``."""
-    named = {field: spec for field, spec in (("env_id", config.env_id), ("rollout.strategy", config.rollout.strategy))
-             if isinstance(spec, str) and ":" in spec}
-    return named
+    fields = (("env_id", config.env_id), ("rollout.strategy", config.rollout.strategy))
+    return {field: spec for field, spec in fields if isinstance(spec, str) and ":" in spec}
 
 
 def allowed_code(allow_code: Iterable[str] = ()) -> frozenset[str]:

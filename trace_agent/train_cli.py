@@ -14,7 +14,7 @@ config itself printed as YAML.
     trace-gym eval --policy hf --policy-path runs/trace/policy --tasks 50 --samples 4
     trace-gym eval --policy hf --policy-path runs/trace/policy --transcripts runs/trace/eval.jsonl
     trace-gym config show --env trace_envs/WikiQA-v0 --set optim.lr=1e-4   # the tree train would run with
-    trace-gym train --env mymod:Guess-v0 --policy tiny --steps 1   # your env: importing mymod registers Guess-v0
+    trace-gym train --env guess_env:guide/Guess-v0 --policy tiny   # your env: importing guess_env registers it
 
 A run directory holds ``config.yaml``, ``metrics.jsonl`` (one line per step, step 0 =
 before training), TensorBoard events (``tb/``: scalars, tree pictures, transcripts),

@@ -185,3 +185,27 @@ def test_a_run_dir_naming_an_env_module_is_refused_unless_allowed(user_dir: Path
     monkeypatch.setenv("TRACE_GYM_ALLOW_CODE", f"other.mod:Thing,{ENV_ID}")
     assert resume_config(run).env_id == ENV_ID
     assert not (user_dir / "imported").exists() and "guess_user_env" not in sys.modules  # allowing is not running
+
+
+STRATEGY = "guess_user_env:GuessEnv"
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize(("flag", "spec", "unnamed"), [("--env", ENV_ID, "rollout.strategy"),
+                                                       ("--strategy", STRATEGY, "env_id")])
+def test_code_named_beside_resume_is_allowed_and_nothing_else(user_dir: Path, flag: str, spec: str,
+                                                              unnamed: str) -> None:
+    from trace_agent.cli import build_parser
+    from trace_agent.config import RolloutSettings
+    from trace_agent.train_cli import config_from_args
+
+    run = user_dir / "run"
+    run.mkdir()
+    save_config(TrainConfig(env_id=ENV_ID, rollout=RolloutSettings(strategy=STRATEGY)), run / "config.yaml")
+    parser = build_parser()
+    with pytest.raises(ConfigError, match=rf"names code to import \({unnamed}: "):  # the one the caller left out
+        config_from_args(parser.parse_args(["train", "--resume", str(run), flag, spec]))
+    both = config_from_args(parser.parse_args(["train", "--resume", str(run), "--env", ENV_ID,
+                                               "--strategy", STRATEGY]))
+    assert (both.env_id, both.rollout.strategy) == (ENV_ID, STRATEGY)
+    assert "guess_user_env" not in sys.modules  # naming is allowing, not running
