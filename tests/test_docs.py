@@ -2,7 +2,10 @@
 
 Every ```python block in docs/index.md and docs/guides/*.md runs, in its page's own namespace, in
 order (as tests/test_readme.py runs the README's). A block that needs heavy setup opts out with the
-marker comment ``# docs: skip`` on its first line.
+marker comment ``# docs: skip`` on its first line. A block whose first line is ``# file: NAME.py`` is a
+module the reader saves: it is written to NAME.py in the page's working directory (a fresh one, also on
+``sys.path``, with this Python's ``trace-gym`` on ``PATH``), not run, and the blocks after it import it or
+name it to ``trace-gym`` as the reader would.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import pytest
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 SKIP_MARKER = "# docs: skip"
+FILE_MARKER = re.compile(r"# file: (\w+)\.py\n")
 PAGES = [DOCS / "index.md", *sorted((DOCS / "guides").glob("*.md"))]
 
 
@@ -28,10 +32,23 @@ def _blocks(page: Path) -> list[str]:
 def test_page_python_examples_run(page, tmp_path, monkeypatch):
     monkeypatch.setenv("TRACE_GYM_CACHE", str(tmp_path / "cache"))
     namespace = {"__name__": "__docs__"}
-    for block in _blocks(page):
-        if block.lstrip().startswith(SKIP_MARKER):
-            continue
-        exec(compile(block, str(page), "exec"), namespace)  # noqa: S102 - our own docs
+    modules = [m.group(1) for m in map(FILE_MARKER.match, _blocks(page)) if m]
+    if modules:  # the reader's working directory: the saved modules, importable there, and trace-gym on PATH
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    try:
+        for block in _blocks(page):
+            saved = FILE_MARKER.match(block)
+            if saved:
+                (tmp_path / f"{saved.group(1)}.py").write_text(block)
+                continue
+            if block.lstrip().startswith(SKIP_MARKER):
+                continue
+            exec(compile(block, str(page), "exec"), namespace)  # noqa: S102 - our own docs
+    finally:
+        for name in modules:
+            sys.modules.pop(name, None)
 
 
 def test_the_guides_have_examples():

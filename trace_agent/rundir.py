@@ -15,10 +15,12 @@
 * A stopped run says how to continue (:class:`TrainingStopped`): Ctrl-C (SIGINT), SIGTERM and
   SIGHUP stop it alike (:func:`stop_signals`); the exit status is ``128 + signal number``.
 * A run directory never names code to import: a saved config whose ``rollout.strategy`` is a
-  ``module:attribute`` spec is resumed only when the caller gives the same spec itself (in
-  ``given``), allows it (``resume_config(..., allow_code=("mypkg.strats:Mine",))``) or lists it
-  in the :data:`ALLOW_CODE_ENV` environment variable (comma-separated); otherwise
-  :func:`resume_config` raises :class:`~trace_agent.errors.ConfigError` saying how to allow it.
+  ``module:attribute`` spec, or whose ``env_id`` is a ``module.path:EnvName-v0`` id (whose module
+  :mod:`trace_agent.env_factory` would import), is resumed only when the caller gives the same spec
+  itself (in ``given``, e.g. ``--env mypkg.envs:Guess-v0`` beside ``--resume``), allows it
+  (``resume_config(..., allow_code=("mypkg.strats:Mine",))``) or lists it in the :data:`ALLOW_CODE_ENV`
+  environment variable (comma-separated); otherwise :func:`resume_config` raises
+  :class:`~trace_agent.errors.ConfigError` saying how to allow it, before anything is imported.
 """
 
 from __future__ import annotations
@@ -309,9 +311,10 @@ def is_run(path: str | Path) -> bool:
 
 
 def named_code(config: TrainConfig) -> dict[str, str]:
-    """``{dotted field: "module:attribute"}`` for every field of ``config`` that names code to import."""
-    spec = config.rollout.strategy
-    return {"rollout.strategy": spec} if isinstance(spec, str) and ":" in spec else {}
+    """``{dotted field: "module:attribute"}`` for every field of ``config`` that names code to import:
+    a ``module:attribute`` ``rollout.strategy`` and a ``module.path:EnvName-v0`` ``env_id``."""
+    fields = (("env_id", config.env_id), ("rollout.strategy", config.rollout.strategy))
+    return {field: spec for field, spec in fields if isinstance(spec, str) and ":" in spec}
 
 
 def allowed_code(allow_code: Iterable[str] = ()) -> frozenset[str]:
@@ -329,7 +332,8 @@ def _refuse_named_code(run: Path, saved: TrainConfig, allowed: frozenset[str]) -
     fields = "; ".join(f"{f}: {v}" for f, v in sorted(named.items()))
     raise ConfigError(f"refusing to resume {run}: its config.yaml names code to import ({fields}) and a run "
                       f"directory never chooses code; if you trust it, allow it with {ALLOW_CODE_ENV}={specs} "
-                      f"(or give the same spec in your own config, or resume_config(..., allow_code=...))")
+                      f"(or give the same spec yourself: --env or --strategy beside --resume, your own --config, or "
+                      f"resume_config(..., allow_code=...))")
 
 
 def resume_config(run_dir: str | Path, given: TrainConfig | None = None, *,

@@ -14,6 +14,7 @@ config itself printed as YAML.
     trace-gym eval --policy hf --policy-path runs/trace/policy --tasks 50 --samples 4
     trace-gym eval --policy hf --policy-path runs/trace/policy --transcripts runs/trace/eval.jsonl
     trace-gym config show --env trace_envs/WikiQA-v0 --set optim.lr=1e-4   # the tree train would run with
+    trace-gym train --env guess_env:guide/Guess-v0 --policy tiny   # your env: importing guess_env registers it
 
 A run directory holds ``config.yaml``, ``metrics.jsonl`` (one line per step, step 0 =
 before training), TensorBoard events (``tb/``: scalars, tree pictures, transcripts),
@@ -25,6 +26,10 @@ One run writes a directory at a time (``run.lock``, :func:`~trace_agent.rundir.l
 Ctrl-C, SIGTERM and SIGHUP stop it with the resume command (:class:`~trace_agent.rundir.TrainingStopped`).
 Splits: every env's ``train`` split trains and its ``test`` split is held out
 (:func:`trace_agent.env_factory.split_kwargs`).
+Env ids: a registered id, or ``module.path:EnvName-v0`` (Gymnasium's form) for an env of your own,
+whose module (on the Python path or in the current directory) is imported first to register it, running its
+code as ``python -m`` would (:mod:`trace_agent.env_factory`). A run directory's ``config.yaml`` that names
+such an id is resumed only when ``--env`` names it too or ``TRACE_GYM_ALLOW_CODE`` lists it.
 
 Demo settings: without ``--config`` (and without ``--resume``), a run of the demo policy
 (``policy.kind: demo``, the default) on an env with a shipped demo config starts from that config
@@ -68,11 +73,16 @@ DEMO_CONFIGS: dict[str, str] = {env_id: p.config for env_id, p in PROFILES.items
 # command line
 
 
+#: ``--env``'s help: the two forms of an env id (:mod:`trace_agent.env_factory`).
+ENV_HELP = ("env id: a registered one, or module.path:EnvName-v0 for your own env, whose module (on the Python "
+            "path or in the current directory) is imported to register it (config: env_id)")
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML config (see docs/configs/); flags and --set override it")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="override any config field, e.g. --set optim.lr=1e-4 (repeatable; values are YAML)")
-    parser.add_argument("--env", help="env id (config: env_id)")
+    parser.add_argument("--env", help=ENV_HELP)
     parser.add_argument("--policy", choices=POLICY_KINDS,
                         help="policy kind (config: policy.kind); demo (the default) starts from the env's demo "
                              "config when no --config is given")
@@ -141,8 +151,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise RunDirError("--resume needs the run directory: trace-gym train --resume runs/NAME")
     if args.out and resume and Path(args.out).resolve() != Path(resume).resolve():
         raise RunDirError(f"--out {args.out} and --resume {resume} name different runs: give only --resume {resume}")
-    # a module:attr strategy the command line itself names may be imported; one only the run dir names may not
-    named = tuple(f.split("=", 1)[1] for f in flags if f.startswith("rollout.strategy="))
+    # code (a module:attr strategy, a module:EnvId env id) the command line itself names may be imported; code
+    # only the run dir names may not
+    named = tuple(_flag_value(f) for f in flags if f.startswith(("rollout.strategy=", "env_id=")))
     saved = resume_config(run_dir, allow_code=named)
     extra = [f for f in flags if not f.startswith("out_dir=") and f != "log.progress=false"]
     if args.config is None and not extra:
@@ -150,6 +161,16 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                                                                 and not args.no_progress)})
     given = load_config(args.config, flags, base=None if args.config else saved)
     return resume_config(run_dir, given)
+
+
+def _flag_value(flag: str) -> str:
+    """The string value of a ``key=value`` flag (:func:`_flags` writes strings as JSON)."""
+    value = flag.split("=", 1)[1]
+    try:
+        loaded = json.loads(value)
+    except ValueError:
+        return value
+    return loaded if isinstance(loaded, str) else value
 
 
 def demo_config_path(config: TrainConfig) -> Path | None:
@@ -296,7 +317,7 @@ def add_config_parser(subparsers: Any) -> argparse.ArgumentParser:
     show.add_argument("--config", help="YAML config (see docs/configs/); --set overrides it")
     show.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                       help="override any config field, e.g. --set optim.lr=1e-4 (repeatable; values are YAML)")
-    show.add_argument("--env", help="env id (config: env_id)")
+    show.add_argument("--env", help=ENV_HELP)
     show.add_argument("--policy", choices=POLICY_KINDS, help="policy kind (config: policy.kind)")
     show.set_defaults(func=_config_show_main, policy_path=None, device=None, seed=None, tasks=None, samples=None,
                       no_progress=False, resume=None, out=None)
