@@ -1,4 +1,5 @@
-"""Dependencies point one way: no import cycle among the project's modules.
+"""Dependencies point one way: no import cycle among the project's modules, no library module importing a
+command-line module, and nothing outside ``trace_agent.lab`` (the paper's machinery) importing the lab.
 
 Every import counts — at module level or inside a function (a function-level import hides a cycle,
 it does not remove it) — except those under ``if TYPE_CHECKING:``. An import of a module's own
