@@ -181,12 +181,12 @@ def add_before(report, before, config: TrainConfig) -> None:
 def compare(config: TrainConfig, strategies: list[str], seeds: list[int]) -> int:
     """Train each (strategy, seed) from the same policy at equal budget; write compare.json/.md, print the table.
 
-    The comparison itself is :func:`trace_agent.compare.compare_training` (any env; also behind
+    The comparison itself is :func:`trace_agent.lab.compare.compare_training` (any env; also behind
     ``scripts/paper_claims.py train``).
     """
     import shlex
 
-    from trace_agent.compare import compare_training
+    from trace_agent.lab.compare import compare_training
 
     command = " ".join(["scripts/demo_train.py", *(shlex.quote(a) for a in sys.argv[1:])])
     result = compare_training(config, strategies, seeds, log=lambda m: print(m, flush=True), command=command)

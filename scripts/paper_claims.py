@@ -1,4 +1,4 @@
-"""The paper's claims in miniature: the command line of :mod:`trace_agent.claims` (``--help`` lists the claims).
+"""The paper's claims in miniature: the command line of :mod:`trace_agent.lab.claims` (``--help`` lists the claims).
 
     python scripts/paper_claims.py ratio --out docs/paper/math/ratio
     python scripts/paper_claims.py table --runs docs/paper/math/runs --out docs/paper/math/runs
@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trace_agent.claims.cli import main  # noqa: E402
+from trace_agent.lab.claims.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

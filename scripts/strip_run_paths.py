@@ -4,7 +4,7 @@
     python scripts/strip_run_paths.py --check docs          # list what would change; exit 1 if anything would
 
 Every ``.json`` / ``.jsonl`` file (plain or ``.gz``) under each DIR (or each FILE given) is rewritten by
-:func:`trace_agent.run_data.portable_file`: a path inside the checkout the record names as its ``root`` becomes
+:func:`trace_agent.lab.run_data.portable_file`: a path inside the checkout the record names as its ``root`` becomes
 relative to it, a path in another checkout of the repository relative at its ``docs/``, ``runs/``, ... folder,
 any other absolute path ``$OUTSIDE/<last name>``, the interpreter of a command line ``python``; then per-run
 files (``<arm>_s<seed>.json``) are gzip-compressed to ``<arm>_s<seed>.json.gz``. The file's layout is kept and
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trace_agent.run_data import (  # noqa: E402
+from trace_agent.lab.run_data import (  # noqa: E402
     GZIP_SUFFIX,
     is_run_file,
     machine_paths,

@@ -104,10 +104,10 @@ def seed_record(report: Mapping[str, Any], config: Mapping[str, Any], *, commit:
 
 def record(run_dir: Path, *, commit: str, command: str, note: str, out: Path) -> dict[str, Any]:
     """Write ``out``: the run in ``run_dir`` as :func:`seed_record` records it, without machine paths
-    (:func:`trace_agent.run_data.portable`)."""
+    (:func:`trace_agent.lab.run_data.portable`)."""
     import yaml
 
-    from trace_agent.run_data import portable
+    from trace_agent.lab.run_data import portable
 
     report = json.loads((run_dir / "run_report.json").read_text())
     config = yaml.safe_load((run_dir / "config.yaml").read_text())

@@ -124,7 +124,7 @@ def test_the_wrappers_and_vector_modules_have_pages(reference):
 
 def test_internal_modules_are_not_the_reference(reference):
     pages, _ = reference
-    internal = ("trace_agent.claims", "trace_agent.preregistered", "trace_agent.gpu_check", "trace_agent.bench_plots")
+    internal = ("trace_agent.lab", "trace_agent.bench.plots")
     for page in pages:
         assert not page.module.startswith(internal), page.module
         for entry in page.entries:

@@ -1,4 +1,5 @@
-"""Dependencies point one way: no import cycle among the project's modules.
+"""Dependencies point one way: no import cycle among the project's modules, no library module importing a
+command-line module, and nothing outside ``trace_agent.lab`` (the paper's machinery) importing the lab.
 
 Every import counts — at module level or inside a function (a function-level import hides a cycle,
 it does not remove it) — except those under ``if TYPE_CHECKING:``. An import of a module's own
@@ -25,8 +26,9 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _imported(path: Path, name: str) -> set[str]:
-    """Every module name ``path`` imports outside ``if TYPE_CHECKING:`` blocks (relative ones resolved)."""
+def _imported(path: Path, name: str, tree: ast.AST | None = None) -> set[str]:
+    """Every module name ``path`` (or ``tree``, its parsed body) imports outside ``if TYPE_CHECKING:`` blocks
+    (relative ones resolved)."""
     out: set[str] = set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
 
@@ -47,7 +49,7 @@ def _imported(path: Path, name: str) -> set[str]:
         for child in ast.iter_child_nodes(node):
             visit(child)
 
-    visit(ast.parse(path.read_text(encoding="utf-8")))
+    visit(tree if tree is not None else ast.parse(path.read_text(encoding="utf-8")))
     return out
 
 
@@ -146,9 +148,9 @@ def cli_edges(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
 
 
 def test_the_layering_check_sees_a_library_module_importing_the_cli() -> None:
-    graph = {"trace_agent.compare": {"trace_agent.train_cli", "trace_agent.run"},
+    graph = {"trace_agent.lab.compare": {"trace_agent.train_cli", "trace_agent.run"},
              "trace_agent.run": {"trace_agent.trainer"}, "trace_agent.trainer": set()}
-    assert cli_edges(graph) - CLI_EDGES == {("trace_agent.compare", "trace_agent.train_cli")}
+    assert cli_edges(graph) - CLI_EDGES == {("trace_agent.lab.compare", "trace_agent.train_cli")}
     assert ("trace_agent.cli", "trace_agent.train_cli") in cli_edges(import_graph())  # loaded by name
 
 
@@ -156,5 +158,87 @@ def test_no_library_module_imports_a_command_line_module() -> None:
     """The training loop and everything else below the CLI: only ``cli.py`` loads ``train_cli``."""
     graph = import_graph()
     assert "trace_agent.run" in graph["trace_agent.train_cli"]
-    assert "trace_agent.run" in graph["trace_agent.compare"]
+    assert "trace_agent.run" in graph["trace_agent.lab.compare"]
     assert sorted(cli_edges(graph) - CLI_EDGES) == []
+
+
+#: The paper's machinery sits beside the library: ``trace_agent.lab`` may import any part of the project, and no
+#: module outside it imports ``trace_agent.lab`` — by statement or by name — with one exception: a command-line
+#: module (:data:`CLI_MODULES`, the ``trace-gym`` entry points) may load a lab module inside the function that runs
+#: its subcommand, never when it is itself imported. Scripts and tests stand outside the packages and may use it.
+LAB = "trace_agent.lab"
+
+
+def _in_lab(name: str) -> bool:
+    return name == LAB or name.startswith(LAB + ".")
+
+
+def _lab_names(path: Path) -> set[str]:
+    """The lab modules ``path`` names in a string constant of its own (an import by name, ``import_module``)."""
+    return {node.value for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and _in_lab(node.value)}
+
+
+def eager_imports(path: Path, name: str) -> set[str]:
+    """What importing ``path`` imports: its import statements outside function bodies (and ``if TYPE_CHECKING:``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+
+    def strip(node: ast.AST) -> None:
+        for field, value in ast.iter_fields(node):
+            if isinstance(value, list):
+                kept = [v for v in value if not isinstance(v, ast.FunctionDef | ast.AsyncFunctionDef)]
+                setattr(node, field, kept)
+                for child in kept:
+                    if isinstance(child, ast.AST):
+                        strip(child)
+            elif isinstance(value, ast.AST):
+                strip(value)
+
+    strip(tree)
+    return _imported(path, name, tree)
+
+
+def lab_edges(graph: dict[str, set[str]], named: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(module, lab module) for every import of the lab, by statement or by name, from outside it."""
+    return {(name, target) for name, targets in graph.items() if not _in_lab(name)
+            for target in targets | named.get(name, set()) if _in_lab(target)}
+
+
+def lab_violations(graph: dict[str, set[str]], named: dict[str, set[str]],
+                   eager: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """The lab edges the layering forbids: all of them but a CLI module's that happen when a subcommand runs."""
+    return {(name, target) for name, target in lab_edges(graph, named)
+            if name not in CLI_MODULES or any(_in_lab(t) for t in eager.get(name, set()))}
+
+
+def test_the_layering_check_sees_the_library_importing_the_lab(tmp_path) -> None:
+    graph = {"trace_agent.run": {"trace_agent.lab.compare"}, "trace_agent.lab.compare": {"trace_agent.run"},
+             "trace_agent.cli": {"trace_agent.lab.claims.cli"}, "trace_agent.train_cli": set(),
+             "retrievers.server": set()}
+    named = {"retrievers.server": {"trace_agent.lab.gpu_check"}}
+    assert lab_edges(graph, named) == {("trace_agent.run", "trace_agent.lab.compare"),
+                                       ("trace_agent.cli", "trace_agent.lab.claims.cli"),
+                                       ("retrievers.server", "trace_agent.lab.gpu_check")}
+    lazy = {"trace_agent.cli": {"trace_agent.errors"}}
+    eager = {"trace_agent.cli": {"trace_agent.lab.claims.cli"}}
+    assert lab_violations(graph, named, lazy) == {("trace_agent.run", "trace_agent.lab.compare"),
+                                                  ("retrievers.server", "trace_agent.lab.gpu_check")}
+    assert ("trace_agent.cli", "trace_agent.lab.claims.cli") in lab_violations(graph, named, eager)
+    module = tmp_path / "entry.py"
+    module.write_text("import trace_agent.errors\nclass C:\n    from trace_agent.lab import compare\n"
+                      "async def run():\n    from trace_agent.lab.claims import cli\n    return cli\n")
+    found = eager_imports(module, "entry")
+    assert "trace_agent.errors" in found and "trace_agent.lab.compare" in found
+    assert not {"trace_agent.lab.claims", "trace_agent.lab.claims.cli"} & found
+
+
+def test_no_module_outside_the_lab_imports_it() -> None:
+    """``trace_agent.lab`` depends on the library; the library (and trace_envs, retrievers) never on the lab."""
+    graph = import_graph()
+    modules = _modules()
+    lab = sorted(name for name in graph if _in_lab(name))
+    assert {"trace_agent.lab.claims.cli", "trace_agent.lab.compare", "trace_agent.lab.gpu_check"} <= set(lab)
+    assert "trace_agent.run" in graph["trace_agent.lab.compare"]  # the lab does reach into the library
+    named = {name: _lab_names(modules[name]) for name in graph}
+    eager = {name: eager_imports(modules[name], name) for name in CLI_MODULES}
+    assert sorted(lab_violations(graph, named, eager)) == []

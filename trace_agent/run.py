@@ -5,7 +5,7 @@
 steps, trees, TensorBoard samples and checkpoints at their cadences), evaluates again, saves the final
 policy and its learning curves, and returns a :class:`TrainReport` (also written to ``summary.json``).
 ``trace-gym train`` (:mod:`trace_agent.train_cli`) parses its arguments into a config and calls it;
-:func:`~trace_agent.compare.compare_training` and the paper's training claims call it once per run.
+:func:`~trace_agent.lab.compare.compare_training` and the paper's training claims call it once per run.
 
 The run directory (``config.out_dir``) holds ``config.yaml``, ``metrics.jsonl`` (one line per step,
 step 0 = before training), TensorBoard events (``tb/``), ``checkpoints/step_<k>/`` (safetensors + JSON +

@@ -3,15 +3,16 @@
 :func:`tree_stats` (also :meth:`RolloutTree.stats <trace_agent.tree.RolloutTree.stats>`) counts one
 tree; :func:`batch_stats` sums a batch and adds the paper's headline figure, the *effective
 ratio* (mixed trees / active prompts). Both share the counted fields of :class:`RolloutCounts`,
-declared once. Success is :func:`trace_agent.success.is_success`; paper units are
+declared once. :func:`prefix_mixing` counts, per strategy, the branch points below the prompt whose
+continuations still had both outcomes. Success is :func:`trace_agent.success.is_success`; paper units are
 :func:`trace_agent.budget.spent_units`.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
-from collections.abc import Iterable
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -20,7 +21,7 @@ from trace_agent.budget import PAPER_CONTINUATION_COST, spent_units
 if TYPE_CHECKING:  # pragma: no cover
     from trace_agent.tree import RolloutTree
 
-__all__ = ["RolloutCounts", "TreeStats", "BatchStats", "tree_stats", "batch_stats"]
+__all__ = ["RolloutCounts", "TreeStats", "BatchStats", "tree_stats", "batch_stats", "prefix_mixing"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,3 +135,40 @@ def batch_stats(trees: Iterable[RolloutTree], *, continuation_cost: float = PAPE
         **{name: sum(getattr(s, name) for s in per) for name in _SUMMED},
         **{name: dict(sorted(counter.items())) for name, counter in histograms.items()},
     )
+
+
+def prefix_mixing(trees: Sequence[RolloutTree]) -> dict[str, dict[str, object]]:
+    """Per strategy (``tree.metadata["strategy"]``): the branch points at depth >= 1 and how many are mixed.
+
+    ``{"by_depth": {depth: {"branch_points", "mixed"}}, "depth>=1": {"branch_points", "mixed", "share_mixed"},
+    "continuations_vs_first_child": {"leaves", "flipped"}}``; a mixed branch point at depth d means the
+    outcome was still undecided after the policy's d-th turn.
+    """
+    out: dict[str, dict[str, object]] = {}
+    counts: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    flips: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for tree in trees:
+        strategy = str(tree.metadata.get("strategy", "?"))
+        by_depth, flip = counts[strategy], flips[strategy]  # a strategy without deep branch points: zeros
+        for node in tree.branch_points():
+            if node.depth < 1:
+                continue
+            mixed = tree.is_mixed(node)
+            cell = by_depth[node.depth]
+            cell[0] += 1
+            cell[1] += int(mixed)
+            first = node.children[0].leaves()
+            base = first[0].is_success if first else None
+            for child in node.children[1:]:
+                for leaf in child.leaves():
+                    flip[0] += 1
+                    flip[1] += int(base is not None and leaf.is_success != base)
+    for strategy, by_depth in counts.items():
+        n = sum(c[0] for c in by_depth.values())
+        m = sum(c[1] for c in by_depth.values())
+        out[strategy] = {
+            "by_depth": {str(d): {"branch_points": c[0], "mixed": c[1]} for d, c in sorted(by_depth.items())},
+            "depth>=1": {"branch_points": n, "mixed": m, "share_mixed": m / n if n else None},
+            "continuations_vs_first_child": {"leaves": flips[strategy][0], "flipped": flips[strategy][1]},
+        }
+    return out

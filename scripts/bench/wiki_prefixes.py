@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from trace_agent.analysis import prefix_mixing  # noqa: E402  (re-exported for the tests)
 from trace_agent.tree_io import load_jsonl  # noqa: E402
+from trace_agent.tree_stats import prefix_mixing  # noqa: E402  (re-exported for the tests)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -111,7 +111,7 @@ def test_bench_parser_options() -> None:
 def test_the_root_rank_ceiling_scores_monte_carlo_rates_and_the_predictor_on_the_same_roots() -> None:
     import numpy as np
 
-    from trace_agent.bench import _root_rank_ceiling
+    from trace_agent.bench.run import _root_rank_ceiling
     from trace_agent.predictor.examples import TreeExamples
 
     targets = np.array([0.0, 0.25, 0.5, 1.0, 0.5, 0.75])

@@ -1,5 +1,5 @@
 """docs/paper.md's claims table is rebuilt from committed files: every number in its ``our figure`` and
-``verdict`` columns is recomputed (trace_agent.claims.figures) and compared at the table's printed precision."""
+``verdict`` columns is recomputed (trace_agent.lab.claims.figures) and compared at the table's printed precision."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from trace_agent.claims.figures import (
+from trace_agent.lab.claims.figures import (
     DOCS,
     FIGURES,
     Figure,
@@ -18,7 +18,7 @@ from trace_agent.claims.figures import (
     numbers_in,
     printed_as,
 )
-from trace_agent.preregistered import holm, paired_p, paired_power
+from trace_agent.lab.preregistered import holm, paired_p, paired_power
 
 PAPER = DOCS / "paper.md"
 

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.py (`make gpu-check`, :mod:`trace_agent.gpu_check`) on a machine without CUDA: the table, the
+"""scripts/gpu_check.py (`make gpu-check`, :mod:`trace_agent.lab.gpu_check`) on a machine without CUDA: the table, the
 exit code, and that the checks it would run with CUDA build every model from config and reach no network."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ SCRIPT = ROOT / "scripts" / "gpu_check.py"
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    from trace_agent import gpu_check
+    from trace_agent.lab import gpu_check
 
     saved = dict(os.environ)
     try:

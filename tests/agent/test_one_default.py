@@ -1,7 +1,7 @@
 """One default per knob: every entry point that sets a knob of the training config defaults to the config's value.
 
 The entry points are ``trace-gym bench`` (its :class:`~trace_agent.bench.BenchConfig` and its flags), the paper
-claims' command line (:mod:`trace_agent.claims.cli`), verl's ``trace`` section
+claims' command line (:mod:`trace_agent.lab.claims.cli`), verl's ``trace`` section
 (:class:`~trace_agent.integrations.verl_config.TraceVerlConfig`), the collector's
 :class:`~trace_agent.rollout.RolloutConfig`, :class:`~trace_agent.budget.Budget`, the sampling parameters and
 every function with a ``continuation_cost`` keyword. An entry point may depart from the config only through its
@@ -20,11 +20,11 @@ import pytest
 
 from trace_agent.bench import BENCH_OVERRIDES, BenchConfig
 from trace_agent.budget import PAPER_CONTINUATION_COST, Budget, paper_budget, spent_units
-from trace_agent.claims import cli as claims_cli
-from trace_agent.claims.settings import FULL
 from trace_agent.cli import build_parser
 from trace_agent.config import EvalConfig, TrainConfig
 from trace_agent.integrations.verl_config import VERL_OVERRIDES, TraceVerlConfig
+from trace_agent.lab.claims import cli as claims_cli
+from trace_agent.lab.claims.settings import FULL
 from trace_agent.policy.base import SamplingConfig
 from trace_agent.rollout import RolloutConfig
 from trace_agent.tree import RolloutTree

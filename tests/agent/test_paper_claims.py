@@ -1,5 +1,5 @@
 """The paper's claims in miniature: the analyses against hand-computed and brute-force cases, the equal-budget
-comparison's summary, and every ``scripts/paper_claims.py`` subcommand (:mod:`trace_agent.claims.cli`) in its
+comparison's summary, and every ``scripts/paper_claims.py`` subcommand (:mod:`trace_agent.lab.claims.cli`) in its
 ``--small`` mode on PythonMath-v0."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trace_agent.analysis import (
+from trace_agent.lab.analysis import (
     Anchor,
     MonteCarloProbe,
     anchors_from_trees,
@@ -29,7 +29,7 @@ from trace_agent.analysis import (
     split_contrast_summary,
     spread,
 )
-from trace_agent.compare import ComparisonResult
+from trace_agent.lab.compare import ComparisonResult
 from trace_agent.strategies import Budget
 
 from .conftest import build_tree
@@ -406,7 +406,7 @@ def test_monte_carlo_probe_scores_and_estimates_every_anchor_without_adding_cont
 
 
 def test_every_subcommand_has_help(capsys) -> None:
-    from trace_agent.claims import cli
+    from trace_agent.lab.claims import cli
 
     for argv in (["--help"], *([c, "--help"] for c in cli.RUNNERS)):
         with pytest.raises(SystemExit) as exit_:
@@ -426,7 +426,7 @@ def test_the_script_is_the_command_line() -> None:
 
 @pytest.fixture(scope="module")
 def claims():
-    from trace_agent.claims import cli
+    from trace_agent.lab.claims import cli
 
     return cli
 
@@ -550,13 +550,13 @@ def test_train_runs_writes_one_file_per_arm_and_seed_with_its_shape(claims, tmp_
     assert wide["paper_units"] == pytest.approx(16.0) and deep["paper_units"] <= 16.0 + 1e-9
     assert [e["step"] for e in wide["evals"]] == [0, 1] and json.loads((runs / "base.json").read_text())["eval"]
     # no machine path recorded, though --runs and --out are absolute paths outside the repository
-    from trace_agent.run_data import machine_paths
+    from trace_agent.lab.run_data import machine_paths
 
     base = json.loads((runs / "base.json").read_text())
     assert wide["root"] == base["root"] == "." and list(machine_paths(wide)) == list(machine_paths(base)) == []
     assert "--runs $OUTSIDE/runs" in wide["command"] and wide["command"].startswith("python scripts/paper_claims.py")
     assert claims.main(argv)["runs"] == []  # finished runs are skipped on a rerun
-    from trace_agent.run_data import compress_file
+    from trace_agent.lab.run_data import compress_file
 
     compress_file(runs / data["runs"][0])
     assert claims.main(argv)["runs"] == []  # a compressed run file counts as finished too
@@ -576,7 +576,7 @@ def test_train_runs_with_a_warm_arm_record_the_warm_up_in_budget(claims, tmp_pat
     assert warm["paper_units"] == pytest.approx(6 + 12) and grpo["paper_units"] == pytest.approx(12)
     assert warm["generated_tokens"] > w["generated_tokens"] > 0 and grpo["warm_start"] is None
     assert warm["steps"][0]["budget/total_paper_units"] == pytest.approx(18)
-    from trace_agent.preregistered import build_table, load_runs
+    from trace_agent.lab.preregistered import build_table, load_runs
 
     table = build_table(load_runs(runs))
     assert table["arms"]["trace+warm3x2"]["warm_start_generated_tokens"] == w["generated_tokens"]
@@ -652,7 +652,7 @@ def test_table_from_run_files_matches_hand_computed_numbers(claims, tmp_path) ->
 
 
 def test_arm_names_carry_a_budget_multiple_and_shape(claims, tmp_path) -> None:
-    from trace_agent.preregistered import RunTableError, arm_file_stem, parse_arm
+    from trace_agent.lab.preregistered import RunTableError, arm_file_stem, parse_arm
 
     assert parse_arm("grpo@2x") == ("grpo", 2, None, None) and parse_arm("trace") == ("trace", 1, None, None)
     assert parse_arm("trace/24x6") == ("trace", 1, (24, 6), None)

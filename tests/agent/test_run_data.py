@@ -1,4 +1,4 @@
-"""Run data as the repository stores it (trace_agent.run_data, scripts/strip_run_paths.py): no machine paths in
+"""Run data as the repository stores it (trace_agent.lab.run_data, scripts/strip_run_paths.py): no machine paths in
 any committed run file, per-run files gzip-compressed, and every reader reading either form alike."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trace_agent.preregistered import build_table, load_runs
-from trace_agent.run_data import (
+from trace_agent.lab.preregistered import build_table, load_runs
+from trace_agent.lab.run_data import (
     OUTSIDE,
     RunDataError,
     compress_file,

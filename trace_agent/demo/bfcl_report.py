@@ -384,8 +384,8 @@ def spelling(split: str = "test") -> dict[str, Any]:
 
 def prefixes(trees: str | Path) -> dict[str, Any]:
     """Per strategy of a bench run's trees (a JSONL file), the mixed branch points at depth >= 1, by depth."""
-    from trace_agent.analysis import prefix_mixing
     from trace_agent.tree_io import load_jsonl
+    from trace_agent.tree_stats import prefix_mixing
 
     result = {}
     for name, r in sorted(prefix_mixing(load_jsonl(trees)).items()):

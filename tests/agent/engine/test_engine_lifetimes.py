@@ -196,8 +196,8 @@ def test_comparison_evaluates_the_start_on_the_generator_and_closes_it(monkeypat
     import trace_agent.evaluation as evaluation
     import trace_agent.run as run
     import trace_agent.wiring as wiring
-    from trace_agent.compare import compare_training
     from trace_agent.config import TrainConfig
+    from trace_agent.lab.compare import compare_training
 
     events: list[str] = []
     learner = SimpleNamespace(name="learner")
@@ -329,9 +329,9 @@ def test_two_training_runs_and_a_comparison_in_one_process_give_their_engines_ba
     one after another in one process. Each run closes the engine it built, so after each the process holds no live
     engine and its memory stays within a quarter of one engine's KV cache of where it stood after the first run."""
     from tests.agent.test_trainer import tiny_config
-    from trace_agent.compare import compare_training
     from trace_agent.config import EvalConfig, LogConfig, PolicyConfig
     from trace_agent.demo.model import tiny_policy
+    from trace_agent.lab.compare import compare_training
     from trace_agent.policy.vllm_backend import VLLMPolicy
     from trace_agent.run import run_training
 

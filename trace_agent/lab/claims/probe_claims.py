@@ -1,9 +1,9 @@
 """The claims over the Monte-Carlo probe: ``predictor`` and ``contrast``.
 
-They run :class:`trace_agent.analysis.MonteCarloProbe` through the bench: every candidate prompt gets
+They run :class:`trace_agent.lab.analysis.MonteCarloProbe` through the bench: every candidate prompt gets
 ``--group-size`` root rollouts and every anchor (the prompt and each visited prefix) is scored by the
 warmed-up predictor and estimated by ``--oracle-samples`` fresh continuations from its snapshot (the
-Monte-Carlo truth; see :mod:`trace_agent.analysis`). ``contrast --trees FILE`` reuses the probe trees a
+Monte-Carlo truth; see :mod:`trace_agent.lab.analysis`). ``contrast --trees FILE`` reuses the probe trees a
 ``predictor --raw DIR`` run kept (``DIR/trees.jsonl``).
 """
 
@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trace_agent.analysis import (
+from trace_agent.bench import BenchConfig, BenchResult, run_bench
+from trace_agent.lab.analysis import (
     FRACTIONS,
     SHARES,
     MonteCarloProbe,
@@ -28,10 +29,9 @@ from trace_agent.analysis import (
     split_contrast_summary,
     spread,
 )
-from trace_agent.bench import BenchConfig, BenchResult, run_bench
-from trace_agent.claims.report import claim_header, fmt_spread, new_figure, write_claim
-from trace_agent.claims.settings import bench_config, parse_budget, setting
-from trace_agent.preregistered import fmt
+from trace_agent.lab.claims.report import claim_header, fmt_spread, new_figure, write_claim
+from trace_agent.lab.claims.settings import bench_config, parse_budget, setting
+from trace_agent.lab.preregistered import fmt
 from trace_agent.strategies import Budget
 
 

@@ -11,7 +11,7 @@ source file that does not exist. The paper's own figures (column ``paper's figur
 are not checked; neither are the ``claim`` and ``command`` columns.
 
 Functions read the files under ``docs/`` and use the project's own arithmetic
-(:mod:`trace_agent.preregistered`, :mod:`trace_agent.analysis`), so a number here is the number the
+(:mod:`trace_agent.lab.preregistered`, :mod:`trace_agent.lab.analysis`), so a number here is the number the
 table-building commands print.
 """
 
@@ -26,7 +26,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from trace_agent.run_data import read_json
+from trace_agent.lab.run_data import read_json
 
 __all__ = [
     "DOCS",
@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: The repository's docs/ directory, where the committed files live.
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 
 
 class TableCheckError(ValueError):
@@ -123,7 +123,7 @@ def _bench_mean(docs: Path, rel: str, strategy: str, key: str = "effective_ratio
 
 
 def _budget(docs: Path, rel: str) -> dict[str, Any]:
-    from trace_agent.analysis import budget_profile
+    from trace_agent.lab.analysis import budget_profile
     from trace_agent.strategies import Budget
 
     data = _json(docs, rel)
@@ -134,8 +134,8 @@ def _budget(docs: Path, rel: str) -> dict[str, Any]:
 
 @cache
 def _runs(docs: Path, rel: str) -> dict[str, dict[int, dict[str, float]]]:
-    """Per arm, per seed: the run file's figures (:func:`trace_agent.preregistered` arithmetic)."""
-    from trace_agent.preregistered import load_runs, run_figures
+    """Per arm, per seed: the run file's figures (:func:`trace_agent.lab.preregistered` arithmetic)."""
+    from trace_agent.lab.preregistered import load_runs, run_figures
 
     out: dict[str, dict[int, dict[str, float]]] = {}
     for r in load_runs(docs / rel):
@@ -154,13 +154,13 @@ def _paired(docs: Path, rel: str, a: str, b: str, key: str) -> list[float]:
 
 
 def _ci(docs: Path, rel: str, a: str, b: str, key: str, part: str) -> float:
-    from trace_agent.preregistered import paired_ci
+    from trace_agent.lab.preregistered import paired_ci
 
     return paired_ci(_paired(docs, rel, a, b, key))[part]
 
 
 def _p(docs: Path, rel: str, a: str, b: str, key: str = "auc") -> float:
-    from trace_agent.preregistered import paired_p
+    from trace_agent.lab.preregistered import paired_p
 
     return paired_p(_paired(docs, rel, a, b, key))
 
@@ -383,7 +383,7 @@ SECTION8_SECONDARY: tuple[tuple[str, str], ...] = (("trace", "treepo"), ("grpo@2
 def holm_section8(docs: Path = DOCS, *, with_primary: bool = False) -> dict[str, bool]:
     """Which of §8's secondary AUC tests Holm's procedure keeps at 0.05 (over the three, or with the primary
     ``trace - grpo`` in the family)."""
-    from trace_agent.preregistered import holm
+    from trace_agent.lab.preregistered import holm
 
     tests = ((("trace", "grpo"),) if with_primary else ()) + SECTION8_SECONDARY
     kept = holm([_p(docs, _RUNS, a, b) for a, b in tests])

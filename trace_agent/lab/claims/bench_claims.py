@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trace_agent.analysis import budget_profile, shape_costs
 from trace_agent.bench import BenchConfig, BenchResult, run_bench, summarize
-from trace_agent.claims.report import (
+from trace_agent.lab.analysis import budget_profile, shape_costs
+from trace_agent.lab.claims.report import (
     bar_plot,
     claim_header,
     fmt_spread,
@@ -28,9 +28,9 @@ from trace_agent.claims.report import (
     rows_data,
     write_claim,
 )
-from trace_agent.claims.settings import STAGES, bench_config, parse_budget, setting, strategy_names
+from trace_agent.lab.claims.settings import STAGES, bench_config, parse_budget, setting, strategy_names
+from trace_agent.lab.preregistered import fmt
 from trace_agent.policy.base import SamplingConfig
-from trace_agent.preregistered import fmt
 from trace_agent.rollout import RolloutConfig
 from trace_agent.strategies import Budget
 

@@ -9,15 +9,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trace_agent.analysis import spread
 from trace_agent.bench import BenchConfig, BenchResult
-from trace_agent.claims.settings import PAPER
-from trace_agent.preregistered import fmt
-from trace_agent.run_data import REPO_ROOT, portable, portable_text
+from trace_agent.lab.analysis import spread
+from trace_agent.lab.claims.settings import PAPER
+from trace_agent.lab.preregistered import fmt
+from trace_agent.lab.run_data import REPO_ROOT, portable, portable_text
 
 
 def fmt_spread(s: dict[str, float], digits: int = 3) -> str:
-    """A :func:`~trace_agent.analysis.spread` as ``mean ± sd [min, max]`` (mean and sd to ``digits``)."""
+    """A :func:`~trace_agent.lab.analysis.spread` as ``mean ± sd [min, max]`` (mean and sd to ``digits``)."""
     return f"{fmt(s['mean'], digits)} ± {fmt(s['std'], digits)} [{fmt(s['min'], 2)}, {fmt(s['max'], 2)}]"
 
 
@@ -43,7 +43,7 @@ def claim_header(claim: str, args: argparse.Namespace, config: BenchConfig | Non
 def write_claim(out: str | Path, claim: str, data: dict[str, Any], markdown: str,
                 figures: Sequence[Callable[[Path], Path]] = ()) -> list[Path]:
     """``<claim>.json``, ``<claim>.md`` and each figure under ``out``; prints the Markdown; returns the paths.
-    The JSON and Markdown hold no machine paths (:func:`trace_agent.run_data.portable`)."""
+    The JSON and Markdown hold no machine paths (:func:`trace_agent.lab.run_data.portable`)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{claim}.json", out / f"{claim}.md"]

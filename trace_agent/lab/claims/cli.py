@@ -15,12 +15,12 @@ Every subcommand takes ``--small`` (the tests' mode: seconds to a minute) and th
 
 ``ratio``, ``ablation``, ``shape`` and ``budget`` are layers over :func:`trace_agent.bench.run_bench`
 (strategies at equal budget, common random numbers per seed, the predictor warmed up on TreePO-style
-trees of other tasks). ``predictor`` and ``contrast`` run :class:`trace_agent.analysis.MonteCarloProbe`
+trees of other tasks). ``predictor`` and ``contrast`` run :class:`trace_agent.lab.analysis.MonteCarloProbe`
 through the same bench: every candidate prompt gets ``--group-size`` root rollouts and every anchor
 (the prompt and each visited prefix) is scored by the warmed-up predictor and estimated by
 ``--oracle-samples`` fresh continuations from its snapshot (the Monte-Carlo truth; see
-:mod:`trace_agent.analysis`). ``contrast --trees FILE`` reuses the probe trees a ``predictor --raw DIR``
-run kept (``DIR/trees.jsonl``). ``train`` is :func:`trace_agent.compare.compare_training` on a
+:mod:`trace_agent.lab.analysis`). ``contrast --trees FILE`` reuses the probe trees a ``predictor --raw DIR``
+run kept (``DIR/trees.jsonl``). ``train`` is :func:`trace_agent.lab.compare.compare_training` on a
 training config (``--config``, default docs/configs/demo.yaml; ``--set`` overrides).
 """
 
@@ -33,17 +33,18 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trace_agent.bench import BENCH_PREDICTORS, BenchConfig, load_policy, prefix_share_arg
-from trace_agent.claims.bench_claims import run_ablation, run_budget, run_ratio, run_shape
-from trace_agent.claims.probe_claims import run_contrast, run_predictor
-from trace_agent.claims.settings import DEFAULT_STRATEGIES, FULL, PAPER, SMALL
-from trace_agent.claims.train_claims import run_table, run_train
+from trace_agent.bench import BenchConfig, load_policy, prefix_share_arg
+from trace_agent.bench.config import BENCH_PREDICTORS
 from trace_agent.env_factory import check_env_id
-from trace_agent.preregistered import PLAN_PAIRS, RunTableError
-from trace_agent.run_data import REPO_ROOT, portable_command
+from trace_agent.lab.claims.bench_claims import run_ablation, run_budget, run_ratio, run_shape
+from trace_agent.lab.claims.probe_claims import run_contrast, run_predictor
+from trace_agent.lab.claims.settings import DEFAULT_STRATEGIES, FULL, PAPER, SMALL
+from trace_agent.lab.claims.train_claims import run_table, run_train
+from trace_agent.lab.preregistered import PLAN_PAIRS, RunTableError
+from trace_agent.lab.run_data import REPO_ROOT, portable_command
 
 #: The command a claim's outputs record as having made them (followed by its arguments, their paths relative
-#: to the repository: :func:`trace_agent.run_data.portable_command`).
+#: to the repository: :func:`trace_agent.lab.run_data.portable_command`).
 COMMAND = "python scripts/paper_claims.py"
 
 

@@ -1,4 +1,4 @@
-"""The bench's figures (:meth:`trace_agent.bench.BenchResult.write`): ``bench.png`` (effective ratio, leaf success,
+"""The bench's figures (:meth:`trace_agent.bench.result.BenchResult.write`): ``bench.png`` (effective ratio, leaf success,
 contrast pairs and generated tokens per strategy: mean ± std over seeds, each seed a dot), ``effective_ratio.png``
 and ``branch_depths.png`` (branch points per batch by depth: the table's "branch depths" column)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trace_agent.bench import BenchResult
+    from trace_agent.bench.result import BenchResult
 
 __all__ = ["BENCH_PANELS", "plot_result"]
 

@@ -65,7 +65,7 @@ from typing import Any
 from trace_agent.policy.base import SamplingConfig
 
 #: The checkout: put on the children's ``PYTHONPATH``; the verl check runs its test file.
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Set by :func:`main` for its process and every child: nothing may reach the hub.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
@@ -416,7 +416,7 @@ def run_vllm(names: list[str], python: str | None, quick: bool, deadline: float)
         return [Row(n, "skipped: time budget spent") for n in names]
     with tempfile.TemporaryDirectory(prefix="gpu-check-child-") as tmp:
         out = Path(tmp) / "rows.json"
-        cmd = [chosen, "-m", "trace_agent.gpu_check", "--child", ",".join(names), "--child-out", str(out),
+        cmd = [chosen, "-m", "trace_agent.lab.gpu_check", "--child", ",".join(names), "--child-out", str(out),
                "--budget-s", str(int(left - 10))] + (["--quick"] if quick else [])
         try:
             proc = subprocess.run(cmd, env=_child_env(), timeout=left, capture_output=True, text=True)

@@ -38,7 +38,6 @@ depths), and :func:`shape_costs` checks two budget shapes spend equal paper unit
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -64,7 +63,6 @@ __all__ = [
     "error_by_depth",
     "rank_correlations",
     "budget_profile",
-    "prefix_mixing",
     "shape_costs",
 ]
 
@@ -437,41 +435,4 @@ def shape_costs(shapes: Mapping[str, tuple[Budget, Sequence[Mapping[str, Any]]]]
                                 "measured_min": min(spent, default=math.nan),
                                 "measured_max": max(spent, default=math.nan)}
     out["equal"] = len(planned) == 1 and all(math.isclose(x, next(iter(planned))) for x in measured_all)
-    return out
-
-
-def prefix_mixing(trees: Sequence[RolloutTree]) -> dict[str, dict[str, object]]:
-    """Per strategy (``tree.metadata["strategy"]``): the branch points at depth >= 1 and how many are mixed.
-
-    ``{"by_depth": {depth: {"branch_points", "mixed"}}, "depth>=1": {"branch_points", "mixed", "share_mixed"},
-    "continuations_vs_first_child": {"leaves", "flipped"}}``; a mixed branch point at depth d means the
-    outcome was still undecided after the policy's d-th turn.
-    """
-    out: dict[str, dict[str, object]] = {}
-    counts: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
-    flips: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for tree in trees:
-        strategy = str(tree.metadata.get("strategy", "?"))
-        by_depth, flip = counts[strategy], flips[strategy]  # a strategy without deep branch points: zeros
-        for node in tree.branch_points():
-            if node.depth < 1:
-                continue
-            mixed = tree.is_mixed(node)
-            cell = by_depth[node.depth]
-            cell[0] += 1
-            cell[1] += int(mixed)
-            first = node.children[0].leaves()
-            base = first[0].is_success if first else None
-            for child in node.children[1:]:
-                for leaf in child.leaves():
-                    flip[0] += 1
-                    flip[1] += int(base is not None and leaf.is_success != base)
-    for strategy, by_depth in counts.items():
-        n = sum(c[0] for c in by_depth.values())
-        m = sum(c[1] for c in by_depth.values())
-        out[strategy] = {
-            "by_depth": {str(d): {"branch_points": c[0], "mixed": c[1]} for d, c in sorted(by_depth.items())},
-            "depth>=1": {"branch_points": n, "mixed": m, "share_mixed": m / n if n else None},
-            "continuations_vs_first_child": {"leaves": flips[strategy][0], "flipped": flips[strategy][1]},
-        }
     return out

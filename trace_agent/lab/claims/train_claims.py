@@ -1,9 +1,9 @@
 """The training claims: ``train`` (held-out success after training at equal budget) and the pre-registered
 comparison (``train --runs DIR``: one compact file per (arm, seed) run, arms named as
-:func:`~trace_agent.preregistered.parse_arm` reads them; ``table``: the table rebuilt from those files).
+:func:`~trace_agent.lab.preregistered.parse_arm` reads them; ``table``: the table rebuilt from those files).
 
-``train`` is :func:`trace_agent.compare.compare_training` on a training config (``--config``, default
-docs/configs/demo.yaml; ``--set`` overrides); the table's arithmetic is :mod:`trace_agent.preregistered`'s.
+``train`` is :func:`trace_agent.lab.compare.compare_training` on a training config (``--config``, default
+docs/configs/demo.yaml; ``--set`` overrides); the table's arithmetic is :mod:`trace_agent.lab.preregistered`'s.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from trace_agent.claims.report import bar_plot, write_claim
-from trace_agent.claims.settings import PAPER, train_config
-from trace_agent.preregistered import (
+from trace_agent.lab.claims.report import bar_plot, write_claim
+from trace_agent.lab.claims.settings import PAPER, train_config
+from trace_agent.lab.preregistered import (
     arm_file_stem,
     build_table,
     kept_step_metric,
@@ -27,7 +27,7 @@ from trace_agent.preregistered import (
     parse_arm,
     table_markdown,
 )
-from trace_agent.run_data import REPO_ROOT, portable, stored_path
+from trace_agent.lab.run_data import REPO_ROOT, portable, stored_path
 
 #: The checkout whose commit every run file records (its paths are written relative to it).
 ROOT = REPO_ROOT
@@ -35,8 +35,8 @@ ROOT = REPO_ROOT
 
 def run_train(args: argparse.Namespace, policy: Any = None) -> dict[str, Any]:
     """``train``: held-out success after training each strategy from one start at equal budget
-    (:func:`~trace_agent.compare.compare_training`); ``--merge`` pools earlier parts, ``--runs`` is :func:`run_arms`."""
-    from trace_agent.compare import ComparisonResult, compare_training
+    (:func:`~trace_agent.lab.compare.compare_training`); ``--merge`` pools earlier parts, ``--runs`` is :func:`run_arms`."""
+    from trace_agent.lab.compare import ComparisonResult, compare_training
 
     if args.runs and not args.merge:
         return run_arms(args)

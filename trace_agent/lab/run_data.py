@@ -49,7 +49,7 @@ __all__ = [
 REPO_DIRS = ("docs", "runs", "artifacts", "scripts", "trace_agent", "trace_envs", "retrievers", "tests")
 
 #: The checkout this module is in: the root the project's own writers make paths relative to.
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: What an absolute path outside any checkout becomes, before its last name: ``$OUTSIDE/plan``.
 OUTSIDE = "$OUTSIDE"

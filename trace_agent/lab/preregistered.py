@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from trace_agent.analysis import spread
-from trace_agent.run_data import read_json, run_files
+from trace_agent.lab.analysis import spread
+from trace_agent.lab.run_data import read_json, run_files
 
 __all__ = [
     "Arm",

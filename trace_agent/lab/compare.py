@@ -2,7 +2,7 @@
 
 ::
 
-    from trace_agent.compare import compare_training
+    from trace_agent.lab.compare import compare_training
     result = compare_training(config, ["trace", "grpo", "treepo"], [0, 1, 2])
     result.write("runs/compare")        # compare.json + compare.md
     print(result.to_markdown())
