@@ -228,7 +228,7 @@ def _task_file_checks(name: str, tasks: Any, env_id: str) -> list[Check]:
 
     :func:`trace_envs.tasks.files.read_rows` refuses an empty, truncated, oversized or wrongly nested
     file, a line or row group over its limit and an overlong field, in one line naming the file and row;
-    an env that declares ``load_tasks`` (a classmethod: the task set its ``tasks=`` argument names, no
+    the env's :meth:`~trace_envs.BranchableEnv.load_tasks` (the task set its ``tasks=`` argument names, no
     process started) then turns every row into a task as the env will, so a field of the wrong type
     or a missing one fails here too. Rows the env's loader skips (with a warning) are counted.
     """

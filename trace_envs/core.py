@@ -219,6 +219,17 @@ class BranchableEnv(gym.Env[str, str]):
     multi_user_turn: ClassVar[bool] = False
 
     @classmethod
+    def load_tasks(cls, tasks: Any) -> TaskSet | None:
+        """The task set the constructor's ``tasks=`` argument names, read and checked as the constructor reads
+        it but with no process started (no sandbox, server or worker), or None when the env does not say.
+
+        ``trace-gym train --preflight`` validates a task file through it: an env that reads task files
+        overrides it so every row becomes a task (or an :class:`~trace_envs.errors.InvalidTaskError` naming
+        the file and row) before a run starts. The default knows only a ready :class:`TaskSet`.
+        """
+        return tasks if isinstance(tasks, TaskSet) else None
+
+    @classmethod
     def split_kwargs(cls, split: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """The constructor arguments that select the task split ``split``, over ``kwargs`` (the caller's
         other arguments, e.g. a category that a split is drawn from).
