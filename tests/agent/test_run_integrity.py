@@ -82,19 +82,18 @@ def test_a_locked_directory_refuses_train_and_resume_and_a_dead_holders_lock_is_
 
 def test_sighup_stops_like_ctrl_c_and_an_ignored_sighup_stays_ignored() -> None:
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    inherited = signal.signal(signal.SIGHUP, signal.SIG_DFL)  # this suite may itself run under nohup
     try:
         with pytest.raises(KeyboardInterrupt), stop_signals() as caught:
             os.kill(os.getpid(), signal.SIGHUP)
             time.sleep(5)  # the handler raises before this ends
         assert caught == [signal.SIGHUP]
         assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL  # restored
-        hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
-        try:
-            with stop_signals():
-                assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
-        finally:
-            signal.signal(signal.SIGHUP, hup)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+        with stop_signals():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
     finally:
+        signal.signal(signal.SIGHUP, inherited)
         signal.signal(signal.SIGINT, previous)
 
 
