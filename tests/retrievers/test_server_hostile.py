@@ -10,6 +10,7 @@ a loaded 2-core machine.
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import os
 import resource
@@ -292,11 +293,15 @@ def test_a_small_query_is_not_starved_by_another_clients_maximum_size_batches(bm
             t.join(timeout=120)
     assert len(done) == 4
     larges = sorted(done[f"large{i}"] for i in range(3))
-    assert done["small"] < larges[1], f"the small query finished after two of the large ones ({done}, {start})"
-    assert small_latency < 1.5 * one_large, (
-        f"the small query took {small_latency:.2f} s behind 3 large requests; one large alone takes {one_large:.2f} s")
+    waited = (f"the small query took {small_latency:.2f} s behind 3 large requests; one large alone takes "
+              f"{one_large:.2f} s")
+    assert done["small"] < larges[1], f"the small query finished after two of the large ones ({waited})"
+    # Counted in work, not seconds (a loaded machine stretches both): the queries searched before the small one's
+    # batch are at most the batches already formed when it came, far fewer than the three large requests (FIFO).
     calls = retriever.calls[2:]
     assert max(len(c) for c in calls) <= config.max_batch and any(small["queries"][0] in c for c in calls[:3])
+    ahead = sum(len(c) for c in itertools.takewhile(lambda c: small["queries"][0] not in c, calls))
+    assert ahead < 2 * config.max_queries, f"{ahead} queries were searched before the small one ({waited})"
 
 
 def test_the_batcher_interleaves_clients_and_keeps_one_clients_batches_whole(bm25_index, small_enc) -> None:
