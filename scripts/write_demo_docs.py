@@ -51,6 +51,7 @@ TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("newly_solved", "newly solved", "d"),
     ("newly_lost", "newly lost", "d"),
     ("predictor_share", "predictor share", ".1%"),
+    ("predictor_busy_share", "in its calls", ".1%"),
     ("steps_s", "training s", ".0f"),
 )
 
@@ -94,6 +95,7 @@ def seed_record(report: Mapping[str, Any], config: Mapping[str, Any], *, commit:
         "curve": [[int(s), round(float(v), 4), round(float(e), 4)] for s, v, e in report["curve"]],
         "generated_tokens": int(report["generated_tokens"]), "paper_units": float(report["paper_units"]),
         "predictor_share": float(p["predictor_share"]),
+        "predictor_busy_share": _finite(p.get("predictor_busy_share")),
         "run_s": round(float(p["total_s"]), 1), "setup_s": round(float(p["setup_s"]), 1),
         "evaluations_s": [[int(s), round(float(t), 1)] for s, t in p["evaluations"]],
         "steps_s": round(float(p["steps_s"]), 1), "other_s": round(float(p["other_s"]), 1),
@@ -150,6 +152,15 @@ def load_seeds(seeds_dir: Path = SEEDS_DIR) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------ rendering
+
+
+def _finite(value: Any) -> float | None:
+    """``value`` as a float, None when it is missing or not finite (a report without that figure)."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return f if f == f and abs(f) != float("inf") else None
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -215,7 +226,8 @@ def benchmarks_block(summary: Mapping[str, Any]) -> list[str]:
         f"- budget: {r['steps']} steps, {r['paper_units']:.0f} paper units, {r['generated_tokens']:,} generated tokens",
         f"- time: {r['run_s']:.0f}s run = set-up {r['setup_s']:.0f}s + evaluations ({evals}) + steps "
         f"{r['steps_s']:.0f}s ({parts}) + checkpoints/saving {r['other_s']:.0f}s; predictor share of step "
-        f"wall-clock **{r['predictor_share']:.1%}**",
+        f"wall-clock **{r['predictor_share']:.1%}** (what the steps waited for it; the time inside its calls, "
+        f"mostly beside generation and env calls: {_fmt(r.get('predictor_busy_share'), '.1%')})",
         "",
         f"The same settings over {len(summary['seeds'])} seeds of the demo's own randomness (`--seed k`: rollout "
         f"and sampling seeds; the held-out episodes and the starting policy are the same for every seed), "

@@ -32,9 +32,13 @@ __all__ = ["CollectedBatch", "CollectorProtocol", "StrategyCollector", "default_
 class CollectedBatch:
     """What the trainer needs from one collection: the trees, who was skipped, the time split.
 
-    ``timings``: ``generation`` (seconds inside the backend's ``generate``, on the engine
-    thread), ``predictor`` (inside ``predictor.predict``), ``env`` (the rest of the
-    collection's wall time: env calls not hidden behind generation, bookkeeping), ``wall``.
+    ``timings`` partition the collection's wall clock (``wall``) with the collector's phase
+    timer (:mod:`trace_agent.engine.phases`, its ``exposed`` view): ``generation`` (seconds
+    inside the backend's ``generate``, on the engine thread), ``predictor`` (seconds when a
+    predictor call ran and neither generation nor an env call did: what the collection waited
+    for the predictor), ``env`` (the rest: env calls not hidden behind generation, bookkeeping).
+    ``predictor_busy`` is the time inside the predictor's calls, on their own thread, whether
+    or not generation and env calls ran beside them.
     ``engine``: the engine's counters (calls, sequences, mean batch, tokens).
     """
 
@@ -76,6 +80,7 @@ class StrategyCollector:
     """
 
     def __init__(self, config: TrainConfig, *, generator: Any, predictor: Any) -> None:
+        from trace_agent.engine.phases import PhaseTimer
         from trace_agent.rollout import TreeCollector
         from trace_agent.wiring import resolve_strategy
 
@@ -90,6 +95,7 @@ class StrategyCollector:
             make_env=watch_backend(make_env, config.max_backend_failures),
             policy=generator, predictor=predictor, config=rollout_config(config),
         )
+        self.collector.phase_timer = PhaseTimer()  # the time split below (a lock and a list append per call)
 
     def collect(self, prompt_ids: Sequence[str], *, step: int, seed: int, strategy: Strategy | None = None,
                 budget: Budget | None = None) -> CollectedBatch:
@@ -102,9 +108,10 @@ class StrategyCollector:
 
         prompts = [PromptSpec(task_id=t, reset_seed=seed % 2**31) for t in prompt_ids]
         batch = self.collector.collect(prompts, strategy or self.strategy, budget or self.budget, seed=seed)
-        gen, pred = batch.engine.generate_seconds, batch.predictor_seconds
+        gen, busy = batch.engine.generate_seconds, batch.predictor_seconds
+        pred = busy if batch.phases is None else min(batch.phases.exposed["predictor"], busy)  # two clocks
         timings = {"generation": gen, "predictor": pred, "env": max(batch.wall_seconds - gen - pred, 0.0),
-                   "wall": batch.wall_seconds}
+                   "predictor_busy": busy, "wall": batch.wall_seconds}
         return CollectedBatch(trees=batch.trees, skipped=batch.skipped, timings=timings,
                               engine=batch.engine.as_dict(), collection=batch)
 

@@ -173,7 +173,11 @@ class Phases:
             the collector's sandboxes.
         first_step_s: the first step logged.
         step_parts: ``generation``, ``env``, ``predictor``, ``update`` seconds summed over the steps.
-        predictor_share: predictor seconds / step seconds (scoring during collection + refresh).
+        predictor_share: predictor seconds / step seconds: the step's wall clock that waited for
+            the predictor (scoring no generation or env call ran beside, then the refresh).
+        predictor_busy_share: the time inside the predictor's calls (on their own thread, most of
+            it beside generation and env calls) plus the refresh, over step seconds (NaN when the
+            records do not carry it).
         other_s: the rest: checkpoints, saving the policy, plots.
     """
 
@@ -184,6 +188,7 @@ class Phases:
     first_step_s: float
     step_parts: dict[str, float] = field(default_factory=dict)
     predictor_share: float = math.nan
+    predictor_busy_share: float = math.nan
     other_s: float = 0.0
 
     @property
@@ -211,9 +216,12 @@ def run_phases(records: Sequence[Mapping[str, Any]], *, total_s: float, setup_s:
     parts = {k: sum(_num(r.get(f"time/{k}_s")) or 0.0 for r in steps)
              for k in ("generation", "env", "predictor", "update")}
     other = total_s - setup_s - steps_s - sum(s for _, s in evaluations)
+    busy = [(_num(r.get("time/predictor_scoring_busy_s")), _num(r.get("time/predictor_refresh_s"))) for r in steps]
+    busy_s = sum(a + (b or 0.0) for a, b in busy) if busy and all(a is not None for a, _ in busy) else math.nan
     return Phases(total_s=total_s, setup_s=setup_s, evaluations=evaluations, steps_s=steps_s,
                   first_step_s=float(steps[0]["time/step_s"]) if steps else 0.0, step_parts=parts,
-                  predictor_share=parts["predictor"] / steps_s if steps_s > 0 else math.nan, other_s=max(0.0, other))
+                  predictor_share=parts["predictor"] / steps_s if steps_s > 0 else math.nan,
+                  predictor_busy_share=busy_s / steps_s if steps_s > 0 else math.nan, other_s=max(0.0, other))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -331,7 +339,8 @@ def format_run_report(report: RunReport) -> list[str]:
         f"time: {p.total_s:.0f}s run = set-up {p.setup_s:.0f}s (policy load, predictor copy) + evaluations "
         f"{p.evaluations_s:.0f}s ({evals}) + {report.steps} steps {p.steps_s:.0f}s (first {p.first_step_s:.0f}s; "
         f"{parts}) + checkpoints/saving {p.other_s:.0f}s",
-        f"predictor share of step wall-clock: {_f(100 * p.predictor_share, '.1f')}%",
+        f"predictor share of step wall-clock: {_f(100 * p.predictor_share, '.1f')}% (what the steps waited for it; "
+        f"inside its calls, mostly beside generation and env calls: {_f(100 * p.predictor_busy_share, '.1f')}%)",
         f"budget: {report.paper_units:.0f} paper units, {report.generated_tokens:.0f} generated tokens",
         f"learning curve: {report.plot}",
     ]

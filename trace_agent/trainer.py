@@ -233,6 +233,7 @@ class Trainer:
         gen_s = float(timings.get("generation", t_collect - t0))
         env_s = float(timings.get("env", 0.0))
         scoring_s = float(timings.get("predictor", 0.0))
+        scoring_busy_s = float(timings.get("predictor_busy", scoring_s))
         predictor_s = scoring_s + (t_pred - t_collect)
         update_s = t_update - t_pred
         wall = t_update - t0
@@ -253,6 +254,7 @@ class Trainer:
             "update/synced": float(synced),
             "time/step_s": wall, "time/generation_s": gen_s, "time/env_s": env_s,
             "time/predictor_s": predictor_s, "time/predictor_scoring_s": scoring_s,
+            "time/predictor_scoring_busy_s": scoring_busy_s,
             "time/predictor_refresh_s": t_pred - t_collect, "time/update_s": update_s,
         }
         for k in ("generation", "env", "predictor", "update"):

@@ -129,6 +129,10 @@ def test_phases_from_records() -> None:
     assert p.steps_s == 8.0 and p.first_step_s == 5.0
     assert p.step_parts == {"generation": 5.0, "env": 1.5, "predictor": 0.5, "update": 1.0}
     assert p.predictor_share == pytest.approx(0.5 / 8.0)
+    assert math.isnan(p.predictor_busy_share)  # records without the busy time: unknown, not zero
+    busy = [{**r, "time/predictor_scoring_busy_s": 0.9, "time/predictor_refresh_s": 0.1} if "time/step_s" in r else r
+            for r in records]
+    assert run_phases(busy, total_s=40.0, setup_s=4.0).predictor_busy_share == pytest.approx(2.0 / 8.0)
     assert p.other_s == pytest.approx(40.0 - 4.0 - 8.0 - 25.0)
     assert run_phases(records, total_s=1.0, setup_s=4.0).other_s == 0.0  # never negative
 

@@ -247,6 +247,10 @@ def test_step_metrics(tmp_path: Path) -> None:
         assert key in m, key
     assert m["budget/paper_units"] == pytest.approx(4 * 1.5)
     assert 0 <= m["time/predictor_share"] <= 1
+    # the step waited for at most the time inside the predictor's calls; the parts never exceed the step
+    assert 0 <= m["time/predictor_scoring_s"] <= m["time/predictor_scoring_busy_s"] + 1e-9
+    parts = m["time/generation_s"] + m["time/env_s"] + m["time/predictor_s"] + m["time/update_s"]
+    assert parts <= m["time/step_s"] + 1e-6
 
 
 @pytest.mark.parametrize("predictor", ["hashed", "policy-states"])
