@@ -193,3 +193,17 @@ def test_a_train_yamls_sections_give_the_train_configs_values() -> None:
     assert refusal(apply_overrides(whole, OVERRIDES)) == (
         "trace.sampling.temperature: verl takes it from its own config (actor_rollout_ref.rollout.temperature); "
         "set it there and remove it here")
+
+
+def test_the_section_docs_verl_md_shows_is_read_as_written() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "verl.md").read_text()
+    block = page.split("## The `trace` section", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    shown = yaml.safe_load(block)
+    trace = TraceVerlConfig.from_verl(shown)
+    assert set(shown["trace"]) == {k.partition(".")[0] for k in VERL_READS}  # every key verl reads is shown
+    recipe = TraceVerlConfig.from_verl(read_yaml_file(CONFIG_DIR / "verl_qwen3_trace.yaml"))
+    assert trace == recipe  # the page shows the shipped recipe's section
