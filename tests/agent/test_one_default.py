@@ -103,11 +103,12 @@ CLAIMS_OVERRIDES = {**{k: v for k, v in _budget(Budget.parse(FULL["budget"], gro
 
 def verl_defaults() -> dict[str, Any]:
     c = TraceVerlConfig()
-    return {"env_id": c.env_id, "train_split": c.split, "sampling.max_turns": c.max_turns,
-            "rollout.strategy": c.strategy, "rollout.continuations_per_root": c.continuations_per_root,
-            "rollout.continuation_cost": c.continuation_cost, "rollout.root_cap": c.root_cap,
-            "sampling.max_new_tokens": c.max_new_tokens, "predictor.kind": c.predictor,
-            "predictor.prefixes": c.predictor_prefixes, "seed": c.seed}
+    return {"env_id": c.env_id, "train_split": c.train_split, "seed": c.seed,
+            "sampling.max_turns": c.sampling.max_turns, "sampling.max_new_tokens": c.sampling.max_new_tokens, "rollout.strategy": c.rollout.strategy,
+            "rollout.continuations_per_root": c.rollout.continuations_per_root,
+            "rollout.continuation_cost": c.rollout.continuation_cost, "rollout.root_cap": c.rollout.root_cap,
+            "rollout.prefix_cap": c.rollout.prefix_cap, "predictor.kind": c.predictor.kind,
+            "predictor.prefixes": c.predictor.prefixes}
 
 
 def library_defaults() -> dict[str, Any]:

@@ -40,7 +40,7 @@ def test_recipe_composes_over_verl_defaults_and_names_real_pieces():
     assert load_class_from_fqn(cfg.trainer.checkpoint_callback_class, "CheckpointCallback") is tv.PredictorCheckpoint
     assert get_adv_estimator_fn(cfg.algorithm.adv_estimator) is get_adv_estimator_fn("trace_treerpo")
     trace = tv.TraceVerlConfig.from_verl(cfg)
-    assert trace.strategy == "trace" and trace.continuations_per_root == 2
+    assert trace.rollout.strategy == "trace" and trace.rollout.continuations_per_root == 2
     rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)  # verl's own validation of the section
     assert rollout.response_length == cfg.data.max_response_length
     assert tv.estimator_options(cfg.algorithm) == {"shared": "repeat", "normalize_std": False, "lone_child": "inherit",
@@ -48,12 +48,39 @@ def test_recipe_composes_over_verl_defaults_and_names_real_pieces():
 
 
 def test_bad_settings_are_refused_with_the_key_named():
-    with pytest.raises(ValueError, match="unknown trace"):
+    with pytest.raises(ValueError, match="trace.stratgy: unknown setting"):
         tv.TraceVerlConfig.from_verl(OmegaConf.create({"trace": {"stratgy": "trace"}}))
-    with pytest.raises(ValueError, match="strategy"):
-        tv.TraceVerlConfig(strategy="nope")
+    with pytest.raises(ValueError, match="trace.rollout.strategy must be one of"):
+        tv.TraceVerlConfig.from_verl(OmegaConf.create({"trace": {"rollout": {"strategy": "nope"}}}))
     with pytest.raises(ValueError, match="use_kl_in_reward"):
         tv.estimator_options(OmegaConf.create({"use_kl_in_reward": True}))
+
+
+def test_the_recipes_trace_keys_are_train_set_keys_on_hydras_command_line():
+    """``trace.<key>=v`` over the shipped recipe is ``--set <key>=v`` of ``trace-gym train``; a flat alias added
+    beside the recipe's nested key is refused, a key verl sets itself is refused naming where."""
+    from types import SimpleNamespace
+
+    from trace_agent.config_io import load_config
+
+    sets = ["rollout.strategy=grpo", "sampling.max_turns=3", "rollout.prefix_cap=2", "predictor.kind=hashed",
+            "train_split=test"]
+    cfg = compose([f"trace.{s}" for s in sets] + ["actor_rollout_ref.rollout.n=4"])
+    trace, train = tv.TraceVerlConfig.from_verl(cfg), load_config(None, sets)
+    for key in ("rollout.strategy", "sampling.max_turns", "rollout.prefix_cap", "predictor.kind", "train_split"):
+        ours, theirs = trace, train
+        for part in key.split("."):
+            ours, theirs = getattr(ours, part), getattr(theirs, part)
+        assert ours == theirs, key
+    worker = SimpleNamespace(config=cfg, trace=trace)
+    budget = tv.TraceTreeWorker.budget(worker, 3)  # the worker's (M, N) budget reads the nested keys
+    assert (budget.roots, budget.group_size, budget.continuations_per_root, budget.prefix_cap) == (12, 4, 2, 2)
+    with pytest.raises(ValueError, match=r"trace.max_turns and trace.sampling.max_turns are one setting"):
+        tv.TraceVerlConfig.from_verl(compose(["+trace.max_turns=3"]))
+    with pytest.raises(ValueError, match=r"trace.rollout.roots: verl takes it from its own config"):
+        tv.TraceVerlConfig.from_verl(compose(["+trace.rollout.roots=64"]))
+    with pytest.raises(ValueError, match=r"trace.sampling.max_turns='many': expected an integer"):
+        tv.TraceVerlConfig.from_verl(compose(["trace.sampling.max_turns=many"]))
 
 
 def test_estimators_refuse_rows_without_tree_keys():

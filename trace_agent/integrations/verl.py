@@ -7,7 +7,7 @@ TransferQueue under ``{uid}_{session}_{index}``, marking the prompt ``finished``
 when all are in. :class:`TraceTreeWorker` keeps that protocol and replaces what
 happens per prompt with trace-gym's steps (verl keeps step 5's update; its advantages come from here):
 
-1.-2. **Roots.** For a training chunk, the strategy (``trace.strategy``, TRACE by
+1.-2. **Roots.** For a training chunk, the strategy (``trace.rollout.strategy``, TRACE by
       default) places ``rollout.n * len(chunk)`` root rollouts on the chunk's prompts
       with the shared predictor's values (``Strategy.allocate_roots``, exact); each
       prompt's count travels as verl's own per-prompt ``__rollout_n__``. A prompt
@@ -235,10 +235,11 @@ class TraceTreeWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[na
         self.policy = VerlServerPolicy(self.llm_client, self.tokenizer, top_k=int(rollout.get("top_k", -1)),
                                        tool_detail=settings.get("tool_detail", "full"))
         checkpoint = _latest_predictor_checkpoint(self.config)
-        kwargs = {"kind": self.trace.predictor, "prefixes": self.trace.predictor_prefixes, "checkpoint": checkpoint}
+        kwargs = {"kind": self.trace.predictor.kind, "prefixes": self.trace.predictor.prefixes,
+                  "checkpoint": checkpoint}
         service = PredictorService.actor(**kwargs) if ray.is_initialized() else PredictorService(**kwargs)
         self.predictor = PredictorProxy(service)
-        self.strategy: Strategy = make_strategy(self.trace.strategy)
+        self.strategy: Strategy = make_strategy(self.trace.rollout.strategy)
         self._threads = ThreadPoolExecutor(max_workers=self.trace.env_threads, thread_name_prefix="trace-tree")
         self.collectors: dict[str, TreeCollector] = {}
         self.root_values: dict[str, float] = {}  # uid -> the predicted value its roots were allocated with
@@ -251,11 +252,11 @@ class TraceTreeWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[na
 
             rollout = self.config.actor_rollout_ref.rollout
             self.collectors[env_id] = TreeCollector(
-                make_env=make_env_factory(env_id, self.trace.split, max_turns=self.trace.max_turns,
+                make_env=make_env_factory(env_id, self.trace.train_split, max_turns=self.trace.sampling.max_turns,
                                           env_kwargs=self.trace.env_kwargs),
                 policy=self.policy, predictor=self.predictor,
                 config=RolloutConfig(
-                    sampling=SamplingConfig(max_new_tokens=self.trace.max_new_tokens or self.response_length,
+                    sampling=SamplingConfig(max_new_tokens=self.trace.sampling.max_new_tokens or self.response_length,
                                             temperature=float(rollout.temperature), top_p=float(rollout.top_p)),
                     seed=self.trace.seed, workers=1, release_snapshots=True))
         return self.collectors[env_id]
@@ -263,8 +264,9 @@ class TraceTreeWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[na
     def budget(self, prompts: int) -> Budget:
         """The chunk's (M, N) budget: M = ``rollout.n`` x ``prompts`` roots, group size ``rollout.n``."""
         n = int(self.config.actor_rollout_ref.rollout.n)
-        return Budget(roots=n * prompts, continuations_per_root=self.trace.continuations_per_root, group_size=n,
-                      continuation_cost=self.trace.continuation_cost, root_cap=self.trace.root_cap)
+        r = self.trace.rollout
+        return Budget(roots=n * prompts, continuations_per_root=r.continuations_per_root, group_size=n,
+                      continuation_cost=r.continuation_cost, root_cap=r.root_cap, prefix_cap=r.prefix_cap)
 
     def prompt_spec(self, prompt: Mapping[str, Any]) -> tuple[str, PromptSpec]:
         """(env id, PromptSpec) of a dataset row: prompt id ``"<task_id>#<index>"`` (stable across runs,
@@ -314,7 +316,7 @@ class TraceTreeWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[na
         env_id, spec = self.prompt_spec(prompt)
         collector = self.collector(env_id)
         strategy = GRPO() if validate else self.strategy
-        budget = self.budget(1)  # grow_tree reads only its per-prompt parts (N per root, exchange rate)
+        budget = self.budget(1)  # grow_tree reads only its per-prompt parts (N per root, exchange rate, prefix cap)
         value = self.root_values.pop(str(prompt["uid"]), None)
         with self.policy.session(spec.prompt_id):
             return collector.grow_tree(collector.worker_env(), spec, roots=roots, strategy=strategy, budget=budget,
