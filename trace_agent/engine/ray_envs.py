@@ -30,7 +30,9 @@ import asyncio
 import math
 import os
 import secrets
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +49,7 @@ from trace_agent.engine.envs import (
     step_episodes,
 )
 
-__all__ = ["RayConfig", "RayEnvHost", "RemoteSnapshot", "EnvWorker", "ensure_ray"]
+__all__ = ["RayConfig", "RayEnvHost", "RemoteSnapshot", "EnvWorker", "ensure_ray", "shutdown_ray"]
 
 _AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
@@ -94,12 +96,26 @@ class RayConfig:
             raise ValueError("cluster_cpus must be >= 1 or None")
 
 
+#: SIGTERM's handler before ``ray.init`` replaced it and Ray's own, while a cluster this process started is up.
+_SIGTERM_AROUND_RAY: tuple[Any, Any] | None = None
+
+
 def ensure_ray(config: RayConfig) -> bool:
-    """``ray.init`` unless Ray is already initialised in this process; True when this call started it."""
+    """``ray.init`` unless Ray is already initialised in this process; True when this call started it.
+
+    ``ray.init`` replaces the driver's SIGTERM handler by one that calls ``sys.exit``
+    (``ray/_private/worker.py``). A handler the process installed itself (a training run's stop
+    handler, :func:`trace_agent.rundir.stop_signals`: a SIGTERM stops the run at its next step
+    boundary with a checkpoint) is put back at once; where SIGTERM had its default action, Ray's
+    stays, so a SIGTERM still runs Ray's shutdown at exit, until :func:`shutdown_ray`.
+    """
+    global _SIGTERM_AROUND_RAY
     import ray
 
     if ray.is_initialized():
         return False
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": config.log_to_driver,
                               "ignore_reinit_error": True}
     if config.address is None:
@@ -117,15 +133,35 @@ def ensure_ray(config: RayConfig) -> bool:
             kwargs["_temp_dir"] = config.temp_dir
     else:
         kwargs["address"] = config.address
-    for attempt in range(3):
-        try:
-            ray.init(**kwargs)
-            return True
-        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception when its node is slow to start
-            if attempt == 2 or config.address is not None or "timed out during startup" not in str(exc):
-                raise
-            ray.shutdown()  # a loaded machine: Ray waits only 30 s for its raylet; try again
+    try:
+        for attempt in range(3):
+            try:
+                ray.init(**kwargs)
+            except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception when its node is slow to start
+                if attempt == 2 or config.address is not None or "timed out during startup" not in str(exc):
+                    raise
+                ray.shutdown()  # a loaded machine: Ray waits only 30 s for its raylet; try again
+                continue
+            break
+    finally:
+        if main and before not in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, before)
+    if main:
+        _SIGTERM_AROUND_RAY = (before, signal.getsignal(signal.SIGTERM))
     return True
+
+
+def shutdown_ray() -> None:
+    """``ray.shutdown``, and SIGTERM's handler from before :func:`ensure_ray` back where Ray's is still set."""
+    global _SIGTERM_AROUND_RAY
+    import ray
+
+    ray.shutdown()
+    around, _SIGTERM_AROUND_RAY = _SIGTERM_AROUND_RAY, None
+    if around is not None and threading.current_thread() is threading.main_thread():
+        before, installed = around
+        if signal.getsignal(signal.SIGTERM) is installed:
+            signal.signal(signal.SIGTERM, before)
 
 
 class EnvWorker:
@@ -367,4 +403,4 @@ class RayEnvHost:
             ray.kill(actor, no_restart=True)
         self.actors = []
         if self.started_ray:
-            ray.shutdown()
+            shutdown_ray()

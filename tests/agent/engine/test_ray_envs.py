@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -22,7 +23,7 @@ ray = pytest.importorskip("ray")
 
 import trace_envs  # noqa: E402, F401
 from trace_agent.engine.base import EnvWorkerError  # noqa: E402
-from trace_agent.engine.ray_envs import RayConfig, RayEnvHost, ensure_ray  # noqa: E402
+from trace_agent.engine.ray_envs import RayConfig, RayEnvHost, ensure_ray, shutdown_ray  # noqa: E402
 from trace_agent.env_factory import make_env_factory  # noqa: E402
 from trace_agent.rollout import PromptSpec, RolloutConfig, TreeCollector  # noqa: E402
 from trace_agent.strategies import GRPO, TRACE, Budget, TreePO  # noqa: E402
@@ -38,16 +39,54 @@ WIKI_ENV = make_env_factory("trace_envs/WikiQA-v0", "default", max_turns=3)
 def cluster():
     """One local cluster for the module (2 CPUs, a small object store); shut down afterwards.
 
-    ``ray.init`` leaves a SIGTERM handler that calls ``sys.exit`` in the driver, and ``ray.shutdown`` keeps
-    it: the test process gets its own back, so a SIGTERM to pytest later still ends it.
+    Started with a SIGTERM handler of the test's own installed (as a training run's stop handler
+    is): ``ray.init`` replaces it by one that calls ``sys.exit``, :func:`ensure_ray` must put it back.
     """
     had = ray.is_initialized()
     sigterm = signal.getsignal(signal.SIGTERM)
-    started = ensure_ray(RayConfig(cluster_cpus=2, object_store_mb=128))
-    yield {"started": started, "home_token": os.path.expanduser("~/.ray/auth_token")}
-    if started and not had:
-        ray.shutdown()
+    signal.signal(signal.SIGTERM, _own_sigterm)
+    try:
+        started = ensure_ray(RayConfig(cluster_cpus=2, object_store_mb=128))
+        after_init = signal.getsignal(signal.SIGTERM)
+    finally:
         signal.signal(signal.SIGTERM, sigterm)
+    yield {"started": started, "home_token": os.path.expanduser("~/.ray/auth_token"), "sigterm_after_init": after_init}
+    if started and not had:
+        shutdown_ray()
+        signal.signal(signal.SIGTERM, sigterm)
+
+
+def _own_sigterm(signum: int, frame: Any) -> None:  # pragma: no cover - never delivered
+    raise AssertionError("the test's own SIGTERM handler was called")
+
+
+def test_ray_init_keeps_the_process_sigterm_handler(cluster) -> None:
+    """A run's stop handler survives ``ray.init``: a SIGTERM stops training at a step boundary, not by sys.exit."""
+    if not cluster["started"]:
+        pytest.skip("Ray was already initialised in this process by another test module")
+    assert cluster["sigterm_after_init"] is _own_sigterm
+
+
+@pytest.mark.slow
+def test_shutdown_ray_puts_back_the_default_sigterm_action() -> None:
+    """Where SIGTERM had its default action, Ray's handler is kept while its cluster is up and removed after
+    (a process of its own: its own cluster, started and shut down)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import signal\n"
+        "from trace_agent.engine.ray_envs import RayConfig, ensure_ray, shutdown_ray\n"
+        "assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL\n"
+        "assert ensure_ray(RayConfig(cluster_cpus=1, object_store_mb=80))\n"
+        "up = signal.getsignal(signal.SIGTERM)\n"
+        "shutdown_ray()\n"
+        "print(up is not signal.SIG_DFL and callable(up), signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=str(Path(__file__).resolve().parents[3]))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "True True"
 
 
 def _config(backend: str, **kw: Any) -> RolloutConfig:
