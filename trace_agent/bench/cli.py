@@ -23,7 +23,7 @@ from trace_agent.bench.run import load_policy, run_bench
 from trace_agent.config_flags import add_config_flags, add_config_options, flag_overrides, prefix_share_arg
 
 __all__ = ["BENCH_FLAGS", "BENCH_EPILOG", "add_bench_parser", "add_bench_options", "bench_defaults",
-           "bench_config_from_args", "prefix_share_arg", "main"]
+           "bench_command", "bench_config_from_args", "prefix_share_arg", "main"]
 
 #: The bench's named flags (rows of :data:`trace_agent.config_flags.FLAGS`), in ``--help`` order.
 BENCH_FLAGS: tuple[str, ...] = ("--env", "--env-kwargs", "--max-turns", "--strategies", "--seeds", "--prompts",
@@ -81,6 +81,12 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def bench_command(argv: Sequence[str]) -> str:
+    """The command line a bench records in its outputs (``BenchConfig.command``): ``trace-gym bench`` and ``argv``,
+    shell-quoted."""
+    return " ".join(["trace-gym bench", *(shlex.quote(a) for a in argv)])
+
+
 def bench_config_from_args(args: argparse.Namespace, *, command: str = "",
                            base: Sequence[str] = ()) -> BenchConfig:
     """The bench's config: ``--config`` (else the defaults), ``base`` overrides (a caller's own sizes), the named
@@ -111,7 +117,7 @@ def _check_policy(spec: str, cache_dir: str | None, env_id: str) -> None:
 def _cli(args: argparse.Namespace) -> int:
     if not hasattr(args, "argv"):
         args.argv = sys.argv[sys.argv.index("bench") + 1:] if "bench" in sys.argv else []
-    config = bench_config_from_args(args, command=" ".join(["trace-gym bench", *(shlex.quote(a) for a in args.argv)]))
+    config = bench_config_from_args(args, command=bench_command(args.argv))
     from tqdm import tqdm
 
     from trace_agent.env_factory import check_env_id
