@@ -140,7 +140,7 @@ class BenchConfig:
         bench = bench or BenchSettings()
         if train.predictor.kind not in BENCH_PREDICTORS:
             raise ConfigError(f"predictor.kind {train.predictor.kind!r}: the bench builds one of "
-                              f"{', '.join(BENCH_PREDICTORS)}")
+                              f"{', '.join(BENCH_PREDICTORS)}; choose one with --predictor (predictor.kind)")
         try:
             return cls(env_id=train.env_id, env_kwargs=dict(train.env_kwargs), max_turns=train.sampling.max_turns,
                        strategies=tuple(bench.strategies), seeds=bench.seeds, prompts=train.rollout.prompts_per_step,
