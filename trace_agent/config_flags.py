@@ -4,7 +4,8 @@
 read one config tree (:mod:`trace_agent.config`, plus the bench's ``bench`` section) through
 :mod:`trace_agent.config_io`: ``--config FILE.yaml`` and ``--set section.field=value``. Each named flag
 (``--max-new-tokens 200``) is a shorthand for ``--set`` of the keys its row names
-(``sampling.max_new_tokens=200``), with one name and one help text wherever it appears; a command picks
+(``sampling.max_new_tokens=200``), with one name and one help text wherever it appears (by default the first
+sentence of the field's own documentation: :func:`field_help`); a command picks
 the rows it offers (:func:`add_config_flags`) and turns the ones given into overrides
 (:func:`flag_overrides`). The precedence is train's everywhere: the defaults, then the ``--config`` file,
 then the named flags, then ``--set`` (the last one given wins).
@@ -16,7 +17,11 @@ take, the command's default for its keys.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import json
+import re
+import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +31,8 @@ from trace_agent.errors import ConfigError
 from trace_agent.options import BATCHING, ENV_BACKENDS, OBJECTIVES, POLICY_KINDS
 from trace_agent.strategies import STRATEGY_NAMES
 
-__all__ = ["Flag", "FLAGS", "ENV_HELP", "add_config_options", "add_config_flags", "flag_overrides", "prefix_share_arg",
-           "BENCH_PREDICTORS"]
+__all__ = ["Flag", "FLAGS", "ENV_HELP", "add_config_options", "add_config_flags", "flag_overrides", "field_help",
+           "prefix_share_arg", "BENCH_PREDICTORS"]
 
 #: ``--env``'s help: the two forms of an env id (:mod:`trace_agent.env_factory`).
 ENV_HELP = ("env id: a registered one, or module.path:EnvName-v0 for your own env, whose module (on the Python "
@@ -50,6 +55,28 @@ def prefix_share_arg(text: str) -> float | None:
     if not (math.isfinite(value) and 0.0 <= value <= 1.0):
         raise argparse.ArgumentTypeError(f"a number in [0, 1] or 'all', got {text!r}")
     return value
+
+
+def field_help(key: str) -> str:
+    """The first sentence of config key ``key``'s documentation (``sampling.max_turns``: "the env's turn limit"):
+    its section's ``Attributes:`` entry (:mod:`trace_agent.config`), without reST markup. KeyError when the tree
+    has no such key or the key no entry."""
+    from trace_agent.config import TrainConfig
+
+    owner: Any = TrainConfig
+    *sections, name = key.split(".")
+    for section in sections:
+        owner = typing.get_type_hints(owner).get(section)
+        if owner is None or not dataclasses.is_dataclass(owner):
+            raise KeyError(key)
+    entry = re.search(rf"^    {re.escape(name)}: (.*?)(?=^    \S|^\s*$|\Z)", inspect.getdoc(owner) or "",
+                      re.MULTILINE | re.DOTALL)
+    if entry is None:
+        raise KeyError(key)
+    text = " ".join(entry.group(1).split())
+    text = re.sub(r":[a-z]+:`~?(?:[\w.]+\.)?([^`]+)`", r"\1", text)
+    text = re.sub(r"``([^`]+)``", r"\1", text)
+    return re.split(r"\.(?:\s|$)", text, maxsplit=1)[0]
 
 
 def _share(text: str) -> float | str:
@@ -86,7 +113,8 @@ class Flag:
 
     Attributes:
         keys: the config keys (``sampling.max_new_tokens``; ``--budget`` sets two).
-        help: what it sets, in a phrase (``(config: KEY)`` and the default are added).
+        help: what it sets, in a phrase (``(config: KEY)`` and the default are added); None: the key's own
+            documentation (:func:`field_help`).
         type: argparse's conversion of the text (None: the text).
         choices: the values argparse accepts.
         values: the given value to one value per key (default: the value itself); raises :class:`ConfigError`.
@@ -95,7 +123,7 @@ class Flag:
     """
 
     keys: tuple[str, ...]
-    help: str
+    help: str | None = None
     type: Callable[[str], Any] | None = None
     choices: Sequence[str] | None = None
     values: Callable[[Any], tuple[Any, ...]] | None = None
@@ -110,7 +138,7 @@ class Flag:
         return [override(k, v) for k, v in zip(self.keys, values, strict=True)]
 
 
-def _flag(*keys: str, help: str, **kwargs: Any) -> Flag:  # noqa: A002 - argparse's name
+def _flag(*keys: str, help: str | None = None, **kwargs: Any) -> Flag:  # noqa: A002 - argparse's name
     return Flag(keys=keys, help=help, **kwargs)
 
 
@@ -122,30 +150,31 @@ FLAGS: dict[str, Flag] = {
                           values=_json),
     "--policy": _flag("policy.kind", help="policy kind; demo (the default) starts from the env's demo config when "
                                           "no --config is given", choices=POLICY_KINDS),
-    "--policy-path": _flag("policy.path", help="checkpoint directory or hub name"),
-    "--device": _flag("policy.device", help="torch device of the policy"),
-    "--seed": _flag("seed", help="run seed", type=int),
+    "--policy-path": _flag("policy.path"),
+    "--device": _flag("policy.device"),
+    "--seed": _flag("seed", type=int),
     "--tasks": _flag("eval.tasks", help="held-out tasks to evaluate", type=int),
     "--samples": _flag("eval.samples", help="episodes per held-out task", type=int),
-    "--split": _flag("eval.split", help="task split to evaluate"),
+    "--split": _flag("eval.split"),
     "--strategy": _flag("rollout.strategy", help=f"rollout strategy: {', '.join(STRATEGY_NAMES)} or module:attribute"),
     "--objective": _flag("objective.name", help="policy objective", choices=OBJECTIVES),
-    "--steps": _flag("steps", help="training steps", type=int),
-    "--lr": _flag("optim.lr", help="learning rate", type=float),
+    "--steps": _flag("steps", type=int),
+    "--lr": _flag("optim.lr", type=float),
     "--out": _flag("out_dir", help="run directory"),
-    "--backend": _flag("rollout.backend", help="where envs run", choices=ENV_BACKENDS),
-    "--ray-workers": _flag("rollout.ray.workers", help="Ray env actors", type=int),
+    "--backend": _flag("rollout.backend", choices=ENV_BACKENDS),
+    "--ray-workers": _flag("rollout.ray.workers", type=int),
     "--ray-address": _flag("rollout.ray.address", help="existing Ray cluster; default: a local one"),
-    "--batching": _flag("rollout.batching", help="engine batching", choices=BATCHING),
+    "--batching": _flag("rollout.batching", choices=BATCHING),
     "--no-progress": _flag("log.progress", help="no progress bars", store_true=True, values=lambda _: (False,)),
-    "--max-turns": _flag("sampling.max_turns", help="the env's turn limit", type=int),
-    "--max-new-tokens": _flag("sampling.max_new_tokens", help="most tokens per assistant turn", type=int),
+    "--max-turns": _flag("sampling.max_turns", type=int),
+    "--max-new-tokens": _flag("sampling.max_new_tokens", type=int),
     "--temperature": _flag("sampling.temperature", help="sampling temperature", type=float),
     "--budget": _flag("rollout.roots", "rollout.continuations_per_root", metavar="M,N", values=_budget,
                       help="M,N: root rollouts per batch, continuations per root"),
-    "--group-size": _flag("rollout.group_size", help="baseline rollouts per prompt (M / group = prompts)", type=int),
-    "--prompts": _flag("rollout.prompts_per_step", help="candidate pool size per batch", type=int),
-    "--workers": _flag("rollout.workers", help="threads that run env calls", type=int),
+    "--group-size": _flag("rollout.group_size", type=int),
+    "--prompts": _flag("rollout.prompts_per_step", help="candidate pool size per batch (a training step's candidate "
+                                                        "prompts)", type=int),
+    "--workers": _flag("rollout.workers", type=int),
     "--prefix-share": _flag("predictor.prefix_share", type=_share, values=lambda v: (None if v == "all" else v,),
                             help="most share of prefix examples in each refresh of the predictor; 'all': every "
                                  "prefix"),
@@ -187,7 +216,7 @@ def add_config_flags(parser: argparse.ArgumentParser, names: Iterable[str], *,
     """
     for name in names:
         row = FLAGS[name]
-        text = (help or {}).get(name, row.help)
+        text = (help or {}).get(name) or row.help or field_help(row.keys[0])
         keys = ", ".join(row.keys)
         if row.store_true:
             sets = ", ".join(override(k, v) for k, v in zip(row.keys, row.values(True) if row.values else (True,)))

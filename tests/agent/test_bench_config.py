@@ -13,7 +13,7 @@ import pytest
 from trace_agent.bench import BenchConfig, BenchSettings, bench_config_from_args, load_bench_config
 from trace_agent.bench.cli import BENCH_FLAGS, bench_command
 from trace_agent.cli import build_parser, main
-from trace_agent.config_flags import FLAGS
+from trace_agent.config_flags import FLAGS, field_help
 from trace_agent.config_io import load_config
 from trace_agent.errors import ConfigError
 from trace_agent.lab.claims import cli as claims_cli
@@ -114,6 +114,21 @@ def test_every_bench_flag_is_a_row_of_the_one_table_and_names_real_keys() -> Non
             load_bench_config(None, [f"{key}={json.dumps(value)}"] if value is not None else [])
             section, _, field = key.rpartition(".")
             assert field and (section in ("", "bench", "sampling", "rollout", "predictor"))
+
+
+def test_a_flag_without_a_phrase_of_its_own_is_helped_by_its_fields_documentation(capsys) -> None:
+    assert field_help("sampling.max_turns") == "the env's turn limit"
+    assert field_help("rollout.ray.workers") == "env actors (each one process owning its envs)"
+    assert field_help("rollout.backend") == "local (envs in this process) or ray (env workers as Ray actors)"
+    for key in ("rollout.nope", "nope", "sampling.max_turns.deeper"):
+        with pytest.raises(KeyError):
+            field_help(key)
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in BENCH_FLAGS:
+        if FLAGS[name].help is None:
+            assert f"{field_help(FLAGS[name].keys[0])} (config: {FLAGS[name].keys[0]}, default:" in text, name
 
 
 def legacy_bench_config(argv: list[str]) -> BenchConfig:
