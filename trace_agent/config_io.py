@@ -288,7 +288,7 @@ def load_sections(path: str | Path | None = None, overrides: Sequence[str] = (),
             raise ConfigError(f"{name}.* settings are read by {command}, not by this command: leave them out of "
                               f"--set (a config file's {name} section is skipped here)")
     try:
-        built = {name: config_from_dict(type(default), data.pop(name), _prefix=f"{name}.")
+        built = {name: config_from_dict(type(default), data.pop(name) or {}, _prefix=f"{name}.")
                  for name, default in extra.items()}
         return config_from_dict(TrainConfig, data), built
     except _BadValue as exc:
