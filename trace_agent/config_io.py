@@ -28,8 +28,8 @@ from typing import Any, Literal
 from trace_agent.config import TrainConfig
 from trace_agent.errors import ConfigError
 
-__all__ = ["config_to_dict", "config_from_dict", "apply_overrides", "load_config", "save_config", "FLAT_ALIASES",
-           "CONFIG_DIR"]
+__all__ = ["config_to_dict", "config_from_dict", "apply_overrides", "load_config", "load_sections", "save_config",
+           "override", "FLAT_ALIASES", "OTHER_SECTIONS", "CONFIG_DIR"]
 
 #: The configs shipped with the package (``demo.yaml``, the demo policy's settings per env, ...): the package
 #: data ``trace_agent/configs`` (``docs/configs`` in a checkout links there), found through
@@ -47,6 +47,12 @@ FLAT_ALIASES: dict[str, dict[str, tuple[str, ...]]] = {
         "ray_temp_dir": ("ray", "temp_dir"),
     },
 }
+
+
+#: Top-level sections a config file may hold for another command than ``trace-gym train`` (section -> the
+#: command that reads it): :func:`load_config` skips them in a file, so one file drives train and, say, the
+#: bench (:func:`trace_agent.bench.load_bench_config` reads the ``bench`` section through :func:`load_sections`).
+OTHER_SECTIONS: dict[str, str] = {"bench": "trace-gym bench"}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -253,19 +259,38 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
 
     The file and the override values are read within bounds (:mod:`trace_agent.safe_yaml`). A value
     that does not fit its field's type raises :class:`ConfigError` in one line: for an override, ``--set optim.lr=abc: expected a float``; for a file value, ``FILE: optim.lr='abc':
-    expected a float``.
+    expected a float``. A file's sections for other commands (:data:`OTHER_SECTIONS`) are skipped.
+    """
+    return load_sections(path, overrides, base=base)[0]
+
+
+def load_sections(path: str | Path | None = None, overrides: Sequence[str] = (), *, base: TrainConfig | None = None,
+                  sections: Mapping[str, Any] | None = None) -> tuple[TrainConfig, dict[str, Any]]:
+    """:func:`load_config`, and beside the tree the top-level ``sections`` a command adds to it.
+
+    ``sections`` maps a section name (``bench``) to its defaults, an instance of its frozen config dataclass;
+    the file and ``section.field=value`` overrides set its fields as they set the tree's, with the same
+    conversions and one-line errors. Returns the :class:`TrainConfig` and ``{name: the section built}``.
     """
     from trace_agent.safe_yaml import read_yaml_file
 
+    extra = dict(sections or {})
     data = config_to_dict(base or TrainConfig())
+    data.update({name: config_to_dict(default) for name, default in extra.items()})
     if path is not None:
         loaded = read_yaml_file(path) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
-        data = _merge(data, loaded)
+        data = _merge(data, {k: v for k, v in loaded.items() if k in extra or k not in OTHER_SECTIONS})
     data = _resolve_aliases(apply_overrides(data, overrides))
+    for name, command in OTHER_SECTIONS.items():
+        if name in data and name not in extra:
+            raise ConfigError(f"{name}.* settings are read by {command}, not by this command: leave them out of "
+                              f"--set (a config file's {name} section is skipped here)")
     try:
-        return config_from_dict(TrainConfig, data)
+        built = {name: config_from_dict(type(default), data.pop(name) or {}, _prefix=f"{name}.")
+                 for name, default in extra.items()}
+        return config_from_dict(TrainConfig, data), built
     except _BadValue as exc:
         given = {item.partition("=")[0].strip(): item for item in overrides}
         if exc.key in given:
@@ -273,6 +298,29 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
         if path is not None:
             raise ConfigError(f"{path}: {exc}") from None
         raise
+
+
+def override(key: str, value: Any) -> str:
+    """The ``key=value`` override string that sets ``key`` to ``value`` (a string, number, bool, None, list,
+    tuple or mapping), written as YAML that :func:`apply_overrides` reads back as ``value`` (a string is JSON-quoted,
+    so ``"yes"`` or ``"1e-4"`` stay strings)."""
+    import json
+
+    import yaml
+
+    if isinstance(value, str):
+        return f"{key}={json.dumps(value)}"
+    text = yaml.safe_dump(_plain(value), default_flow_style=True, width=1 << 30)
+    return f"{key}={text.removesuffix(chr(10)).removesuffix(chr(10) + '...')}"
+
+
+def _plain(x: Any) -> Any:
+    """``x`` with tuples as lists (what YAML writes)."""
+    if isinstance(x, tuple | list):
+        return [_plain(v) for v in x]
+    if isinstance(x, Mapping):
+        return {k: _plain(v) for k, v in x.items()}
+    return x
 
 
 def _resolve_aliases(data: dict[str, Any]) -> dict[str, Any]:

@@ -48,11 +48,10 @@ from pathlib import Path
 from typing import Any
 
 from trace_agent.config import TrainConfig
+from trace_agent.config_flags import add_config_flags, add_config_options, flag_overrides
 from trace_agent.config_io import CONFIG_DIR, load_config
 from trace_agent.demo.profiles import PROFILES
 from trace_agent.evaluation import evaluate_heldout
-from trace_agent.options import BATCHING, ENV_BACKENDS, OBJECTIVES, POLICY_KINDS
-from trace_agent.strategies import STRATEGY_NAMES
 
 __all__ = [
     "DEMO_CONFIGS",
@@ -73,53 +72,24 @@ DEMO_CONFIGS: dict[str, str] = {env_id: p.config for env_id, p in PROFILES.items
 # command line
 
 
-#: ``--env``'s help: the two forms of an env id (:mod:`trace_agent.env_factory`).
-ENV_HELP = ("env id: a registered one, or module.path:EnvName-v0 for your own env, whose module (on the Python "
-            "path or in the current directory) is imported to register it (config: env_id)")
+#: The named flags of ``train``, ``eval`` and ``config show`` (rows of :data:`trace_agent.config_flags.FLAGS`),
+#: in the order their overrides apply; each command offers those it has.
+TRAIN_FLAGS: tuple[str, ...] = ("--env", "--policy", "--policy-path", "--device", "--seed", "--tasks", "--samples",
+                                "--strategy", "--objective", "--steps", "--out", "--lr", "--split", "--backend",
+                                "--ray-workers", "--ray-address", "--batching", "--no-progress")
+_COMMON = ("--env", "--policy", "--policy-path", "--device", "--seed", "--tasks", "--samples", "--no-progress")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="YAML config (see docs/configs/); flags and --set override it")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                        help="override any config field, e.g. --set optim.lr=1e-4 (repeatable; values are YAML)")
-    parser.add_argument("--env", help=ENV_HELP)
-    parser.add_argument("--policy", choices=POLICY_KINDS,
-                        help="policy kind (config: policy.kind); demo (the default) starts from the env's demo "
-                             "config when no --config is given")
-    parser.add_argument("--policy-path", help="checkpoint directory or hub name (config: policy.path)")
-    parser.add_argument("--device", help="torch device of the policy (config: policy.device)")
-    parser.add_argument("--seed", type=int, help="run seed (config: seed)")
-    parser.add_argument("--tasks", type=int, help="held-out tasks to evaluate (config: eval.tasks)")
-    parser.add_argument("--samples", type=int, help="episodes per held-out task (config: eval.samples)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_config_options(parser)
+    add_config_flags(parser, _COMMON)
     parser.add_argument("--preflight", action="store_true",
                         help="check the prerequisites (env, imports, splits, model paths offline, CUDA, vLLM, the "
                              "env's tool backend) and exit")
 
 
 def _flags(args: argparse.Namespace) -> list[str]:
-    flags: list[str] = []
-
-    def put(key: str, value: Any) -> None:
-        if value is not None:
-            flags.append(f"{key}={json.dumps(value) if isinstance(value, str) else value}")
-
-    put("env_id", args.env)
-    put("policy.kind", args.policy)
-    put("policy.path", args.policy_path)
-    put("policy.device", args.device)
-    put("seed", args.seed)
-    put("eval.tasks", args.tasks)
-    put("eval.samples", args.samples)
-    for name, key in (("strategy", "rollout.strategy"), ("objective", "objective.name"), ("steps", "steps"),
-                      ("out", "out_dir"), ("lr", "optim.lr"), ("split", "eval.split")):
-        put(key, getattr(args, name, None))
-    for name, key in (("backend", "rollout.backend"), ("ray_workers", "rollout.ray.workers"),
-                      ("ray_address", "rollout.ray.address"), ("batching", "rollout.batching")):
-        put(key, getattr(args, name, None))
-    if getattr(args, "no_progress", False):
-        flags.append("log.progress=false")
-    return flags
+    return flag_overrides(args, TRAIN_FLAGS)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -263,20 +233,12 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("train", help="train a policy with TRACE / GRPO / PCL / TreePO rollouts",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
-    p.add_argument("--strategy", help=f"rollout strategy: {', '.join(STRATEGY_NAMES)} or module:attribute "
-                                      f"(config: rollout.strategy)")
-    p.add_argument("--objective", choices=OBJECTIVES, help="policy objective (config: objective.name)")
-    p.add_argument("--steps", type=int, help="training steps (config: steps)")
-    p.add_argument("--lr", type=float, help="learning rate (config: optim.lr)")
-    p.add_argument("--out", help="run directory (config: out_dir)")
+    add_config_flags(p, ("--strategy", "--objective", "--steps", "--lr", "--out"))
     p.add_argument("--resume", nargs="?", const="", default=None, metavar="DIR",
                    help="continue the run in DIR (default: --out) from its newest valid checkpoint, with its "
                         "config.yaml")
     p.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
-    p.add_argument("--backend", choices=ENV_BACKENDS, help="where envs run (config: rollout.backend)")
-    p.add_argument("--ray-workers", type=int, help="Ray env actors (config: rollout.ray.workers)")
-    p.add_argument("--ray-address", help="existing Ray cluster; default: a local one (config: rollout.ray.address)")
-    p.add_argument("--batching", choices=BATCHING, help="engine batching (config: rollout.batching)")
+    add_config_flags(p, ("--backend", "--ray-workers", "--ray-address", "--batching"))
     p.add_argument("--no-eval", action="store_true", help="skip held-out evaluation before and after")
     p.set_defaults(func=_train_main)
     return p
@@ -286,7 +248,7 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``eval`` to a ``trace-gym`` subparsers object."""
     p = subparsers.add_parser("eval", help="held-out success of a policy on an env's test split")
     _common(p)
-    p.add_argument("--split", help="task split to evaluate (config: eval.split)")
+    add_config_flags(p, ("--split",))
     p.add_argument("--eval-seed", type=int, default=12345, help="seed of the evaluation episodes")
     p.add_argument("--per-task", action="store_true", help="print every task's success rate")
     p.add_argument("--transcripts", metavar="FILE.jsonl",
@@ -300,25 +262,33 @@ def _config_show_main(args: argparse.Namespace) -> int:
 
     from trace_agent.config_io import config_to_dict
 
-    config = config_from_args(args)
-    print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
+    if args.bench:
+        from trace_agent.bench.config import BenchConfig, load_bench_sections
+
+        train, settings = load_bench_sections(args.config, [*_flags(args), *args.overrides])
+        BenchConfig.from_train_config(train, settings)  # refuses a tree that makes no bench
+        tree = {**config_to_dict(train), "bench": config_to_dict(settings)}
+    else:
+        tree = config_to_dict(config_from_args(args))
+    print(yaml.safe_dump(tree, sort_keys=False), end="")
     return 0
 
 
 def add_config_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``config show`` to a ``trace-gym`` subparsers object."""
-    p = subparsers.add_parser("config", help="show the resolved training config")
+    p = subparsers.add_parser("config", help="show the resolved training (or bench) config")
     sub = p.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     show = sub.add_parser(
         "show", help="print the config tree trace-gym train would run with, as YAML",
         description="Print the fully resolved config tree as YAML: the defaults, the env's demo config (when the "
                     "policy is the demo one and no --config is given), --config, then --set, exactly as trace-gym "
                     "train resolves them. The output is a config file: --config accepts it.")
-    show.add_argument("--config", help="YAML config (see docs/configs/); --set overrides it")
-    show.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                      help="override any config field, e.g. --set optim.lr=1e-4 (repeatable; values are YAML)")
-    show.add_argument("--env", help=ENV_HELP)
-    show.add_argument("--policy", choices=POLICY_KINDS, help="policy kind (config: policy.kind)")
+    add_config_options(show)
+    add_config_flags(show, ("--env", "--policy"))
+    show.add_argument("--bench", action="store_true",
+                      help="the tree trace-gym bench would run with instead: its defaults (without --config, the "
+                           "bench's departures, BENCH_OVERRIDES), --config, then --set, and the bench section "
+                           "(trace-gym bench --config accepts the output)")
     show.set_defaults(func=_config_show_main, policy_path=None, device=None, seed=None, tasks=None, samples=None,
                       no_progress=False, resume=None, out=None)
     return p

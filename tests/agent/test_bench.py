@@ -7,7 +7,14 @@ import json
 
 import pytest
 
-from trace_agent.bench import BenchConfig, add_bench_parser, resolve_strategy, run_bench, summarize
+from trace_agent.bench import (
+    BenchConfig,
+    add_bench_parser,
+    bench_config_from_args,
+    resolve_strategy,
+    run_bench,
+    summarize,
+)
 from trace_agent.policy.base import SamplingConfig
 from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer
 from trace_agent.rollout import RolloutConfig
@@ -105,7 +112,7 @@ def test_bench_parser_options() -> None:
     args = parser.parse_args(["bench", "--env", "trace_envs/WikiQA-v0", "--budget", "16,6", "--strategies",
                               "grpo,trace", "--seeds", "3", "--prompts", "8", "--out", "x"])
     assert args.budget == "16,6" and args.seeds == 3 and args.func is not None
-    assert Budget.parse(args.budget, group_size=args.group_size).paper_units == 16 * 4
+    assert bench_config_from_args(args).budget.paper_units == 16 * 4
 
 
 def test_the_root_rank_ceiling_scores_monte_carlo_rates_and_the_predictor_on_the_same_roots() -> None:

@@ -33,8 +33,10 @@ def test_flags_show_their_defaults(capsys) -> None:
     assert "(config: rollout.strategy, default: trace)" in train
     assert "demo config" in train and "trace_agent/configs" in train, "the epilog says the demo config replaces them"
     bench = " ".join(_help(["bench"], capsys).split())
-    assert "--max-turns MAX_TURNS default: 4" in bench, "a flag without help still shows its default"
-    assert "(default: trace_envs/PythonMath-v0)" in bench
+    assert "the env's turn limit (config: sampling.max_turns, default: 4)" in bench
+    assert "(config: env_id, default: trace_envs/PythonMath-v0)" in bench
+    assert "(config: sampling.max_new_tokens, default: 160)" in bench, "the bench's own default, not the tree's"
+    assert "--policy-cache POLICY_CACHE with --policy demo" in bench and "(default: artifacts/bench)" in bench
 
 
 def test_plain_text_drops_the_markup() -> None:

@@ -11,20 +11,20 @@ reason beside it; a default that differs silently fails here.
 
 from __future__ import annotations
 
-import argparse
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
 
-from trace_agent.bench import BENCH_OVERRIDES, BenchConfig
+from trace_agent.bench import BENCH_OVERRIDES, BenchConfig, bench_config_from_args, load_bench_config
 from trace_agent.budget import PAPER_CONTINUATION_COST, Budget, paper_budget, spent_units
 from trace_agent.cli import build_parser
 from trace_agent.config import EvalConfig, TrainConfig
+from trace_agent.config_io import CONFIG_DIR, load_config
 from trace_agent.integrations.verl_config import VERL_OVERRIDES, TraceVerlConfig
 from trace_agent.lab.claims import cli as claims_cli
-from trace_agent.lab.claims.settings import FULL
+from trace_agent.lab.claims.settings import FULL, claim_config
 from trace_agent.policy.base import SamplingConfig
 from trace_agent.rollout import RolloutConfig
 from trace_agent.tree import RolloutTree
@@ -69,36 +69,31 @@ def _collector(config: RolloutConfig) -> dict[str, Any]:
             "rollout.backend": config.backend, "rollout.ray": config.ray, **_sampling(config.sampling)}
 
 
-def bench_defaults() -> dict[str, Any]:
-    c = BenchConfig()
+def _bench(c: BenchConfig) -> dict[str, Any]:
     return {"env_id": c.env_id, "sampling.max_turns": c.max_turns, "predictor.kind": c.predictor,
-            "predictor.prefix_share": c.prefix_share, **_budget(c.budget), **_collector(c.rollout)}
+            "predictor.prefix_share": c.prefix_share, "rollout.prompts_per_step": c.prompts, **_budget(c.budget),
+            **_collector(c.rollout)}
+
+
+def bench_defaults() -> dict[str, Any]:
+    return _bench(BenchConfig())
 
 
 def bench_cli_defaults() -> dict[str, Any]:
-    a = build_parser().parse_args(["bench"])
-    return {"env_id": a.env, "sampling.max_turns": a.max_turns, "predictor.kind": a.predictor,
-            "predictor.prefix_share": a.prefix_share, "sampling.max_new_tokens": a.max_new_tokens,
-            "sampling.temperature": a.temperature, "rollout.workers": a.workers,
-            **_budget(Budget.parse(a.budget, group_size=a.group_size))}
-
-
-def _claim_setting(a: argparse.Namespace, key: str) -> Any:
-    return FULL[key] if getattr(a, key) is None else getattr(a, key)
+    """What ``trace-gym bench`` without arguments runs with (its flags given nothing: the config's values)."""
+    return _bench(bench_config_from_args(build_parser().parse_args(["bench"])))
 
 
 def claims_defaults() -> dict[str, Any]:
+    """What a claim without arguments runs with: the bench's defaults with the claims' FULL sizes."""
     a = claims_cli.build_parser().parse_args(["ratio"])
-    return {"env_id": a.env, "sampling.max_turns": a.max_turns, "predictor.kind": a.predictor,
-            "predictor.prefix_share": a.prefix_share, "sampling.temperature": a.temperature,
-            "rollout.workers": a.workers, "sampling.max_new_tokens": _claim_setting(a, "max_new_tokens"),
-            **_budget(Budget.parse(_claim_setting(a, "budget"), group_size=_claim_setting(a, "group_size")))}
+    return _bench(claim_config(a))
 
 
 #: The claims' named overrides: their FULL sizes, as config keys.
 CLAIMS_OVERRIDES = {**{k: v for k, v in _budget(Budget.parse(FULL["budget"], group_size=FULL["group_size"])).items()
                        if k in ("rollout.roots", "rollout.continuations_per_root", "rollout.group_size")},
-                    "sampling.max_new_tokens": FULL["max_new_tokens"]}
+                    "sampling.max_new_tokens": FULL["max_new_tokens"], "rollout.prompts_per_step": FULL["prompts"]}
 
 
 def verl_defaults() -> dict[str, Any]:
@@ -167,3 +162,18 @@ def test_the_check_sees_a_silent_departure_and_accepts_a_named_one() -> None:
         f"sampling.max_new_tokens: {tokens + 1}, config default {tokens}, no named override"]
     assert disagreements({"sampling.max_new_tokens": tokens + 1}, {"sampling.max_new_tokens": tokens + 1}) == []
     assert disagreements({"rollout.continuation_cost": 1}, {}) != []  # 1 == 1.0, but an int is not the config's float
+
+
+def test_a_bench_from_a_training_config_takes_its_values() -> None:
+    """``trace-gym bench --config`` reads the file ``trace-gym train`` reads: every knob the two share is the
+    file's (or, where the file is silent, the config tree's default: the file replaces BENCH_OVERRIDES)."""
+    path = CONFIG_DIR / "demo.yaml"
+    train, bench = load_config(path), load_bench_config(path)
+    shared = {"env_id": train.env_id, "sampling.max_turns": train.sampling.max_turns,
+              "predictor.kind": train.predictor.kind, "predictor.prefix_share": train.predictor.prefix_share,
+              "rollout.prompts_per_step": train.rollout.prompts_per_step, **_budget(train.rollout.budget),
+              **_sampling(train.sampling.params), "seed": train.seed, "rollout.workers": train.rollout.workers}
+    got = _bench(bench)
+    assert {k: got[k] for k in shared} == shared
+    assert bench.budget.roots == 48 != BENCH_OVERRIDES["rollout.roots"]  # demo.yaml's, not the bench's default
+    assert bench.predictor == "policy-states" != BenchConfig().predictor

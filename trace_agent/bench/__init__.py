@@ -29,14 +29,14 @@ strategy runs in the bench without touching the library::
     trace-gym bench --policy demo --strategies grpo,trace,mypkg.branching:EntropyBranching
 """
 
-# The package, by job: config (BenchConfig and the bench's departures from the config tree's defaults),
+# The package, by job: config (BenchConfig: a config tree plus its bench section, BENCH_OVERRIDES, load_bench_config),
 # run (run_bench, load_policy), result (BenchResult: rows, summary, JSON, Markdown), plots (its figures),
 # cli (`trace-gym bench`, `python -m trace_agent.bench`). This docstring is the command's --help text.
 
 from __future__ import annotations
 
-from trace_agent.bench.cli import add_bench_parser, main, prefix_share_arg
-from trace_agent.bench.config import BENCH_OVERRIDES, BenchConfig
+from trace_agent.bench.cli import add_bench_parser, bench_config_from_args, main, prefix_share_arg
+from trace_agent.bench.config import BENCH_OVERRIDES, BenchConfig, BenchSettings, load_bench_config
 from trace_agent.bench.result import BenchResult, summarize
 from trace_agent.bench.run import load_policy, run_bench
 from trace_agent.wiring import resolve_strategy
@@ -45,7 +45,10 @@ __all__ = [
     "BENCH_OVERRIDES",
     "BenchConfig",
     "BenchResult",
+    "BenchSettings",
     "add_bench_parser",
+    "bench_config_from_args",
+    "load_bench_config",
     "load_policy",
     "prefix_share_arg",
     "resolve_strategy",

@@ -1,25 +1,67 @@
 """`trace-gym bench` and ``python -m trace_agent.bench``: the arguments to a :class:`BenchConfig`, the policy
 checked and loaded, :func:`~trace_agent.bench.run.run_bench`, the outputs written (the command's help text is
-:mod:`trace_agent.bench`'s docstring)."""
+:mod:`trace_agent.bench`'s docstring).
+
+The arguments are the config tree's grammar (:mod:`trace_agent.config_flags`): ``--config FILE.yaml`` (a
+training config, plus an optional ``bench`` section), the named flags (:data:`BENCH_FLAGS`, each a shorthand
+for its config keys), then ``--set section.field=value``; :func:`bench_config_from_args` resolves them in
+that order (:func:`~trace_agent.bench.config.load_bench_config`).
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import shlex
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trace_agent.bench.config import BENCH_PREDICTORS, DEFAULT_STRATEGIES, BenchConfig
+from trace_agent.bench.config import BenchConfig, load_bench_config, load_bench_sections
 from trace_agent.bench.run import load_policy, run_bench
-from trace_agent.policy.base import SamplingConfig
-from trace_agent.rollout import RolloutConfig
-from trace_agent.strategies import STRATEGY_NAMES, Budget
+from trace_agent.config_flags import add_config_flags, add_config_options, flag_overrides, prefix_share_arg
 
-__all__ = ["add_bench_parser", "prefix_share_arg", "main"]
+__all__ = ["BENCH_FLAGS", "BENCH_EPILOG", "add_bench_parser", "add_bench_options", "bench_defaults",
+           "bench_command", "bench_config_from_args", "prefix_share_arg", "main"]
+
+#: The bench's named flags (rows of :data:`trace_agent.config_flags.FLAGS`), in ``--help`` order.
+BENCH_FLAGS: tuple[str, ...] = ("--env", "--env-kwargs", "--max-turns", "--strategies", "--seeds", "--prompts",
+                                "--budget", "--group-size", "--warmup-prompts", "--prefix-share", "--max-new-tokens",
+                                "--temperature", "--oracle-samples", "--workers", "--predictor")
+
+#: The order the bench's arguments apply in (the ``--help`` epilog).
+BENCH_EPILOG = ("Precedence, as trace-gym train's: the config tree's defaults (without --config: with the bench's "
+                "departures, BENCH_OVERRIDES; the defaults shown), then the --config file (a training config plus an "
+                "optional bench section: strategies, seeds, warmup_prompts, oracle_samples), then the named flags, "
+                "then --set.")
+
+
+def bench_defaults(base: Sequence[str] = ()) -> dict[str, Any]:
+    """Config key (``rollout.roots``) -> the value a bench without ``--config`` takes (``base``: overrides applied
+    first)."""
+    from trace_agent.config_io import config_to_dict
+
+    train, settings = load_bench_sections(None, base)
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, node: dict[str, Any]) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict) and key != "env_kwargs":
+                walk(f"{prefix}{key}.", value)
+            else:
+                out[prefix + key] = value
+
+    walk("", {**config_to_dict(train), "bench": config_to_dict(settings)})
+    return out
+
+
+def add_bench_options(p: argparse.ArgumentParser, *, defaults: dict[str, Any] | None = None,
+                      names: Sequence[str] = BENCH_FLAGS) -> None:
+    """``--config``, ``--set`` and the named flags ``names``, their help showing ``defaults`` (config key -> value;
+    default: :func:`bench_defaults`)."""
+    add_config_options(p, what="config: a training config plus an optional bench section")
+    add_config_flags(p, names, defaults=bench_defaults() if defaults is None else defaults)
 
 
 def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -27,49 +69,30 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     from trace_agent import bench
 
     p = subparsers.add_parser("bench", help="compare sampling strategies at equal budget",
-                              description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    d = BenchConfig()  # every default below is the config's: one default per knob
-    p.add_argument("--env", default=d.env_id, help="registered env id")
-    p.add_argument("--env-kwargs", default="{}", help='extra gym.make arguments as JSON, e.g. \'{"tasks": "test"}\'')
-    p.add_argument("--max-turns", type=int, default=d.max_turns)
+                              description=bench.__doc__, epilog=textwrap.fill(BENCH_EPILOG, 78),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_bench_options(p)
     p.add_argument("--policy", default="demo", help='"demo" or a saved transformers policy directory')
     p.add_argument("--policy-cache", default=None,
                    help="with --policy demo: a dir to build/load a demo policy in (default: the shipped one)")
-    p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
-                   help=f"comma-separated: {', '.join(STRATEGY_NAMES)} or module:attribute")
-    p.add_argument("--seeds", type=int, default=d.seeds)
-    p.add_argument("--prompts", type=int, default=d.prompts, help="candidate pool size per batch")
-    p.add_argument("--budget", default=f"{d.budget.roots},{d.budget.continuations_per_root}",
-                   help="M,N: root rollouts per batch, continuations per root")
-    p.add_argument("--group-size", type=int, default=d.budget.group_size,
-                   help="baseline rollouts per prompt (M / group = prompts)")
-    p.add_argument("--warmup-prompts", type=int, default=d.warmup_prompts)
-    p.add_argument("--prefix-share", type=prefix_share_arg, default=d.prefix_share,
-                   help="most share of prefix examples in each warm-up refresh of the predictor; 'all': every prefix")
-    p.add_argument("--max-new-tokens", type=int, default=d.rollout.sampling.max_new_tokens)
-    p.add_argument("--temperature", type=float, default=d.rollout.sampling.temperature)
-    p.add_argument("--oracle-samples", type=int, default=d.rollout.oracle_samples)
-    p.add_argument("--workers", type=int, default=d.rollout.workers)
-    p.add_argument("--predictor", default=d.predictor, choices=BENCH_PREDICTORS,
-                   help="embedding: MiniLM + logistic head; policy-states: the same head on a frozen copy of the "
-                        "policy's hidden states; hashed: hashed n-grams")
     p.add_argument("--out", default="artifacts/bench", help="output directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_cli)
     return p
 
 
-def prefix_share_arg(text: str) -> float | None:
-    """``--prefix-share``: a number in [0, 1], or ``all`` (None: every prefix)."""
-    if text.strip().lower() == "all":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a number in [0, 1] or 'all', got {text!r}") from None
-    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
-        raise argparse.ArgumentTypeError(f"a number in [0, 1] or 'all', got {text!r}")
-    return value
+def bench_command(argv: Sequence[str]) -> str:
+    """The command line a bench records in its outputs (``BenchConfig.command``): ``trace-gym bench`` and ``argv``,
+    shell-quoted."""
+    return " ".join(["trace-gym bench", *(shlex.quote(a) for a in argv)])
+
+
+def bench_config_from_args(args: argparse.Namespace, *, command: str = "",
+                           base: Sequence[str] = ()) -> BenchConfig:
+    """The bench's config: ``--config`` (else the defaults), ``base`` overrides (a caller's own sizes), the named
+    flags, then ``--set`` (:func:`~trace_agent.bench.config.load_bench_config`)."""
+    return load_bench_config(args.config, [*base, *flag_overrides(args, BENCH_FLAGS), *args.overrides],
+                             command=command)
 
 
 def _check_policy(spec: str, cache_dir: str | None, env_id: str) -> None:
@@ -94,16 +117,7 @@ def _check_policy(spec: str, cache_dir: str | None, env_id: str) -> None:
 def _cli(args: argparse.Namespace) -> int:
     if not hasattr(args, "argv"):
         args.argv = sys.argv[sys.argv.index("bench") + 1:] if "bench" in sys.argv else []
-    budget = Budget.parse(args.budget, group_size=args.group_size)
-    config = BenchConfig(
-        env_id=args.env, env_kwargs=json.loads(args.env_kwargs), max_turns=args.max_turns,
-        strategies=tuple(s.strip() for s in args.strategies.split(",") if s.strip()), seeds=args.seeds,
-        prompts=args.prompts, budget=budget, warmup_prompts=args.warmup_prompts, prefix_share=args.prefix_share,
-        rollout=RolloutConfig(sampling=SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature),
-                              workers=args.workers, oracle_samples=args.oracle_samples),
-        predictor=args.predictor,
-        command=" ".join(["trace-gym bench", *(shlex.quote(a) for a in args.argv)]),
-    )
+    config = bench_config_from_args(args, command=bench_command(args.argv))
     from tqdm import tqdm
 
     from trace_agent.env_factory import check_env_id

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_agent.bench import BenchConfig, BenchResult, run_bench, summarize
+from trace_agent.config_io import override
 from trace_agent.lab.analysis import budget_profile, shape_costs
 from trace_agent.lab.claims.report import (
     bar_plot,
@@ -28,7 +29,7 @@ from trace_agent.lab.claims.report import (
     rows_data,
     write_claim,
 )
-from trace_agent.lab.claims.settings import STAGES, bench_config, parse_budget, setting, strategy_names
+from trace_agent.lab.claims.settings import STAGES, bench_config, claim_config, parse_budget, strategy_names
 from trace_agent.lab.preregistered import fmt
 from trace_agent.policy.base import SamplingConfig
 from trace_agent.rollout import RolloutConfig
@@ -87,10 +88,10 @@ def run_ablation(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
     return data
 
 
-def _shapes(args: argparse.Namespace) -> tuple[Budget, Budget]:
-    """The wide and the deep budget of ``shape``; they must cost the same paper units."""
-    group = setting(args, "group_size")
-    m = parse_budget(setting(args, "budget"), group).roots
+def _shapes(args: argparse.Namespace, config: BenchConfig) -> tuple[Budget, Budget]:
+    """The wide and the deep budget of ``shape`` (around ``config``'s); they must cost the same paper units."""
+    group = config.budget.group_size
+    m = config.budget.roots
     wide = parse_budget(args.wide or f"{m},2", group)
     deep = parse_budget(args.deep or f"{m // 2},6", group)
     if not math.isclose(wide.paper_units, deep.paper_units):
@@ -101,16 +102,17 @@ def _shapes(args: argparse.Namespace) -> tuple[Budget, Budget]:
 
 def run_shape(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
     """``shape``: the strategies on a wide (M, 2) and a deep (M/2, 6) budget of equal paper units."""
-    wide, deep = _shapes(args)
+    base = claim_config(args)
+    wide, deep = _shapes(args, base)
     results: dict[str, tuple[Budget, BenchResult]] = {}
     raw = args.raw
     for label, budget in (("wide", wide), ("deep", deep)):
-        config = bench_config(args, strategies=strategy_names(args), budget=budget)
+        config = bench_config(args, strategies=strategy_names(args), budget=budget, base=base)
         args.raw = None if raw is None else str(Path(raw) / label)
         results[label] = (budget, _bench(args, policy, config))
     args.raw = raw
     costs = shape_costs({k: (b, r.rows) for k, (b, r) in results.items()})
-    lines = claim_header("shape", args, bench_config(args, strategies=strategy_names(args), budget=wide))
+    lines = claim_header("shape", args, bench_config(args, strategies=strategy_names(args), budget=wide, base=base))
     lines += [f"Shapes: wide (M, N) = ({wide.roots}, {wide.continuations_per_root}) on at most {wide.max_active} prompts, "
               f"deep ({deep.roots}, {deep.continuations_per_root}) on at most {deep.max_active}; planned paper units "
               f"{wide.paper_units:g} and {deep.paper_units:g}, measured per batch "
@@ -136,11 +138,19 @@ def run_shape(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
     return data
 
 
+def _budget_claim_config(args: argparse.Namespace) -> BenchConfig:
+    """``budget``'s config: its candidate pool is ``--pool-factor`` times the budget's most active prompts, unless
+    ``--prompts`` (or ``--set rollout.prompts_per_step``) names it."""
+    if args.prompts is not None:
+        return claim_config(args)
+    unbounded = claim_config(args, after_flags=[override("rollout.prompts_per_step", 1 << 30)])  # the budget alone
+    return claim_config(args, after_flags=[override("rollout.prompts_per_step",
+                                                    args.pool_factor * unbounded.budget.max_active)])
+
+
 def run_budget(args: argparse.Namespace, policy: Any) -> dict[str, Any]:
     """``budget``: where each strategy's budget goes (prompts skipped, rollouts per active prompt, depths)."""
-    budget = parse_budget(setting(args, "budget"), setting(args, "group_size"))
-    prompts = args.prompts if args.prompts is not None else args.pool_factor * budget.max_active
-    result = _bench(args, policy, bench_config(args, strategies=strategy_names(args), budget=budget, prompts=prompts))
+    result = _bench(args, policy, bench_config(args, strategies=strategy_names(args), base=_budget_claim_config(args)))
     config = result.config
     budget, prompts = config.budget, config.prompts
     profile = budget_profile(result.rows, prompts=prompts, budget=budget)

@@ -8,10 +8,15 @@
     python scripts/paper_claims.py contrast  --out docs/paper/math/contrast    # contrast capture curves
     python scripts/paper_claims.py train     --out runs/claims/train           # held-out success after training
 
-Every subcommand takes ``--small`` (the tests' mode: seconds to a minute) and the bench's options
-(``--env``, ``--env-kwargs``, ``--policy``, ``--seeds``, ``--prompts``, ``--budget``, ``--group-size``,
-``--warmup-prompts``, ``--max-turns``, ``--max-new-tokens``, ``--oracle-samples``, ``--workers``);
-``--raw DIR`` also keeps the underlying bench outputs (bench.json, trees.jsonl, plots) there.
+Every bench and probe subcommand takes ``--small`` (the tests' mode: seconds to a minute) and the bench's
+arguments, as ``trace-gym bench`` takes them (:mod:`trace_agent.bench.cli`): ``--config FILE.yaml`` (a
+training config plus an optional ``bench`` section), the named flags (``--env``, ``--env-kwargs``,
+``--seeds``, ``--prompts``, ``--budget``, ``--group-size``, ``--warmup-prompts``, ``--max-turns``,
+``--max-new-tokens``, ``--oracle-samples``, ``--workers``, ...), then ``--set section.field=value``; the
+claim's sizes (:data:`~trace_agent.lab.claims.settings.FULL`) are its defaults, which ``--config``
+replaces, and ``--small`` sets the tests' sizes above the file
+(:func:`~trace_agent.lab.claims.settings.claim_config`). ``--policy`` names the policy and ``--raw DIR``
+also keeps the underlying bench outputs (bench.json, trees.jsonl, plots) there.
 
 ``ratio``, ``ablation``, ``shape`` and ``budget`` are layers over :func:`trace_agent.bench.run_bench`
 (strategies at equal budget, common random numbers per seed, the predictor warmed up on TreePO-style
@@ -33,12 +38,19 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trace_agent.bench import BenchConfig, load_policy, prefix_share_arg
-from trace_agent.bench.config import BENCH_PREDICTORS
+from trace_agent.bench import load_policy
+from trace_agent.bench.cli import BENCH_FLAGS, add_bench_options, bench_defaults
 from trace_agent.env_factory import check_env_id
 from trace_agent.lab.claims.bench_claims import run_ablation, run_budget, run_ratio, run_shape
 from trace_agent.lab.claims.probe_claims import run_contrast, run_predictor
-from trace_agent.lab.claims.settings import DEFAULT_STRATEGIES, FULL, PAPER, SMALL
+from trace_agent.lab.claims.settings import (
+    DEFAULT_STRATEGIES,
+    FULL,
+    PAPER,
+    SMALL,
+    claim_config,
+    size_overrides,
+)
 from trace_agent.lab.claims.train_claims import run_table, run_train
 from trace_agent.lab.preregistered import PLAN_PAIRS, RunTableError
 from trace_agent.lab.run_data import REPO_ROOT, portable_command
@@ -50,34 +62,21 @@ COMMAND = "python scripts/paper_claims.py"
 
 def _add_common(p: argparse.ArgumentParser, claim: str) -> None:
     """The options every bench and probe claim takes (``--bench-json`` where a claim reads saved rows)."""
-    p.add_argument("--small", action="store_true", help="the tests' sizes (seconds to a minute)")
-    bench = BenchConfig()  # the knobs a claim shares with the bench take its defaults (the config tree's)
-    p.add_argument("--env", default=bench.env_id, help="registered env id")
-    p.add_argument("--env-kwargs", default="{}", help="extra gym.make arguments as JSON")
-    p.add_argument("--max-turns", type=int, default=bench.max_turns)
+    small = ", ".join(f"{k} {v}" for k, v in SMALL.items())
+    p.add_argument("--small", action="store_true", help=f"the tests' sizes (seconds to a minute): {small}")
+    # the bench's arguments; the defaults shown are the claim's (the bench's, with FULL)
+    add_bench_options(p, defaults=bench_defaults(size_overrides(FULL)),
+                      names=[n for n in BENCH_FLAGS if n != "--strategies"])
     p.add_argument("--policy", default="demo", help='"demo" (the env\'s shipped demo policy) or a policy directory')
-    p.add_argument("--seeds", type=int, default=None, help=f"bench seeds (default {FULL['seeds']}, small {SMALL['seeds']})")
-    p.add_argument("--prompts", type=int, default=None, help="candidate pool per batch")
-    p.add_argument("--budget", default=None, help="M,N: root rollouts per batch, continuations per root")
-    p.add_argument("--group-size", type=int, default=None, help="baseline rollouts per prompt")
-    p.add_argument("--warmup-prompts", type=int, default=None, help="tasks the predictor is warmed up on")
-    p.add_argument("--prefix-share", type=prefix_share_arg, default=bench.prefix_share,
-                   help="most share of prefix examples in the predictor's warm-up refreshes ('all': every prefix)")
-    p.add_argument("--max-new-tokens", type=int, default=None)
-    p.add_argument("--temperature", type=float, default=bench.rollout.sampling.temperature)
-    p.add_argument("--oracle-samples", type=int, default=None, help="Monte-Carlo continuations per anchor")
-    p.add_argument("--workers", type=int, default=bench.rollout.workers)
-    p.add_argument("--predictor", default=bench.predictor, choices=BENCH_PREDICTORS,
-                   help="the bench's predictor: embedding (MiniLM), policy-states (frozen policy copy) or hashed")
     p.add_argument("--out", default=f"artifacts/paper/{claim}", help="output directory")
     p.add_argument("--raw", default=None, help="also keep the bench's own outputs (bench.json, trees.jsonl...) here")
     if claim in DEFAULT_STRATEGIES:
-        p.add_argument("--strategies", default=DEFAULT_STRATEGIES[claim], help="comma-separated strategy names")
+        p.add_argument("--strategies", default=DEFAULT_STRATEGIES[claim],
+                       help="comma-separated strategy names (config: bench.strategies)")
     if claim in ("ratio", "ablation", "budget"):
         p.add_argument("--bench-json", default=None,
                        help="analyse the rows of an existing bench.json (trace-gym bench, or a --raw dir) instead of "
                             "running the bench; --strategies picks among its strategies")
-
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument("--wide", default=None, help="M,N of the wide shape (default: --budget's M with N = 2)")
     shape.add_argument("--deep", default=None, help="M,N of the deep shape (default: M/2 with N = 6)")
     sub.choices["budget"].add_argument("--pool-factor", type=int, default=3,
-                                       help="candidate pool = this many times the most active prompts (unless --prompts)")
+                                       help="candidate pool = this many times the most active prompts (unless --prompts "
+                                            "or --set rollout.prompts_per_step)")
     sub.choices["contrast"].add_argument("--trees", default=None, help="probe trees.jsonl of a `predictor --raw` run")
     sub.choices["contrast"].add_argument("--splits", type=int, default=500,
                                          help="random half splits of each anchor's samples for the out-of-sample table")
@@ -137,8 +137,9 @@ def main(argv: Sequence[str] | None = None, *, policy: Any = None) -> dict[str, 
     args.command_line = portable_command(" ".join([COMMAND, *(shlex.quote(a) for a in rest)]), REPO_ROOT)
     offline = (args.claim == "contrast" and args.trees) or getattr(args, "bench_json", None)
     if args.claim not in ("train", "table") and policy is None and not offline:
-        check_env_id(args.env)
-        policy = load_policy(args.policy, env_id=args.env, log=lambda m: print(m, file=sys.stderr))
+        env_id = claim_config(args).env_id
+        check_env_id(env_id)
+        policy = load_policy(args.policy, env_id=env_id, log=lambda m: print(m, file=sys.stderr))
     try:
         return RUNNERS[args.claim](args, policy)
     except RunTableError as exc:

@@ -30,18 +30,17 @@ from trace_agent.lab.analysis import (
     spread,
 )
 from trace_agent.lab.claims.report import claim_header, fmt_spread, new_figure, write_claim
-from trace_agent.lab.claims.settings import bench_config, parse_budget, setting
+from trace_agent.lab.claims.settings import bench_config, claim_config
 from trace_agent.lab.preregistered import fmt
 from trace_agent.strategies import Budget
 
 
 def probe_trees(args: argparse.Namespace, policy: Any) -> tuple[list[Any], int, BenchConfig]:
     """Run :class:`MonteCarloProbe` through the bench: every candidate is an anchor, as is every visited prefix."""
-    group = setting(args, "group_size")
-    prompts = setting(args, "prompts")
-    cont = parse_budget(setting(args, "budget"), group).continuations_per_root
+    base = claim_config(args)
+    group, prompts, cont = base.budget.group_size, base.prompts, base.budget.continuations_per_root
     budget = Budget(roots=group * prompts, continuations_per_root=max(1, cont), group_size=group)
-    config = bench_config(args, strategies=("probe",), budget=budget, prompts=prompts)
+    config = bench_config(args, strategies=("probe",), budget=budget, base=base)
     result = run_bench(config, policy=policy, strategies=[MonteCarloProbe()],
                        log=lambda m: print(m, file=sys.stderr, flush=True))
     k = config.rollout.oracle_samples

@@ -1,21 +1,25 @@
 """The claims' settings: the paper's figures, the sizes a claim runs at, and its options as configs.
 
-Every claim takes the bench's options; the sizes it leaves out come from :data:`SMALL` (``--small``,
-the tests' mode) or :data:`FULL`. :func:`bench_config` turns a claim's options into the
-:class:`~trace_agent.bench.BenchConfig` it measures with, :func:`train_config` the ``train``
-claim's into its :class:`~trace_agent.config.TrainConfig`.
+Every bench and probe claim takes the bench's arguments (:mod:`trace_agent.bench.cli`: ``--config``, the
+named flags, ``--set``); the sizes a claim runs at are :data:`FULL`, or :data:`SMALL` with ``--small`` (the
+tests' mode). :func:`claim_config` resolves them, in ``trace-gym bench``'s order: the config tree's defaults
+(without ``--config``: the bench's, then :data:`FULL`), the ``--config`` file, :data:`SMALL` when ``--small``,
+the named flags, then ``--set``; :func:`bench_config` is that :class:`~trace_agent.bench.BenchConfig` with a
+claim's own strategies, budget or pool. :func:`train_config` turns the ``train`` claim's options into its
+:class:`~trace_agent.config.TrainConfig`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from trace_agent.bench import BenchConfig
-from trace_agent.policy.base import SamplingConfig
-from trace_agent.rollout import RolloutConfig
+from trace_agent.bench import BenchConfig, load_bench_config
+from trace_agent.bench.cli import BENCH_FLAGS
+from trace_agent.config_flags import FLAGS, flag_overrides
 from trace_agent.strategies import Budget
 
 #: The paper's figures, as its public summaries (blog post and abstract) state them.
@@ -55,12 +59,17 @@ STAGES = {"treepo": "neither (uniform roots, random prefixes)", "trace-root": "r
           "trace-prefix": "prefix allocation only", "trace": "both"}
 
 
-def setting(args: argparse.Namespace, key: str) -> Any:
-    """Option ``key`` as given, else its ``--small`` or full-size default."""
-    value = getattr(args, key)
-    if value is not None:
-        return value
-    return (SMALL if args.small else FULL)[key]
+def size_overrides(sizes: Mapping[str, Any]) -> list[str]:
+    """:data:`FULL` or :data:`SMALL` as config overrides: each size is its named flag's (``budget`` is ``--budget``)."""
+    return [o for key, value in sizes.items() for o in FLAGS["--" + key.replace("_", "-")].overrides(value)]
+
+
+def claim_config(args: argparse.Namespace, *, after_flags: Sequence[str] = ()) -> BenchConfig:
+    """The claim's bench config: the defaults (without ``--config``: the bench's, then :data:`FULL`), ``--config``,
+    :data:`SMALL` with ``--small``, the named flags, ``after_flags`` (a claim's derived settings), then ``--set``."""
+    sizes = SMALL if args.small else (FULL if args.config is None else {})
+    return load_bench_config(args.config, [*size_overrides(sizes), *flag_overrides(args, BENCH_FLAGS),
+                                           *after_flags, *args.overrides], command=getattr(args, "command_line", ""))
 
 
 def parse_budget(text: str, group: int) -> Budget:
@@ -69,21 +78,12 @@ def parse_budget(text: str, group: int) -> Budget:
 
 
 def bench_config(args: argparse.Namespace, *, strategies: Sequence[str], budget: Budget | None = None,
-                 prompts: int | None = None) -> BenchConfig:
-    """The :class:`BenchConfig` of a claim's options (``--small`` presets fill what is not given)."""
-    group = setting(args, "group_size")
-    return BenchConfig(
-        env_id=args.env, env_kwargs=json.loads(args.env_kwargs), max_turns=args.max_turns,
-        strategies=tuple(strategies), seeds=setting(args, "seeds"),
-        prompts=prompts if prompts is not None else setting(args, "prompts"),
-        budget=budget if budget is not None else parse_budget(setting(args, "budget"), group),
-        warmup_prompts=setting(args, "warmup_prompts"), prefix_share=args.prefix_share,
-        rollout=RolloutConfig(sampling=SamplingConfig(max_new_tokens=setting(args, "max_new_tokens"),
-                                                      temperature=args.temperature),
-                              workers=args.workers, oracle_samples=setting(args, "oracle_samples")),
-        predictor=args.predictor,
-        command=args.command_line,
-    )
+                 prompts: int | None = None, base: BenchConfig | None = None) -> BenchConfig:
+    """The :class:`BenchConfig` a claim measures with: ``base`` (default: :func:`claim_config`) with the claim's
+    ``strategies``, and its ``budget`` and pool (``prompts``) where given."""
+    config = base if base is not None else claim_config(args)
+    return replace(config, strategies=tuple(strategies), budget=budget if budget is not None else config.budget,
+                   prompts=prompts if prompts is not None else config.prompts)
 
 
 def strategy_names(args: argparse.Namespace) -> list[str]:
