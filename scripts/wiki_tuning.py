@@ -64,7 +64,7 @@ from wiki_tuning_table import (  # noqa: E402
 )
 
 __all__ = ["CONFIG", "K", "POOL_SEED", "NOISE_SEEDS", "split_ids", "hotpotqa_row", "learnable_ids",
-           "stage1_commands", "main"]
+           "stage0_seconds", "stage1_commands", "main"]
 
 CONFIG = "docs/configs/wiki_demo.yaml"
 K = 8
@@ -235,7 +235,7 @@ def _share_base(runs: Path, cell: str) -> None:
 def run_stage1(args: argparse.Namespace) -> int:
     from trace_agent.lab.run_data import stored_path
 
-    runs = Path(args.runs)
+    runs = ROOT / args.runs  # the commands run in ROOT: a relative --runs is relative to it
     cmds = stage1_commands(sys.executable, args.runs, args.out, tuple(int(s) for s in args.seeds.split(",")))
     for cell, seed, argv in cmds:
         if args.cells and cell not in args.cells.split(","):
@@ -255,18 +255,27 @@ def run_stage1(args: argparse.Namespace) -> int:
     return 0
 
 
-def table(args: argparse.Namespace) -> None:
-    stage0 = [ROOT / TUNING / "per_task.json", ROOT / TUNING / "noise.json"]
-    seconds0 = 0.0
-    for p in stage0:
+#: Stage 0's first pass (pool 178.05 s, noise 34.57 + 35.13 s): its files were written again by the second pass, on
+#: the committed files, with identical figures (tuning/README.md); both passes count against the cap.
+STAGE0_FIRST_PASS_SECONDS = 178.05 + 34.57 + 35.13
+
+
+def stage0_seconds() -> float:
+    """Stage 0's run time: the seconds ``per_task.json`` and ``noise.json`` record, and the first pass's."""
+    seconds0 = STAGE0_FIRST_PASS_SECONDS
+    for p in (ROOT / TUNING / "per_task.json", ROOT / TUNING / "noise.json"):
         if p.is_file():
             data = json.loads(p.read_text())
             seconds0 += float(data.get("seconds", 0.0)) + sum(float(e["seconds"]) for e in data.get("evals", []))
-    result = build_table(load_tuning_runs(args.runs), stage0_seconds=seconds0)
+    return seconds0
+
+
+def table(args: argparse.Namespace) -> None:
+    result = build_table(load_tuning_runs(args.runs), stage0_seconds=stage0_seconds())
     md = table_markdown(result)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "table.json").write_text(json.dumps(result, indent=1))
+    (out / "table.json").write_text(json.dumps(result, separators=(",", ":")))
     (out / "table.md").write_text(md)
     print(md)
 

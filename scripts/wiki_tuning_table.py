@@ -101,7 +101,7 @@ def check_run(data: dict[str, Any], path: Path, lr: str, pool: str) -> dict[str,
                 "eval.samples": EVAL_SAMPLES, "eval.every": EVAL_EVERY}
     found = {"optim.lr": optim.get("lr"), "train_split": config.get("train_split"), "steps": config.get("steps"),
              "eval.split": ev.get("split"), "eval.samples": ev.get("samples"), "eval.every": ev.get("every")}
-    wrong = [f"{k}={str(found[k])[:60]!r} (the cell's: {v!r})" for k, v in expected.items() if found[k] != v]
+    wrong = [f"{k}={repr(found[k])[:60]} (the cell's: {v!r})" for k, v in expected.items() if found[k] != v]
     if wrong:
         raise TuningRunError(f"{path}: not a run of cell {cell_name(lr, pool)}: " + ", ".join(wrong))
     evals = data.get("evals")

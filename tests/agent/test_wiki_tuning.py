@@ -116,6 +116,18 @@ def test_stage1_commands_give_each_cells_config() -> None:
     assert shlex.split(shlex.join(cmds[0][2])) == cmds[0][2]
 
 
+def test_runner_skips_finished_runs_and_shares_the_base(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every run file there (either form): nothing is launched; a cell without base.json gets another cell's."""
+    _all_flat(tmp_path)
+    _write(tmp_path, "3e-3", "all", 201, _run("3e-3", "all", 201, _curve((0, 0, 0, 0))), gz=True)
+    base = tmp_path / tt.cell_name("3e-4", "all") / "base.json"
+    base.write_text('{"key": {}, "eval": {"step": 0, "success": 0.1}}')
+    assert wt.main(["runs", "--runs", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().out.count("done, skipped") == 12 and not (tmp_path / "out").exists()
+    wt._share_base(tmp_path, tt.cell_name("1e-3", "learnable"))
+    assert (tmp_path / tt.cell_name("1e-3", "learnable") / "base.json").read_text() == base.read_text()
+
+
 # ------------------------------------------------------------------------------------------- the table
 
 def _run(lr: str, pool: str, seed: int, success: dict[int, float], seconds: float = 900.0) -> dict[str, Any]:
@@ -174,6 +186,52 @@ def test_table_rebuilt_from_run_files(tmp_path: Path) -> None:
     assert t2["stage2"]["met"] and t2["verdict"] == "found"
     _write(tmp_path, "1e-3", "learnable", 203, _run("1e-3", "learnable", 203, _curve((0.0, -0.01, 0.0, 0.0))))
     assert tt.build_table(tt.load_tuning_runs(tmp_path))["verdict"] == "not confirmed"
+
+
+def test_criterion_edges() -> None:
+    """At least +0.04 on the mean (0.04 itself meets it), every seed strictly above the start."""
+    def runs(*rises: float, start: float = 0.0) -> dict[int, dict[str, Any]]:
+        return {200 + i: {"success": {0: start, 24: start + r}} for i, r in enumerate(rises)}
+
+    assert tt.criterion(runs(0.06, 0.02), (200, 201), 24)["met"]
+    # 504-episode evaluations: 20 more successes each is +0.0397 (short), 20 and 21 is +0.0407 on the mean
+    assert not tt.criterion(runs(20 / 504, 20 / 504, start=56 / 504), (200, 201), 24)["met"]
+    assert tt.criterion(runs(20 / 504, 21 / 504, start=56 / 504), (200, 201), 24)["met"]
+    assert not tt.criterion(runs(0.0399, 0.0399), (200, 201), 24)["met"]
+    assert not tt.criterion(runs(0.08, 0.0), (200, 201), 24)["met"]  # a seed at the start is not above it
+    assert tt.criterion(runs(0.08), (200, 201), 24) is None  # a seed without its run
+
+
+def test_table_command_writes_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _all_flat(tmp_path / "runs")
+    assert wt.main(["table", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]) == 0
+    data = json.loads((tmp_path / "out" / "table.json").read_text())
+    assert data["verdict"] == "no cell meets the criterion" and data["runs"] == 12
+    assert data["core_hours"]["stage0"] == pytest.approx(wt.stage0_seconds() / 3600)
+    assert 0.1 < wt.stage0_seconds() / 3600 < 0.3  # both passes of stage 0 (tuning/README.md)
+    assert (tmp_path / "out" / "table.md").read_text() in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_real_run_file_is_read_and_checked_against_its_cell(tmp_path: Path) -> None:
+    """`paper_claims.py train --runs` at the tests' sizes on the tuning files: its file has every field the table
+    reads, and is refused for what differs from the plan's run (its 2 steps), not for its layout."""
+    from trace_agent.lab.claims.cli import main as claims
+
+    argv = wt.stage1_commands(runs=str(tmp_path / "runs"), out=str(tmp_path / "out"))[1][2][2:]
+    claims([*argv, "--small", "--steps", "2", "--set", "eval.tasks=2", "--set", "eval.samples=1",
+            "--set", "eval.every=1"])
+    (path,) = (tmp_path / "runs").rglob("grpo_s200.json")
+    assert path.parent.name == tt.cell_name("3e-4", "learnable")
+    with pytest.raises(tt.TuningRunError, match=r"steps=2 \(the cell's: 96\)") as info:
+        tt.load_tuning_runs(tmp_path / "runs")
+    assert "optim.lr" not in str(info.value) and "train_split" not in str(info.value)
+    data = tt.read_run_file(path)
+    data["config"].update(steps=96)
+    data["config"]["eval"].update(samples=8, every=24)
+    data["evals"] = [{**data["evals"][-1], "step": s} for s in tt.EVAL_STEPS]
+    run = tt.check_run(data, path, "3e-4", "learnable")
+    assert run["seed"] == 200 and run["seconds"] > 0 and len(run["commit"]) == 40
 
 
 def test_table_null_and_incomplete(tmp_path: Path) -> None:
