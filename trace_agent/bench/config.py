@@ -39,8 +39,9 @@ DEFAULT_STRATEGIES: tuple[str, ...] = ("grpo", "pcl", "treepo", "trace", "trace-
 #: Where the bench departs from the training config's defaults (config key -> value), on purpose; every other
 #: knob it shares with ``trace-gym train`` takes the config tree's default (:mod:`trace_agent.config`):
 #:
-#: - ``rollout.budget.roots`` 32 and ``rollout.budget.continuations_per_root`` 2: a bench batch of (M, N) = (32, 2), the
-#:   paper's N at eight groups of four: the batch the README's and docs/guides/benchmark.md's commands measure.
+#: - ``rollout.budget.roots`` 32 and ``rollout.budget.continuations_per_root`` 2: a bench batch of
+#:   (M, N) = (32, 2), the paper's N at eight groups of four: the batch the README's and
+#:   docs/guides/benchmark.md's commands measure.
 #: - ``rollout.prompts_per_step`` 16: the candidate pool of a batch, twice the most prompts the batch can
 #:   train on (M / group size = 8), so that a strategy chooses which prompts to skip.
 #: - ``sampling.max_new_tokens`` 160: the turn length of the demo configs (``docs/configs/demo.yaml``) that

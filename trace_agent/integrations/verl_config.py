@@ -8,14 +8,15 @@ read by :func:`trace_agent.config_io.config_from_dict` with the same conversions
 
 verl reads the keys of :data:`VERL_READS`. The training config's other keys are verl's own settings or do
 not apply inside verl's loop; given in the section, each is refused with where verl sets it
-(:data:`VERL_OWN`) -- for example ``rollout.budget.roots`` is ``actor_rollout_ref.rollout.n`` x the prompts of a
-worker's chunk and ``sampling.temperature`` is ``actor_rollout_ref.rollout.temperature``.
+(:data:`VERL_OWN`) -- for example ``rollout.budget.roots`` is ``actor_rollout_ref.rollout.n`` x the prompts
+of a worker's chunk and ``sampling.temperature`` is ``actor_rollout_ref.rollout.temperature``.
 
 The flat keys of the section's first form (``max_turns``, ``strategy``, ``continuations_per_root``,
 ``continuation_cost``, ``root_cap``, ``max_new_tokens``, ``predictor`` as a string, ``predictor_prefixes``,
 ``split``) are read as aliases of the nested ones (:data:`VERL_ALIASES`); a setting given both ways is an
 error; so are the training config's own flat keys (``rollout.root_cap`` is ``rollout.budget.root_cap``,
-:data:`trace_agent.config_io.FLAT_ALIASES`). Defaults are the training config's, except the two of :data:`VERL_OVERRIDES`, each with its reason.
+:data:`trace_agent.config_io.FLAT_ALIASES`). Defaults are the training config's, except the two of
+:data:`VERL_OVERRIDES`, each with its reason.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ __all__ = ["TraceVerlConfig", "VerlSampling", "VERL_OVERRIDES", "VERL_READS", "V
 
 #: Where verl's ``trace`` section departs from the training config's defaults (config key -> value), on purpose:
 #:
-#: - ``rollout.budget.continuations_per_root``: 2, the paper's N (its (M, N) = (1024, 2) shape); a training run's 1 is
-#:   the demo configs' small-CPU shape.
+#: - ``rollout.budget.continuations_per_root``: 2, the paper's N (its (M, N) = (1024, 2) shape); a training
+#:   run's 1 is the demo configs' small-CPU shape.
 #: - ``sampling.max_new_tokens``: None, meaning verl's own ``rollout.response_length``, so that a turn never
 #:   outgrows the response verl reserves for it.
 VERL_OVERRIDES: dict[str, Any] = {"rollout.budget.continuations_per_root": 2, "sampling.max_new_tokens": None}
@@ -132,7 +133,8 @@ class VerlSampling(SamplingSettings):
 
 
 def _verl_rollout() -> RolloutSettings:
-    return RolloutSettings(budget=Budget(continuations_per_root=VERL_OVERRIDES["rollout.budget.continuations_per_root"]))
+    n = VERL_OVERRIDES["rollout.budget.continuations_per_root"]
+    return RolloutSettings(budget=Budget(continuations_per_root=n))
 
 
 @dataclass(frozen=True, kw_only=True)
