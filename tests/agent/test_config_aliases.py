@@ -185,3 +185,13 @@ def test_a_run_saved_with_the_flat_keys_resumes(tmp_path: Path) -> None:
     assert resume_config(run) == config
     assert main(["train", "--resume", str(run), "--steps", "2", "--no-eval"]) == 0
     assert _steps(run) == [1, 2]
+
+
+def test_config_show_prints_the_nested_tree(capsys) -> None:
+    from trace_agent.cli import main
+
+    assert main(["config", "show", "--policy", "tiny", "--set", "rollout.roots=24", "--set",
+                 "rollout.ray_workers=3"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)["rollout"]
+    assert set(shown) == {"strategy", "prompts_per_step", "budget", "engine"}
+    assert (shown["budget"]["roots"], shown["engine"]["ray"]["workers"]) == (24, 3)
