@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from trace_agent.budget import Budget
 from trace_agent.config import (
     EvalConfig,
     LogConfig,
@@ -52,8 +53,8 @@ def demo_config(args: argparse.Namespace) -> TrainConfig:
         out_dir=args.out,
         policy=PolicyConfig(kind="demo", path=args.policy_dir, demo_build_steps=args.build_steps, max_batch_size=48),
         sampling=SamplingSettings(max_new_tokens=160, temperature=1.0, max_turns=3),
-        rollout=RolloutSettings(strategy=args.strategy, prompts_per_step=48, roots=48, continuations_per_root=1,
-                                group_size=4),
+        rollout=RolloutSettings(strategy=args.strategy, prompts_per_step=48,
+                                budget=Budget(roots=48, continuations_per_root=1, group_size=4)),
         objective=ObjectiveConfig(name=args.objective, lone_child="inherit", clip_low=0.2, clip_high=0.28),
         optim=OptimConfig(lr=args.lr, epochs=1, minibatches=2, micro_batch=8, max_grad_norm=1.0),
         predictor=PredictorSettings(kind="policy-states"),  # a frozen copy of the starting policy reads the contexts

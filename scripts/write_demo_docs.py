@@ -198,9 +198,13 @@ def settings_line(settings: Mapping[str, Any]) -> str:
     """The run's main settings in one line (from its ``config.yaml``)."""
     if not settings:
         return "–"
+    from trace_agent.config_io import resolve_aliases
+
+    settings = resolve_aliases(settings)  # a run saved with the flat keys reads as the nested tree
     ro, op, ev = settings["rollout"], settings["optim"], settings["eval"]
-    return (f"{settings['steps']} steps of {ro['prompts_per_step']} candidate prompts, (M, N) = ({ro['roots']}, "
-            f"{ro['continuations_per_root']}), group {ro['group_size']}, {ro['strategy']}; lr {op['lr']:g}, "
+    b = ro["budget"]
+    return (f"{settings['steps']} steps of {ro['prompts_per_step']} candidate prompts, (M, N) = ({b['roots']}, "
+            f"{b['continuations_per_root']}), group {b['group_size']}, {ro['strategy']}; lr {op['lr']:g}, "
             f"{op['minibatches']} minibatches; held-out {ev['tasks']} tasks × {ev['samples']} samples at temperature "
             f"{ev['temperature']:g}, " + (f"also every {ev['every']} steps" if ev["every"] else "before and after"))
 

@@ -5,8 +5,8 @@ about half of one, so M root rollouts with N continuations each cost M * (1 + N/
 (:func:`paper_budget`; with the default cost of 1/2, (1024, 2) and (512, 6) both cost 2048).
 
 - :class:`Budget` - one batch's budget (M, N, the group size that bounds the active prompts,
-  the continuation cost, the caps); ``RolloutSettings`` builds one
-  (:attr:`trace_agent.config.RolloutSettings.budget`) and the strategies read it.
+  the continuation cost, the caps); the training config holds one
+  (:attr:`trace_agent.config.RolloutSettings.budget`, ``rollout.budget.*``) and the strategies read it.
 - :func:`paper_budget` - the planned cost of (M, N); :func:`spent_units` - the cost of
   rollouts that ran (roots at 1, continuations at the cost each).
 - :func:`continuation_cost` - the one validation of a continuation's price, (0, 1].
@@ -57,7 +57,7 @@ def whole_count(name: str, x: Any, *, minimum: int = 0) -> int:
 
 
 #: The paper's price of one continuation in full-rollout units: the one default of every ``continuation_cost``
-#: (:class:`Budget`, the functions here, ``rollout.continuation_cost``, the trees' statistics, verl's section).
+#: (:class:`Budget`, the functions here, ``rollout.budget.continuation_cost``, the trees' statistics, verl's section).
 PAPER_CONTINUATION_COST: float = 0.5
 
 
@@ -95,20 +95,23 @@ _price = continuation_cost  # the parameters above share the function's name
 class Budget:
     """The batch budget in the paper's (M, N) shape.
 
+    It is the training config's ``rollout.budget`` section (:attr:`trace_agent.config.RolloutSettings.budget`):
+    its defaults are every entry point's, and its checks are the config's.
+
     Attributes:
         roots: M, root rollouts per batch for a branching strategy.
         continuations_per_root: N, continuation units per root rollout (a prompt with m roots
             gets ``N * m``).
         group_size: rollouts per prompt of the fixed-size baseline; ``roots / group_size`` is
             the most distinct prompts any strategy may activate (``max_active``). Its default is every
-            entry point's (``rollout.group_size``, ``trace-gym bench --group-size``).
+            entry point's (``rollout.budget.group_size``, ``trace-gym bench --group-size``).
         continuation_cost: paper units charged per continuation (:data:`PAPER_CONTINUATION_COST`, the paper's 1/2).
         root_cap: most root rollouts one prompt may get (None: ``4 * group_size``).
         prefix_cap: most continuations from one prefix (None: no cap).
     """
 
-    roots: int
-    continuations_per_root: int
+    roots: int = 16
+    continuations_per_root: int = 1
     group_size: int = 4
     continuation_cost: float = PAPER_CONTINUATION_COST
     root_cap: int | None = None

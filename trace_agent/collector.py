@@ -61,13 +61,11 @@ class CollectorProtocol(Protocol):
 
 
 def rollout_config(config: TrainConfig) -> RolloutConfig:
-    """The :class:`~trace_agent.rollout.RolloutConfig` of a run (sampling + the rollout section)."""
+    """The :class:`~trace_agent.rollout.RolloutConfig` of a run: its ``rollout.engine`` section, the sampling
+    parameters and the seed."""
     from trace_agent.rollout import RolloutConfig
 
-    r = config.rollout
-    return RolloutConfig(sampling=config.sampling.params, seed=config.seed, workers=r.workers,
-                         concurrent_prompts=r.concurrent_prompts, max_batch_size=r.max_batch_size,
-                         max_wait_s=r.max_wait_s, batching=r.batching, backend=r.backend, ray=r.ray)
+    return RolloutConfig.of(config.rollout.engine, sampling=config.sampling.params, seed=config.seed)
 
 
 class StrategyCollector:

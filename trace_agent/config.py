@@ -11,7 +11,7 @@ Example YAML (``docs/configs/demo.yaml``)::
     steps: 8
     env_id: trace_envs/PythonMath-v0
     policy: {kind: demo, path: ""}
-    rollout: {strategy: trace, prompts_per_step: 8, roots: 16, continuations_per_root: 1, group_size: 4}
+    rollout: {strategy: trace, prompts_per_step: 8, budget: {roots: 16, continuations_per_root: 1, group_size: 4}}
     objective: {name: treerpo}
 
 Overrides: ``load_config("demo.yaml", ["optim.lr=1e-4", "rollout.strategy=grpo"])``.
@@ -19,8 +19,9 @@ Overrides: ``load_config("demo.yaml", ["optim.lr=1e-4", "rollout.strategy=grpo"]
 Every section of the schema stays in this one module, as TRL's
 ``GRPOConfig`` does, so that a field, its documentation and its cross-field checks read
 together; the numbers with a meaning of their own live where they are defined (the rollout
-budget is :class:`trace_agent.budget.Budget`, which :attr:`RolloutSettings.budget` builds and
-which validates it; every named option's values are listed once in :mod:`trace_agent.options`,
+budget is :class:`trace_agent.budget.Budget`, the section :attr:`RolloutSettings.budget`, which
+validates it; the engine's settings are :class:`trace_agent.engine.settings.EngineSettings`, the section
+:attr:`RolloutSettings.engine`; every named option's values are listed once in :mod:`trace_agent.options`,
 the strategy names in :data:`trace_agent.strategies.STRATEGY_NAMES`).
 """
 
@@ -32,11 +33,9 @@ from typing import Any, Literal
 
 from trace_agent.budget import Budget
 from trace_agent.demo.profiles import DEFAULT_ENV_ID
-from trace_agent.engine.ray_envs import RayConfig
+from trace_agent.engine.settings import EngineSettings
 from trace_agent.errors import ConfigError
 from trace_agent.options import (
-    BATCHING,
-    ENV_BACKENDS,
     LONE_CHILD,
     LOSS_AGG_MODES,
     OBJECTIVES,
@@ -45,8 +44,6 @@ from trace_agent.options import (
     PREDICTOR_PREFIXES,
     SHARED_TURNS,
     SINGLETONS,
-    Batching,
-    EnvBackend,
     LoneChild,
     LossAggMode,
     ObjectiveName,
@@ -184,7 +181,8 @@ class SamplingSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class RolloutSettings:
-    """Where the rollout budget goes (steps 1-3 of the loop), in the paper's (M, N) shape.
+    """Where the rollout budget goes (steps 1-3 of the loop), in the paper's (M, N) shape, and the engine
+    that spends it.
 
     Attributes:
         strategy: ``trace`` (predictor-driven exact root + prefix allocation), ``grpo``
@@ -194,79 +192,38 @@ class RolloutSettings:
             ``module:attribute`` naming a Strategy class, factory or instance (a custom strategy;
             a run resumed from its directory imports it only when the caller allows it, see
             :mod:`trace_agent.rundir`).
-        prompts_per_step: candidate prompts drawn from the pool per step (scored by TRACE/PCL).
-        roots: M, root rollouts per step for a branching strategy.
-        continuations_per_root: N, continuation units per root rollout. A flat strategy
-            (GRPO, PCL) spends the same paper units as root rollouts: M + M*N*cost.
-        group_size: rollouts per prompt of the fixed-size baseline; ``roots / group_size`` is
-            the most distinct prompts any strategy trains on per step.
-        continuation_cost: paper units per continuation (the paper's 1/2).
-        root_cap: most root rollouts on one prompt (None: 4 * group_size).
-        prefix_cap: most continuations from one prefix (None: no cap).
+        prompts_per_step: candidate prompts drawn from the pool per step (scored by TRACE/PCL); at least
+            the most prompts a step trains on (``budget.roots / budget.group_size``).
+        budget: the step's :class:`~trace_agent.budget.Budget` (``rollout.budget.roots`` = M,
+            ``continuations_per_root`` = N, ``group_size``, ``continuation_cost``, ``root_cap``,
+            ``prefix_cap``): its fields, defaults and checks are that class's. A flat strategy (GRPO, PCL)
+            spends the same paper units as root rollouts: M + M*N*cost.
+        engine: the engine's settings, :class:`~trace_agent.engine.settings.EngineSettings`
+            (``rollout.engine.workers``, ``concurrent_prompts``, ``max_batch_size``, ``max_wait_s``,
+            ``batching``, ``backend``, ``ray``): the collector's
+            :class:`~trace_agent.rollout.RolloutConfig` is made of them (docs/engine.md).
 
-            The budget fields' defaults are :class:`~trace_agent.budget.Budget`'s, referenced here.
-        workers: local backend: threads that run env calls (steps, snapshots, restores) at once.
-        concurrent_prompts: env slots: prompts whose trees grow at once (one env each; the
-            rest start in pool order as slots free up).
-        max_batch_size: most sequences per engine call (None: ``policy.max_batch_size``).
-        batching: ``deterministic`` (barrier rounds: bit-identical trees, the default) or
-            ``dynamic`` (continuous batching; statistically equivalent). See docs/engine.md.
-        max_wait_s: dynamic batching: the longest a turn request waits for a fuller batch.
-        backend: ``local`` (envs in this process) or ``ray`` (env workers as Ray actors).
-        ray: the Ray backend's settings, the backend's own
-            :class:`~trace_agent.engine.ray_envs.RayConfig` (``rollout.ray.workers``,
-            ``rollout.ray.address``, ...). The flat keys ``rollout.ray_workers``,
-            ``ray_cpus_per_worker``, ``ray_memory_mb``, ``ray_address``, ``ray_object_store_mb`` and
-            ``ray_temp_dir`` are read as aliases of its fields (:data:`~trace_agent.config_io.FLAT_ALIASES`).
+    Flat keys stay readable as aliases (:data:`~trace_agent.config_io.FLAT_ALIASES`): ``rollout.roots``
+    is ``rollout.budget.roots``, ``rollout.workers`` is ``rollout.engine.workers``, ``rollout.ray`` is
+    ``rollout.engine.ray``, ``rollout.ray_workers`` is ``rollout.engine.ray.workers``, and so on for every
+    field of the two sections; a setting given both ways is an error.
     """
 
     strategy: str = "trace"
     prompts_per_step: int = 8
-    roots: int = 16
-    continuations_per_root: int = 1
-    group_size: int = Budget.group_size
-    continuation_cost: float = Budget.continuation_cost
-    root_cap: int | None = Budget.root_cap
-    prefix_cap: int | None = Budget.prefix_cap
-    workers: int = 2
-    concurrent_prompts: int = 64
-    max_batch_size: int | None = None
-    batching: Batching = "deterministic"
-    max_wait_s: float = 0.05
-    backend: EnvBackend = "local"
-    ray: RayConfig = field(default_factory=RayConfig)
+    budget: Budget = field(default_factory=Budget)
+    engine: EngineSettings = field(default_factory=EngineSettings)
 
     def __post_init__(self) -> None:
         module, colon, attr = self.strategy.partition(":")
         if self.strategy not in STRATEGY_NAMES and not (colon and module and attr):
             raise ConfigError(f"rollout.strategy must be one of {STRATEGY_NAMES} or module:attribute, "
                               f"got {self.strategy!r}")
-        if self.backend not in ENV_BACKENDS:
-            raise ConfigError(f"rollout.backend must be {either(ENV_BACKENDS)}, got {self.backend!r}")
-        if self.batching not in BATCHING:
-            raise ConfigError(f"rollout.batching must be {either(BATCHING)}, got {self.batching!r}")
-        if self.concurrent_prompts < 1:
-            raise ConfigError("rollout.concurrent_prompts must be >= 1")
-        if self.max_batch_size is not None and self.max_batch_size < 1:
-            raise ConfigError("rollout.max_batch_size must be >= 1 or null")
-        if not (math.isfinite(self.max_wait_s) and self.max_wait_s >= 0):
-            raise ConfigError("rollout.max_wait_s must be a finite number >= 0")
-        try:
-            budget = self.budget
-        except (TypeError, ValueError) as exc:  # the budget's own checks (trace_agent.budget.Budget)
-            raise ConfigError(f"rollout.{exc}") from None
-        if self.prompts_per_step < budget.max_active:
-            raise ConfigError(f"rollout.prompts_per_step ({self.prompts_per_step}) must be >= roots / group_size "
-                              f"({budget.max_active})")
-        if self.workers < 1:
-            raise ConfigError("rollout.workers must be >= 1")
-
-    @property
-    def budget(self) -> Budget:
-        """The step's :class:`~trace_agent.budget.Budget` (M, N, group size, cost, caps), validated by it."""
-        return Budget(roots=self.roots, continuations_per_root=self.continuations_per_root,
-                      group_size=self.group_size, continuation_cost=self.continuation_cost,
-                      root_cap=self.root_cap, prefix_cap=self.prefix_cap)
+        if not isinstance(self.budget, Budget) or not isinstance(self.engine, EngineSettings):
+            raise ConfigError("rollout.budget must be a Budget and rollout.engine an EngineSettings")
+        if self.prompts_per_step < self.budget.max_active:
+            raise ConfigError(f"rollout.prompts_per_step ({self.prompts_per_step}) must be >= "
+                              f"roots / group_size ({self.budget.max_active})")
 
     @property
     def max_active(self) -> int:

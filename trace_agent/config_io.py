@@ -29,22 +29,31 @@ from trace_agent.config import TrainConfig
 from trace_agent.errors import ConfigError
 
 __all__ = ["config_to_dict", "config_from_dict", "apply_overrides", "load_config", "load_sections", "save_config",
-           "override", "FLAT_ALIASES", "OTHER_SECTIONS", "CONFIG_DIR"]
+           "override", "resolve_aliases", "canonical_key", "FLAT_ALIASES", "OTHER_SECTIONS", "CONFIG_DIR"]
 
 #: The configs shipped with the package (``demo.yaml``, the demo policy's settings per env, ...): the package
 #: data ``trace_agent/configs`` (``docs/configs`` in a checkout links there), found through
 #: ``importlib.resources`` so that an installed wheel has them too.
 CONFIG_DIR = Path(str(importlib.resources.files("trace_agent") / "configs"))
 
-#: Flat keys read as aliases of nested settings (section -> flat key -> key path inside the section).
+#: Flat keys read as aliases of nested settings (section -> flat key -> key path inside the section): the
+#: fields of ``rollout.budget`` (:class:`~trace_agent.budget.Budget`) and ``rollout.engine``
+#: (:class:`~trace_agent.engine.settings.EngineSettings`) read flat, ``rollout.roots`` as ``rollout.budget.roots``,
+#: and the Ray backend's fields as ``rollout.ray_*``. A flat key may lead a longer key (``rollout.ray.workers`` is
+#: ``rollout.engine.ray.workers``). A mapping (a config file, a run's saved config, verl's section) that gives a
+#: setting both ways is refused, naming both keys; ``--set`` overrides apply in order (the last one wins).
 FLAT_ALIASES: dict[str, dict[str, tuple[str, ...]]] = {
     "rollout": {
-        "ray_workers": ("ray", "workers"),
-        "ray_cpus_per_worker": ("ray", "num_cpus_per_worker"),
-        "ray_memory_mb": ("ray", "memory_per_worker_mb"),
-        "ray_address": ("ray", "address"),
-        "ray_object_store_mb": ("ray", "object_store_mb"),
-        "ray_temp_dir": ("ray", "temp_dir"),
+        **{name: ("budget", name) for name in ("roots", "continuations_per_root", "group_size", "continuation_cost",
+                                               "root_cap", "prefix_cap")},
+        **{name: ("engine", name) for name in ("workers", "concurrent_prompts", "max_batch_size", "max_wait_s",
+                                               "batching", "backend", "ray")},
+        "ray_workers": ("engine", "ray", "workers"),
+        "ray_cpus_per_worker": ("engine", "ray", "num_cpus_per_worker"),
+        "ray_memory_mb": ("engine", "ray", "memory_per_worker_mb"),
+        "ray_address": ("engine", "ray", "address"),
+        "ray_object_store_mb": ("engine", "ray", "object_store_mb"),
+        "ray_temp_dir": ("engine", "ray", "temp_dir"),
     },
 }
 
@@ -74,12 +83,16 @@ def config_to_dict(config: Any) -> dict[str, Any]:
 def config_from_dict(cls: type[Any], data: Mapping[str, Any], *, _prefix: str = "") -> Any:
     """Build ``cls`` (a config dataclass) from a nested mapping; unknown keys are an error.
 
+    The mapping's flat keys (:data:`FLAT_ALIASES`) are read as their nested settings (:func:`resolve_aliases`).
+
     Each value is converted to its field's type (:func:`_convert`); one that does not fit raises
     :class:`ConfigError` naming the setting, the value and the expected type in one line
     (``optim.lr='abc': expected a float``).
     """
     if not isinstance(data, Mapping):
         raise _BadValue(_prefix.rstrip(".") or cls.__name__, data, f"a mapping of {cls.__name__} fields")
+    if not _prefix:
+        data = resolve_aliases(data)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
@@ -233,7 +246,11 @@ def _converted(hint: Any, value: Any) -> Any:
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` strings to a nested dict (values parsed as YAML); returns a new dict."""
+    """Apply ``a.b.c=value`` strings to a nested dict (values parsed as YAML), in order; returns a new dict.
+
+    A key that starts with a flat alias (:data:`FLAT_ALIASES`) sets the nested setting it names
+    (:func:`canonical_key`): overrides apply in order, so of two that set one setting (either way) the last wins.
+    """
     import copy
 
     from trace_agent.safe_yaml import load_yaml
@@ -243,14 +260,50 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"an override is section.field=value, got {item!r}")
-        parts = key.strip().split(".")
+        path, _ = _canonical(key.strip().split("."))
         node = out
-        for p in parts[:-1]:
+        for p in path[:-1]:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {p!r} is not a section")
-        node[parts[-1]] = load_yaml(raw, source=f"--set {key.strip()}")
+        node[path[-1]] = load_yaml(raw, source=f"--set {key.strip()}")
     return out
+
+
+def canonical_key(key: str) -> str:
+    """``key`` (``rollout.roots``, ``rollout.ray.workers``) with its flat alias spelled out
+    (``rollout.budget.roots``, ``rollout.engine.ray.workers``); any other key as it is."""
+    return ".".join(_canonical(key.split("."))[0])
+
+
+def _canonical(parts: Sequence[str]) -> tuple[tuple[str, ...], str | None]:
+    """The nested key path of ``parts`` and the flat alias it was given through (None: none)."""
+    if len(parts) >= 2 and parts[1] in FLAT_ALIASES.get(parts[0], {}):
+        return (parts[0], *FLAT_ALIASES[parts[0]][parts[1]], *parts[2:]), f"{parts[0]}.{parts[1]}"
+    return tuple(parts), None
+
+
+def _leaves(path: tuple[str, ...], value: Any) -> list[tuple[str, ...]]:
+    """The settings a value at ``path`` gives: the paths of its leaves (a non-empty mapping is descended)."""
+    if isinstance(value, Mapping) and value:
+        return [leaf for k, v in value.items() for leaf in _leaves((*path, str(k)), v)]
+    return [path]
+
+
+def _refuse_both_ways(given: Sequence[tuple[tuple[str, ...], str | None, Any, str]], prefix: str) -> None:
+    """Refuse two keys of one mapping that give one setting through different spellings (a flat alias and the
+    nested key, or two aliases): ``given`` holds (nested path, alias or None, value, the key as written)."""
+    leaves = [set(_leaves(path, value)) for path, _, value, _ in given]
+    for i, (_, way_a, _, key_a) in enumerate(given):
+        for j in range(i + 1, len(given)):
+            if way_a == given[j][1]:
+                continue
+            for a in leaves[i]:
+                for b in leaves[j]:
+                    if a[:len(b)] == b or b[:len(a)] == a:
+                        raise ConfigError(f"{prefix}{key_a} and {given[j][3]} set one setting, "
+                                          f"{'.'.join(max(a, b, key=len))} (a flat key is an alias of its nested "
+                                          f"key): give only one")
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
@@ -281,8 +334,9 @@ def load_sections(path: str | Path | None = None, overrides: Sequence[str] = (),
         loaded = read_yaml_file(path) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
+        loaded = resolve_aliases(loaded, prefix=f"{path}: ")
         data = _merge(data, {k: v for k, v in loaded.items() if k in extra or k not in OTHER_SECTIONS})
-    data = _resolve_aliases(apply_overrides(data, overrides))
+    data = apply_overrides(data, overrides)
     for name, command in OTHER_SECTIONS.items():
         if name in data and name not in extra:
             raise ConfigError(f"{name}.* settings are read by {command}, not by this command: leave them out of "
@@ -292,7 +346,7 @@ def load_sections(path: str | Path | None = None, overrides: Sequence[str] = (),
                  for name, default in extra.items()}
         return config_from_dict(TrainConfig, data), built
     except _BadValue as exc:
-        given = {item.partition("=")[0].strip(): item for item in overrides}
+        given = {canonical_key(item.partition("=")[0].strip()): item for item in overrides}
         if exc.key in given:
             raise ConfigError(f"--set {given[exc.key]}: expected {exc.expected}") from None
         if path is not None:
@@ -323,22 +377,32 @@ def _plain(x: Any) -> Any:
     return x
 
 
-def _resolve_aliases(data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` with every :data:`FLAT_ALIASES` key moved to the nested setting it names."""
+def resolve_aliases(data: Mapping[str, Any], *, prefix: str = "") -> dict[str, Any]:
+    """A copy of the config tree ``data`` (one file, one mapping) with every :data:`FLAT_ALIASES` key moved to the
+    nested setting it names (``rollout: {roots: 8}`` -> ``rollout: {budget: {roots: 8}}``); a setting given both
+    ways in ``data`` raises :class:`ConfigError` naming both keys (after ``prefix``: a file name and ``: ``)."""
+    out = dict(data)
     for section, aliases in FLAT_ALIASES.items():
-        node = data.get(section)
-        if not isinstance(node, dict):
+        node = out.get(section)
+        if not isinstance(node, Mapping) or not any(flat in node for flat in aliases):
             continue
-        for flat, path in aliases.items():
-            if flat in node:
-                value = node.pop(flat)
-                target = node
-                for part in path[:-1]:
-                    target = target.setdefault(part, {})
-                    if not isinstance(target, dict):
-                        raise ConfigError(f"{section}.{flat}: {section}.{part} is not a section")
-                target[path[-1]] = value
-    return data
+        given = [(*_canonical([section, key]), value, f"{section}.{key}") for key, value in node.items()]
+        _refuse_both_ways(given, prefix)
+        resolved: dict[str, Any] = {k: v for k, v in node.items() if k not in aliases}
+        for path, _, value, key in sorted((g for g in given if g[1] is not None), key=lambda g: len(g[0])):
+            target = resolved
+            for part in path[1:-1]:
+                child = target.get(part)
+                if child is None:
+                    child = {}
+                elif not isinstance(child, Mapping):
+                    raise ConfigError(f"{prefix}{key}: {section}.{part} is not a section")
+                target[part] = child = dict(child)
+                target = child
+            last = target.get(path[-1])
+            target[path[-1]] = _merge(last, value) if isinstance(last, dict) and isinstance(value, Mapping) else value
+        out[section] = resolved
+    return out
 
 
 def save_config(config: TrainConfig, path: str | Path) -> Path:

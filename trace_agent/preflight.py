@@ -266,7 +266,7 @@ def required_imports(config: TrainConfig, *, train: bool = True) -> dict[str, st
         needed.update({m: agent for m in ("scipy", "matplotlib")})
     if config.policy.kind == "vllm-server":
         needed["httpx"] = "pip install 'trace-gym[vllm-client]'"
-    if config.rollout.backend == "ray" and train:
+    if config.rollout.engine.backend == "ray" and train:
         needed["ray"] = "pip install 'trace-gym[ray]'"
     if train and config.predictor.kind == "lm-critic":
         needed.update({m: agent for m in ("torch", "transformers")})

@@ -56,7 +56,7 @@ from typing import Any, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from trace_agent.config import RolloutSettings, TrainConfig
+from trace_agent.config import TrainConfig
 from trace_agent.contexts import format_messages, make_context
 from trace_agent.engine.base import (
     CollectionError,
@@ -70,9 +70,8 @@ from trace_agent.engine.base import (
 from trace_agent.engine.envs import EnvFactory, EnvHost, LocalEnvHost, _LocalSession
 from trace_agent.engine.growth import Growth, in_thread, run_prompts
 from trace_agent.engine.phases import PhaseBreakdown, PhaseTimer, timed
-from trace_agent.engine.ray_envs import RayConfig
 from trace_agent.engine.scheduler import EngineConfig, EngineStats, GenerationEngine
-from trace_agent.options import ENV_BACKENDS, Batching, EnvBackend, either
+from trace_agent.engine.settings import EngineSettings
 from trace_agent.policy.base import Policy, SamplingConfig
 from trace_agent.predictor import SuccessPredictor
 from trace_agent.rundir import raises_keyboard_interrupt
@@ -151,56 +150,44 @@ def run_interruptibly(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RolloutConfig:
+class RolloutConfig(EngineSettings):
     """How the collector samples, batches and where its envs live.
+
+    The engine's settings (``workers``, ``concurrent_prompts``, ``max_batch_size``, ``max_wait_s``,
+    ``batching``, ``backend``, ``ray``) are its base class's, :class:`~trace_agent.engine.settings.EngineSettings`
+    (documented, defaulted and checked there): a training config's ``rollout.engine`` section is one, and
+    :meth:`of` makes a run's collector settings from it. The fields added here:
 
     Attributes:
         sampling: how every turn is sampled (the engine hands it to the backend as is); its
             ``seed`` must be None: ``seed`` below seeds every request.
-        seed: base seed of every request seed and strategy RNG.
-        workers: local backend: threads that run env calls (resets, steps, snapshots) at once.
-        concurrent_prompts: env slots: prompts whose trees grow at once (each holds one env
-            for its whole tree); the others start in pool order as slots free up.
-        max_batch_size: most sequences per engine call (None: the policy's own
-            ``max_batch_size`` when it has one, else 64).
-        max_wait_s: dynamic batching: the longest a request waits for a fuller batch.
-        batching: ``deterministic`` (bit-identical trees; the default) or ``dynamic``.
+        seed: base seed of every request seed and strategy RNG (the training config's default).
         env_retries: times a prompt whose env died is regrown from scratch on a fresh env
             before the collection fails with :class:`EnvWorkerError`.
-        backend: ``local`` (envs in this process) or ``ray`` (envs in Ray actors; see ``ray``).
-        ray: the Ray backend's settings (:class:`~trace_agent.engine.ray_envs.RayConfig`).
         oracle_samples: rollouts per anchor when a strategy asks for Monte-Carlo values.
         release_snapshots: release each tree's snapshots once it is expanded (keep them only
             to inspect or branch further by hand; PythonMath-v0 snapshots hold processes).
-
-    The fields a training config sets (``seed``, and ``workers`` to ``backend`` of its ``rollout``
-    section) take that config's defaults (:class:`~trace_agent.config.TrainConfig`,
-    :class:`~trace_agent.config.RolloutSettings`): one default per knob.
     """
 
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     seed: int = TrainConfig.seed
-    workers: int = RolloutSettings.workers
-    concurrent_prompts: int = RolloutSettings.concurrent_prompts
-    max_batch_size: int | None = RolloutSettings.max_batch_size
-    max_wait_s: float = RolloutSettings.max_wait_s
-    batching: Batching = RolloutSettings.batching
     env_retries: int = 1
-    backend: EnvBackend = RolloutSettings.backend
-    ray: RayConfig = field(default_factory=RayConfig)
     oracle_samples: int = 8
     release_snapshots: bool = True
 
     def __post_init__(self) -> None:
-        if self.workers < 1 or self.oracle_samples < 1 or self.concurrent_prompts < 1:
-            raise ValueError("workers, concurrent_prompts and oracle_samples must be >= 1")
-        if self.max_batch_size is not None and self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1 or None, got {self.max_batch_size}")
+        super().__post_init__()
+        if self.oracle_samples < 1:
+            raise ValueError(f"oracle_samples must be >= 1, got {self.oracle_samples}")
         if self.env_retries < 0:
             raise ValueError(f"env_retries must be >= 0, got {self.env_retries}")
-        if self.backend not in ENV_BACKENDS:
-            raise ValueError(f"backend must be {either(ENV_BACKENDS)}, got {self.backend!r}")
-        EngineConfig(sampling=self.sampling, max_wait_s=self.max_wait_s, batching=self.batching)  # validates these
+        EngineConfig(sampling=self.sampling)  # validates the sampling object
+
+    @classmethod
+    def of(cls, engine: EngineSettings, **kwargs: Any) -> RolloutConfig:
+        """The collector settings of ``engine`` (a config's ``rollout.engine``) plus ``kwargs`` (``sampling``,
+        ``seed``, ...)."""
+        return cls(**engine.engine_fields(), **kwargs)
 
 
 @dataclass(frozen=True, kw_only=True)

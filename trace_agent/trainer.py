@@ -228,7 +228,7 @@ class Trainer:
         for tree in trees:
             tree.release_snapshots()
 
-        stats = batch_stats(trees, continuation_cost=cfg.rollout.continuation_cost)
+        stats = batch_stats(trees, continuation_cost=cfg.rollout.budget.continuation_cost)
         timings = dict(collected.timings)
         gen_s = float(timings.get("generation", t_collect - t0))
         env_s = float(timings.get("env", 0.0))

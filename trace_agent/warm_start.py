@@ -116,7 +116,7 @@ def warm_up_predictor(config: TrainConfig, *, collector: Any, predictor: Any,
     s = config.predictor
     ids, seed = warm_start_draw(pool_ids, s.warm_start_tasks, config.seed)
     budget = warm_start_budget(s.warm_start_tasks, s.warm_start_roots,
-                               continuation_cost=config.rollout.continuation_cost)
+                               continuation_cost=config.rollout.budget.continuation_cost)
     _check_collector(collector)
     t0 = time.perf_counter()
     batch = collector.collect(ids, step=0, seed=seed, strategy=GRPO(), budget=budget)
@@ -126,7 +126,7 @@ def warm_up_predictor(config: TrainConfig, *, collector: Any, predictor: Any,
     t_fit = time.perf_counter()
     for tree in trees:
         tree.release_snapshots()
-    stats = batch_stats(trees, continuation_cost=config.rollout.continuation_cost)
+    stats = batch_stats(trees, continuation_cost=config.rollout.budget.continuation_cost)
     metrics: dict[str, float] = {
         "warm_start/tasks": float(len(ids)), "warm_start/roots": float(s.warm_start_roots),
         "warm_start/paper_units": float(stats.paper_units),

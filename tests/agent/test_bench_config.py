@@ -63,7 +63,7 @@ def test_one_file_drives_train_and_bench_to_the_same_values(tree: Path) -> None:
                                                           continuation_cost=0.25, root_cap=12)
     assert bench.prompts == train.rollout.prompts_per_step == 20
     assert (bench.predictor, bench.prefix_share) == (train.predictor.kind, train.predictor.prefix_share) == ("hashed", 0.2)
-    assert (bench.rollout.seed, bench.rollout.workers) == (train.seed, train.rollout.workers) == (3, 3)
+    assert (bench.rollout.seed, bench.rollout.workers) == (train.seed, train.rollout.engine.workers) == (3, 3)
     assert (bench.strategies, bench.seeds, bench.warmup_prompts, bench.rollout.oracle_samples) == \
         (("grpo", "trace"), 2, 7, 5)
 
@@ -113,13 +113,13 @@ def test_every_bench_flag_is_a_row_of_the_one_table_and_names_real_keys() -> Non
             value = {"env_id": defaults.env_id, "env_kwargs": {}}.get(key)
             load_bench_config(None, [f"{key}={json.dumps(value)}"] if value is not None else [])
             section, _, field = key.rpartition(".")
-            assert field and (section in ("", "bench", "sampling", "rollout", "predictor"))
+            assert field and (section in ("", "bench", "sampling", "rollout", "rollout.budget", "rollout.engine", "predictor"))
 
 
 def test_a_flag_without_a_phrase_of_its_own_is_helped_by_its_fields_documentation(capsys) -> None:
     assert field_help("sampling.max_turns") == "the env's turn limit"
-    assert field_help("rollout.ray.workers") == "env actors (each one process owning its envs)"
-    assert field_help("rollout.backend") == "local (envs in this process) or ray (env workers as Ray actors)"
+    assert field_help("rollout.engine.ray.workers") == "env actors (each one process owning its envs)"
+    assert field_help("rollout.engine.backend") == "local (envs in this process) or ray (env workers as Ray actors)"
     for key in ("rollout.nope", "nope", "sampling.max_turns.deeper"):
         with pytest.raises(KeyError):
             field_help(key)

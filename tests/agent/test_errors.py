@@ -38,12 +38,12 @@ def test_each_error_is_the_same_class_where_it_is_raised(name: str, module: str)
 
 def test_one_except_clause_catches_what_the_trainer_refuses() -> None:
     from trace_agent.budget import Budget
-    from trace_agent.config import RolloutSettings
+    from trace_agent.config_io import load_config
 
     with pytest.raises(errors.TraceAgentError):
-        RolloutSettings(roots=5)
+        load_config(None, ["rollout.roots=5"])
     with pytest.raises(ValueError):  # the builtin base still catches it
-        RolloutSettings(roots=5)
+        load_config(None, ["rollout.budget.roots=5"])
     with pytest.raises(ValueError):
         Budget(roots=5, continuations_per_root=1, group_size=4)
 

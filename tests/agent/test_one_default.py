@@ -11,6 +11,7 @@ reason beside it; a default that differs silently fails here.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -33,7 +34,7 @@ from trace_agent.warm_start import warm_start_budget
 
 
 def train_default(knob: str) -> Any:
-    """The default of config key ``knob`` (``rollout.roots``) in a fresh :class:`TrainConfig`."""
+    """The default of config key ``knob`` (``rollout.budget.roots``) in a fresh :class:`TrainConfig`."""
     value: Any = TrainConfig()
     for part in knob.split("."):
         value = getattr(value, part)
@@ -52,9 +53,7 @@ def disagreements(defaults: Mapping[str, Any], overrides: Mapping[str, Any]) -> 
 
 
 def _budget(budget: Budget) -> dict[str, Any]:
-    return {"rollout.roots": budget.roots, "rollout.continuations_per_root": budget.continuations_per_root,
-            "rollout.group_size": budget.group_size, "rollout.continuation_cost": budget.continuation_cost,
-            "rollout.root_cap": budget.root_cap, "rollout.prefix_cap": budget.prefix_cap}
+    return {f"rollout.budget.{f.name}": getattr(budget, f.name) for f in dataclasses.fields(Budget)}
 
 
 def _sampling(sampling: SamplingConfig) -> dict[str, Any]:
@@ -63,10 +62,8 @@ def _sampling(sampling: SamplingConfig) -> dict[str, Any]:
 
 
 def _collector(config: RolloutConfig) -> dict[str, Any]:
-    return {"seed": config.seed, "rollout.workers": config.workers,
-            "rollout.concurrent_prompts": config.concurrent_prompts, "rollout.max_batch_size": config.max_batch_size,
-            "rollout.max_wait_s": config.max_wait_s, "rollout.batching": config.batching,
-            "rollout.backend": config.backend, "rollout.ray": config.ray, **_sampling(config.sampling)}
+    return {"seed": config.seed, **{f"rollout.engine.{k}": v for k, v in config.engine_fields().items()},
+            **_sampling(config.sampling)}
 
 
 def _bench(c: BenchConfig) -> dict[str, Any]:
@@ -92,7 +89,7 @@ def claims_defaults() -> dict[str, Any]:
 
 #: The claims' named overrides: their FULL sizes, as config keys.
 CLAIMS_OVERRIDES = {**{k: v for k, v in _budget(Budget.parse(FULL["budget"], group_size=FULL["group_size"])).items()
-                       if k in ("rollout.roots", "rollout.continuations_per_root", "rollout.group_size")},
+                       if k.rpartition(".")[2] in ("roots", "continuations_per_root", "group_size")},
                     "sampling.max_new_tokens": FULL["max_new_tokens"], "rollout.prompts_per_step": FULL["prompts"]}
 
 
@@ -100,20 +97,19 @@ def verl_defaults() -> dict[str, Any]:
     c = TraceVerlConfig()
     return {"env_id": c.env_id, "train_split": c.train_split, "seed": c.seed,
             "sampling.max_turns": c.sampling.max_turns, "sampling.max_new_tokens": c.sampling.max_new_tokens, "rollout.strategy": c.rollout.strategy,
-            "rollout.continuations_per_root": c.rollout.continuations_per_root,
-            "rollout.continuation_cost": c.rollout.continuation_cost, "rollout.root_cap": c.rollout.root_cap,
-            "rollout.prefix_cap": c.rollout.prefix_cap, "predictor.kind": c.predictor.kind,
+            **{f"rollout.budget.{k}": getattr(c.rollout.budget, k)
+               for k in ("continuations_per_root", "continuation_cost", "root_cap", "prefix_cap")},
+            "predictor.kind": c.predictor.kind,
             "predictor.prefixes": c.predictor.prefixes}
 
 
 def library_defaults() -> dict[str, Any]:
     """Budget, the sampling parameters, the evaluation's temperature and every ``continuation_cost`` keyword."""
-    out = {k: v for k, v in _budget(Budget(roots=8, continuations_per_root=1)).items()
-           if k not in ("rollout.roots", "rollout.continuations_per_root")}
+    out = _budget(Budget())
     out |= _sampling(SamplingConfig()) | _collector(RolloutConfig())
     out["sampling.temperature"] = EvalConfig().temperature
     for function in (paper_budget, spent_units, tree_stats, batch_stats, RolloutTree.stats, warm_start_budget):
-        out[f"rollout.continuation_cost ({function.__qualname__})"] = \
+        out[f"rollout.budget.continuation_cost ({function.__qualname__})"] = \
             inspect.signature(function).parameters["continuation_cost"].default
     return out
 
@@ -137,7 +133,7 @@ def test_the_library_underneath_takes_the_configs_defaults() -> None:
     keyed = {k.split(" ")[0]: v for k, v in defaults.items()}
     assert [f"{k}: {v!r} != {train_default(k.split(' ')[0])!r}" for k, v in defaults.items()
             if v != train_default(k.split(" ")[0])] == []
-    assert keyed["rollout.continuation_cost"] == PAPER_CONTINUATION_COST == 0.5
+    assert keyed["rollout.budget.continuation_cost"] == PAPER_CONTINUATION_COST == 0.5
 
 
 @pytest.mark.parametrize("overrides", [BENCH_OVERRIDES, VERL_OVERRIDES], ids=["bench", "verl"])
@@ -149,9 +145,9 @@ def test_a_named_override_is_one(overrides: Mapping[str, Any]) -> None:
 
 def test_the_issues_knobs_are_enumerated_for_every_entry_point() -> None:
     for name in ("trace-gym bench (BenchConfig)", "trace-gym bench (flags)", "paper claims (flags + FULL)"):
-        assert {"sampling.max_new_tokens", "rollout.roots", "rollout.continuations_per_root", "rollout.group_size",
-                "rollout.continuation_cost", "env_id", "sampling.max_turns"} <= set(ENTRY_POINTS[name][0]())
-    assert {"sampling.max_new_tokens", "rollout.continuation_cost", "rollout.continuations_per_root",
+        assert {"sampling.max_new_tokens", "rollout.budget.roots", "rollout.budget.continuations_per_root", "rollout.budget.group_size",
+                "rollout.budget.continuation_cost", "env_id", "sampling.max_turns"} <= set(ENTRY_POINTS[name][0]())
+    assert {"sampling.max_new_tokens", "rollout.budget.continuation_cost", "rollout.budget.continuations_per_root",
             "rollout.strategy", "seed", "predictor.kind"} <= set(verl_defaults())
 
 
@@ -161,7 +157,7 @@ def test_the_check_sees_a_silent_departure_and_accepts_a_named_one() -> None:
     assert disagreements({"sampling.max_new_tokens": tokens + 1}, {}) == [
         f"sampling.max_new_tokens: {tokens + 1}, config default {tokens}, no named override"]
     assert disagreements({"sampling.max_new_tokens": tokens + 1}, {"sampling.max_new_tokens": tokens + 1}) == []
-    assert disagreements({"rollout.continuation_cost": 1}, {}) != []  # 1 == 1.0, but an int is not the config's float
+    assert disagreements({"rollout.budget.continuation_cost": 1}, {}) != []  # 1 == 1.0, but an int is not the config's float
 
 
 def test_a_bench_from_a_training_config_takes_its_values() -> None:
@@ -172,8 +168,8 @@ def test_a_bench_from_a_training_config_takes_its_values() -> None:
     shared = {"env_id": train.env_id, "sampling.max_turns": train.sampling.max_turns,
               "predictor.kind": train.predictor.kind, "predictor.prefix_share": train.predictor.prefix_share,
               "rollout.prompts_per_step": train.rollout.prompts_per_step, **_budget(train.rollout.budget),
-              **_sampling(train.sampling.params), "seed": train.seed, "rollout.workers": train.rollout.workers}
+              **_sampling(train.sampling.params), "seed": train.seed, "rollout.engine.workers": train.rollout.engine.workers}
     got = _bench(bench)
     assert {k: got[k] for k in shared} == shared
-    assert bench.budget.roots == 48 != BENCH_OVERRIDES["rollout.roots"]  # demo.yaml's, not the bench's default
+    assert bench.budget.roots == 48 != BENCH_OVERRIDES["rollout.budget.roots"]  # demo.yaml's, not the bench's default
     assert bench.predictor == "policy-states" != BenchConfig().predictor

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from trace_agent import config, loss, objectives, options
-from trace_agent.config import ObjectiveConfig, PolicyConfig, PredictorSettings, RolloutSettings
+from trace_agent.config import ObjectiveConfig, PolicyConfig, PredictorSettings, RolloutSettings  # noqa: F401
 from trace_agent.engine.scheduler import EngineConfig
+from trace_agent.engine.settings import EngineSettings
 from trace_agent.errors import ConfigError
 from trace_agent.export import ExportConfig, ExportError
 from trace_agent.strategies import STRATEGY_NAMES, make_strategy
@@ -32,7 +33,7 @@ def test_each_tuple_is_its_literal_and_the_modules_share_them() -> None:
     assert (hints["name"], hints["loss_agg_mode"], hints["shared_turns"], hints["singleton"], hints["lone_child"]) == (
         options.ObjectiveName, options.LossAggMode, options.SharedTurns, options.Singleton, options.LoneChild)
     assert typing.get_type_hints(PredictorSettings)["prefixes"] == options.PredictorPrefixes
-    assert typing.get_type_hints(RolloutSettings)["batching"] == options.Batching
+    assert typing.get_type_hints(EngineSettings)["batching"] == options.Batching
     assert not hasattr(config, "STRATEGIES") and not hasattr(config, "OBJECTIVE_NAMES")  # one name per list
 
 
@@ -54,7 +55,7 @@ def test_every_listed_value_is_accepted_and_an_unlisted_one_refused() -> None:
         PredictorSettings(prefixes=prefixes)
     for batching in options.BATCHING:
         EngineConfig(batching=batching)
-        RolloutSettings(batching=batching)
+        EngineSettings(batching=batching)
     with pytest.raises(ConfigError, match="'embedding', 'hashed', 'policy-states' or 'lm-critic'"):
         PredictorSettings(kind="nope")
     with pytest.raises(ConfigError, match="policy.kind must be one of"):

@@ -546,7 +546,7 @@ def test_train_runs_writes_one_file_per_arm_and_seed_with_its_shape(claims, tmp_
     assert data["runs"] == ["trace_8x2_s0.json", "trace_4x6_s0.json"]
     wide, deep = (json.loads((runs / name).read_text()) for name in data["runs"])
     assert wide["shape"] == [8, 2] and deep["shape"] == [4, 6]
-    assert wide["config"]["rollout"]["continuations_per_root"] == 2 and deep["config"]["rollout"]["roots"] == 4
+    assert wide["config"]["rollout"]["budget"]["continuations_per_root"] == 2 and deep["config"]["rollout"]["budget"]["roots"] == 4
     assert wide["paper_units"] == pytest.approx(16.0) and deep["paper_units"] <= 16.0 + 1e-9
     assert [e["step"] for e in wide["evals"]] == [0, 1] and json.loads((runs / "base.json").read_text())["eval"]
     # no machine path recorded, though --runs and --out are absolute paths outside the repository

@@ -17,6 +17,7 @@ import pytest
 
 from tests.agent.test_checkpoint import _copy_run, two_checkpoints  # noqa: F401  (a fixture)
 from tests.agent.test_trainer import tiny_config
+from trace_agent.budget import Budget
 from trace_agent.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 from trace_agent.config import EvalConfig, LogConfig, RolloutSettings
 from trace_agent.config_io import save_config
@@ -248,8 +249,8 @@ def payload(tmp_path: Path, monkeypatch):
 def _code_run(tmp_path: Path, spec: str) -> Path:
     run = tmp_path / "coderun"
     run.mkdir()
-    save_config(tiny_config(run, rollout=RolloutSettings(strategy=spec, prompts_per_step=4, roots=4,
-                                                         continuations_per_root=1, group_size=2)),
+    save_config(tiny_config(run, rollout=RolloutSettings(strategy=spec, prompts_per_step=4,
+                                                         budget=Budget(roots=4, group_size=2))),
                 run / "config.yaml")
     return run
 

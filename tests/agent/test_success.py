@@ -11,6 +11,7 @@ from tests.agent.conftest import build_tree
 from trace_agent.allocation import repeat_probability
 from trace_agent.budget import Budget, paper_budget, spent_units
 from trace_agent.config import RolloutSettings
+from trace_agent.config_io import load_config, override
 from trace_agent.errors import ConfigError
 from trace_agent.evaluation import success_histogram
 from trace_agent.success import SUCCESS_THRESHOLD, is_success, success_mask, success_rate
@@ -55,8 +56,7 @@ def test_tree_outcomes_follow_the_threshold() -> None:
 @pytest.mark.parametrize(("m", "n", "cost"), [(16, 1, 0.5), (1024, 2, 0.5), (512, 6, 0.5), (12, 3, 0.3), (8, 0, 1.0)])
 def test_one_budget_arithmetic(m: int, n: int, cost: float) -> None:
     budget = Budget(roots=m, continuations_per_root=n, group_size=4, continuation_cost=cost)
-    settings = RolloutSettings(roots=m, continuations_per_root=n, group_size=4, continuation_cost=cost,
-                               prompts_per_step=m // 4)
+    settings = RolloutSettings(budget=budget, prompts_per_step=m // 4)
     assert settings.budget == budget
     assert settings.paper_budget == budget.paper_units == paper_budget(m, n, continuation_cost=cost)
     assert budget.paper_units == pytest.approx(spent_units(m, m * n, continuation_cost=cost))
@@ -66,8 +66,8 @@ def test_one_budget_arithmetic(m: int, n: int, cost: float) -> None:
 def test_rollout_settings_refuse_what_the_budget_refuses() -> None:
     for bad in ({"roots": 5}, {"group_size": 1, "roots": 4}, {"continuations_per_root": -1},
                 {"continuation_cost": 0.0}, {"root_cap": 1}, {"prefix_cap": 0}):
-        with pytest.raises(ConfigError, match=r"^rollout\."):
-            RolloutSettings(**bad)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=r"^rollout\.budget: "):
+            load_config(None, [override(f"rollout.{key}", value) for key, value in bad.items()])
         with pytest.raises(ValueError):
             Budget(**{"roots": 16, "continuations_per_root": 1, "group_size": 4, **bad})  # type: ignore[arg-type]
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from trace_agent.budget import Budget
 from trace_agent.config import (
     ObjectiveConfig,
     OptimConfig,
@@ -78,7 +79,8 @@ def tiny_config(out_dir: Path, **changes) -> TrainConfig:
         env_id=ENV_ID, steps=4, seed=3, out_dir=str(out_dir),
         policy=PolicyConfig(kind="tiny"),
         sampling=SamplingSettings(max_new_tokens=6, temperature=1.0, max_turns=2),
-        rollout=RolloutSettings(strategy="trace", prompts_per_step=4, roots=4, continuations_per_root=1, group_size=2),
+        rollout=RolloutSettings(strategy="trace", prompts_per_step=4,
+                                budget=Budget(roots=4, continuations_per_root=1, group_size=2)),
         objective=ObjectiveConfig(name="treerpo", kl_coef=0.05),
         optim=OptimConfig(lr=3e-3, minibatches=2, micro_batch=3),
         predictor=PredictorSettings(kind="hashed"),
@@ -221,7 +223,7 @@ def test_config_yaml_and_overrides(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("steps: 3\nrollout: {strategy: grpo, roots: 8, group_size: 4}\noptim: {betas: [0.8, 0.9]}\n")
     cfg = load_config(path, ["optim.lr=1e-4", "objective.name=tree-grpo", "rollout.prompts_per_step=5"])
-    assert cfg.steps == 3 and cfg.rollout.strategy == "grpo" and cfg.rollout.roots == 8
+    assert cfg.steps == 3 and cfg.rollout.strategy == "grpo" and cfg.rollout.budget.roots == 8
     assert cfg.optim.lr == 1e-4 and cfg.optim.betas == (0.8, 0.9) and cfg.objective.name == "tree-grpo"
     assert cfg.rollout.paper_budget == 8 * 1.5
     with pytest.raises(ConfigError, match="unknown"):
@@ -387,8 +389,7 @@ def test_eval_transcripts_hold_every_episode_with_its_reward(tmp_path: Path) -> 
 def test_predictor_is_refreshed_only_for_strategies_that_read_it(tmp_path: Path, strategy: str, refresh: str,
                                                                  refreshed: bool) -> None:
     cfg = tiny_config(tmp_path / "run", steps=1, rollout=RolloutSettings(strategy=strategy, prompts_per_step=4,
-                                                                         roots=4, continuations_per_root=1,
-                                                                         group_size=2),
+                                                                         budget=Budget(roots=4, group_size=2)),
                       predictor=PredictorSettings(kind="hashed", refresh=refresh))
     trainer = Trainer(cfg)
     probes = ["What is 2 + 2?", "Is 7 prime? Answer yes or no."]

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tests.agent.test_trainer import state_equal, tiny_config
+from trace_agent.budget import Budget
 from trace_agent.config import LogConfig, PredictorSettings, RolloutSettings, TrainConfig
 from trace_agent.config_io import config_to_dict, load_config
 from trace_agent.errors import ConfigError
@@ -31,8 +32,8 @@ QUIET = LogConfig(tensorboard=False, wandb=False, progress=False, samples_every=
 def warm_config(out: Path, *, tasks: int = 6, roots: int = 2, **changes) -> TrainConfig:
     """TRACE choosing 2 of 8 candidates a step; the predictor warmed on ``tasks`` x ``roots`` (0: off)."""
     return tiny_config(out, **{"steps": 2, "log": QUIET, **changes},
-                       rollout=RolloutSettings(strategy="trace", prompts_per_step=8, roots=4, continuations_per_root=1,
-                                               group_size=2),
+                       rollout=RolloutSettings(strategy="trace", prompts_per_step=8,
+                                               budget=Budget(roots=4, continuations_per_root=1, group_size=2)),
                        predictor=PredictorSettings(kind="hashed", warm_start_tasks=tasks, warm_start_roots=roots))
 
 

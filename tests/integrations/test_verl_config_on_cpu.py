@@ -40,7 +40,7 @@ def test_recipe_composes_over_verl_defaults_and_names_real_pieces():
     assert load_class_from_fqn(cfg.trainer.checkpoint_callback_class, "CheckpointCallback") is tv.PredictorCheckpoint
     assert get_adv_estimator_fn(cfg.algorithm.adv_estimator) is get_adv_estimator_fn("trace_treerpo")
     trace = tv.TraceVerlConfig.from_verl(cfg)
-    assert trace.rollout.strategy == "trace" and trace.rollout.continuations_per_root == 2
+    assert trace.rollout.strategy == "trace" and trace.rollout.budget.continuations_per_root == 2
     rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)  # verl's own validation of the section
     assert rollout.response_length == cfg.data.max_response_length
     assert tv.estimator_options(cfg.algorithm) == {"shared": "repeat", "normalize_std": False, "lone_child": "inherit",
@@ -61,7 +61,7 @@ def test_the_recipes_trace_keys_are_train_set_keys_on_hydras_command_line():
     beside the recipe's nested key is refused, a key verl sets itself is refused naming where."""
     from types import SimpleNamespace
 
-    from trace_agent.config_io import load_config
+    from trace_agent.config_io import canonical_key, load_config
 
     sets = ["rollout.strategy=grpo", "sampling.max_turns=3", "rollout.prefix_cap=2", "predictor.kind=hashed",
             "train_split=test"]
@@ -69,7 +69,7 @@ def test_the_recipes_trace_keys_are_train_set_keys_on_hydras_command_line():
     trace, train = tv.TraceVerlConfig.from_verl(cfg), load_config(None, sets)
     for key in ("rollout.strategy", "sampling.max_turns", "rollout.prefix_cap", "predictor.kind", "train_split"):
         ours, theirs = trace, train
-        for part in key.split("."):
+        for part in canonical_key(key).split("."):  # rollout.prefix_cap is rollout.budget.prefix_cap
             ours, theirs = getattr(ours, part), getattr(theirs, part)
         assert ours == theirs, key
     worker = SimpleNamespace(config=cfg, trace=trace)

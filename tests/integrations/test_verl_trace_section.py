@@ -12,8 +12,16 @@ from typing import Any
 
 import pytest
 
+from trace_agent.budget import Budget
 from trace_agent.config import PredictorSettings, RolloutSettings, SamplingSettings, TrainConfig
-from trace_agent.config_io import CONFIG_DIR, apply_overrides, config_from_dict, config_to_dict, load_config
+from trace_agent.config_io import (
+    CONFIG_DIR,
+    apply_overrides,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    resolve_aliases,
+)
 from trace_agent.errors import ConfigError
 from trace_agent.integrations.verl_config import (
     VERL_ALIASES,
@@ -47,6 +55,14 @@ def value(obj: Any, key: str) -> Any:
     return obj
 
 
+def nest(key: str, value: Any) -> dict[str, Any]:
+    """``{"a": {"b": value}}`` of ``key`` ``a.b``."""
+    out: Any = value
+    for part in reversed(key.split(".")):
+        out = {part: out}
+    return out
+
+
 def refusal(data: dict[str, Any]) -> str:
     with pytest.raises(ConfigError) as info:
         TraceVerlConfig.from_dict(data)
@@ -60,12 +76,13 @@ def test_nested_keys_parse_to_the_training_configs_sections() -> None:
     assert {k: value(c, k) for k in VERL_READS} == {
         "env_id": "trace_envs/BFCL-v0", "env_kwargs": {"category": "multi_turn_base"}, "train_split": "test",
         "seed": 7, "env_threads": 3, "sampling.max_turns": 5, "sampling.max_new_tokens": 96,
-        "rollout.strategy": "grpo", "rollout.continuations_per_root": 3, "rollout.continuation_cost": 0.25,
-        "rollout.root_cap": 12, "rollout.prefix_cap": 2, "predictor.kind": "hashed", "predictor.prefixes": "branched"}
+        "rollout.strategy": "grpo", "rollout.budget.continuations_per_root": 3,
+        "rollout.budget.continuation_cost": 0.25, "rollout.budget.root_cap": 12, "rollout.budget.prefix_cap": 2,
+        "predictor.kind": "hashed", "predictor.prefixes": "branched"}
     assert c.rollout.budget.continuation_cost == 0.25  # the section's own budget checks ran
     # a partial section keeps verl's defaults for the rest (N = 2, not the bare section's 1)
     partial = TraceVerlConfig.from_dict({"rollout": {"strategy": "pcl"}, "sampling": None})
-    assert partial.rollout.continuations_per_root == VERL_OVERRIDES["rollout.continuations_per_root"] == 2
+    assert partial.rollout.budget.continuations_per_root == VERL_OVERRIDES["rollout.budget.continuations_per_root"] == 2
     assert partial.sampling.max_new_tokens is None and partial.rollout.strategy == "pcl"
 
 
@@ -77,8 +94,7 @@ def test_flat_aliases_give_the_same_config() -> None:
 def test_each_alias_alone_is_its_nested_key_and_both_ways_is_an_error(flat: str) -> None:
     nested = VERL_ALIASES.get(flat, "predictor.kind")
     raw = value(TraceVerlConfig.from_dict(NESTED), nested)
-    section, _, name = nested.rpartition(".")
-    nested_data = {section: {name: raw}} if section else {name: raw}
+    nested_data = nest(nested, raw)
     assert TraceVerlConfig.from_dict({flat: raw}) == TraceVerlConfig.from_dict(nested_data)
     assert TraceVerlConfig.from_dict({flat: raw}) != TraceVerlConfig()  # the alias is read, not dropped
     if flat == "predictor":
@@ -101,8 +117,7 @@ def test_unknown_keys_fail_naming_the_key(data: dict[str, Any], key: str) -> Non
 def test_keys_verl_sets_elsewhere_are_refused_naming_where(key: str) -> None:
     default = value(TrainConfig(), key)
     default = config_to_dict(default) if dataclasses.is_dataclass(default) else default
-    section, _, name = key.rpartition(".")
-    message = refusal({section: {name: default}} if section else {name: default})
+    message = refusal(nest(key, default))
     assert message.startswith(f"trace.{key}: verl ")
     where = VERL_OWN[key]
     assert (where.removeprefix("nothing: ") if where.startswith("nothing") else where) in message
@@ -110,18 +125,19 @@ def test_keys_verl_sets_elsewhere_are_refused_naming_where(key: str) -> None:
 
 def test_every_training_key_is_read_or_refused_and_none_is_both() -> None:
     """A field added to the training config must be placed: read by verl or refused (with where verl sets it)."""
-    keys = {f.name for f in dataclasses.fields(TrainConfig) if f.name not in ("sampling", "rollout", "predictor")}
-    for section in ("sampling", "rollout", "predictor"):
-        keys |= {f"{section}.{f.name}" for f in dataclasses.fields(getattr(TrainConfig(), section))}
+    inner = ("sampling", "rollout", "predictor", "rollout.budget", "rollout.engine")
+    keys = {f.name for f in dataclasses.fields(TrainConfig) if f.name not in inner}
+    for section in inner:
+        keys |= {f"{section}.{f.name}" for f in dataclasses.fields(value(TrainConfig(), section))
+                 if f"{section}.{f.name}" not in inner}
     assert set(VERL_READS) & set(VERL_OWN) == set()
     assert keys == (set(VERL_READS) - {"env_threads"}) | set(VERL_OWN)
 
 
-@pytest.mark.parametrize("key, bad", [("rollout.root_cap", "many"), ("sampling.max_turns", "a"),
-                                      ("rollout.continuation_cost", True), ("seed", [1]), ("env_kwargs", 3)])
+@pytest.mark.parametrize("key, bad", [("rollout.budget.root_cap", "many"), ("sampling.max_turns", "a"),
+                                      ("rollout.budget.continuation_cost", True), ("seed", [1]), ("env_kwargs", 3)])
 def test_a_bad_type_fails_with_config_ios_message(key: str, bad: Any) -> None:
-    section, _, name = key.rpartition(".")
-    data = {section: {name: bad}} if section else {name: bad}
+    data = nest(key, bad)
     with pytest.raises(ConfigError) as train:
         config_from_dict(TrainConfig, data)
     assert refusal(data) == f"trace.{train.value}"
@@ -131,7 +147,7 @@ def test_a_bad_type_fails_with_config_ios_message(key: str, bad: Any) -> None:
     ({"predictor": "policy-states"}, "trace.predictor.kind must be embedding or hashed"),
     ({"rollout": {"strategy": "mypkg:MyStrategy"}}, "trace.rollout.strategy must be one of"),
     ({"env_threads": 0}, "trace.env_threads must be an integer >= 1"),
-    ({"rollout": {"root_cap": 1}}, "trace.rollout.root_cap must be >= 2"),
+    ({"rollout": {"root_cap": 1}}, "trace.rollout.budget: root_cap must be >= 2"),
     ({"sampling": {"max_new_tokens": 0}}, "trace.sampling.max_new_tokens must be >= 1"),
     ({"sampling": {"max_turns": 0}}, "trace.sampling.max_turns must be >= 1"),
     ({"rollout": 5, "strategy": "grpo"}, "trace.rollout must be a mapping"),
@@ -144,8 +160,8 @@ def test_values_verl_cannot_use_are_refused(data: dict[str, Any], words: str) ->
 def test_a_section_verl_does_not_read_must_keep_its_defaults_when_built_directly() -> None:
     with pytest.raises(ConfigError, match=r"trace.sampling.temperature: verl takes it from its own config"):
         TraceVerlConfig(sampling=VerlSampling(temperature=0.5))
-    with pytest.raises(ConfigError, match=r"trace.rollout.roots: .*actor_rollout_ref.rollout.n"):
-        TraceVerlConfig(rollout=RolloutSettings(roots=32, prompts_per_step=8))
+    with pytest.raises(ConfigError, match=r"trace.rollout.budget.roots: .*actor_rollout_ref.rollout.n"):
+        TraceVerlConfig(rollout=RolloutSettings(budget=Budget(roots=32), prompts_per_step=8))
     assert TraceVerlConfig(rollout=RolloutSettings(strategy="grpo")).rollout.strategy == "grpo"
 
 
@@ -166,29 +182,30 @@ def test_from_verl_reads_the_trace_section_of_a_mapping() -> None:
         TraceVerlConfig.from_verl({"trace": ["rollout.strategy=grpo"]})
 
 
-OVERRIDES = ["predictor.kind=hashed", "rollout.strategy=grpo", "sampling.max_turns=5", "rollout.root_cap=8"]
+OVERRIDES = ["predictor.kind=hashed", "rollout.strategy=grpo", "sampling.max_turns=5", "rollout.budget.root_cap=8"]
 
 
 def test_a_train_yamls_sections_give_the_train_configs_values() -> None:
     """demo.yaml's env, sampling, rollout and predictor as a trace section, with the same ``--set`` overrides
     applied to both: every key verl reads has the train config's value; the keys verl sets itself are refused."""
     path = CONFIG_DIR / "demo.yaml"
-    raw = read_yaml_file(path)
+    raw = resolve_aliases(read_yaml_file(path))  # demo.yaml's flat rollout keys, nested
     train = load_config(path, OVERRIDES)
     section: dict[str, Any] = {}
     for key in VERL_READS:
-        head, _, name = key.partition(".")
-        if name and name in (raw.get(head) or {}):
-            section.setdefault(head, {})[name] = raw[head][name]
-        elif not name and key in raw:
-            section[key] = raw[key]
+        *heads, name = key.split(".")
+        given, node = raw, section
+        for head in heads:
+            given, node = given.get(head) or {}, node.setdefault(head, {})
+        if name in given:
+            node[name] = given[name]
     assert section["sampling"] and section["rollout"] and section["predictor"]  # the YAML sets each section
     assert refusal(section).startswith("trace.predictor.kind must be embedding or hashed")  # policy-states
     trace = TraceVerlConfig.from_dict(apply_overrides(section, OVERRIDES))
     for key in VERL_READS:
         if key != "env_threads":
             assert value(trace, key) == value(train, key), key
-    assert (trace.rollout.strategy, trace.sampling.max_turns, trace.rollout.root_cap) == ("grpo", 5, 8)
+    assert (trace.rollout.strategy, trace.sampling.max_turns, trace.rollout.budget.root_cap) == ("grpo", 5, 8)
     whole = {k: raw[k] for k in ("env_id", "seed", "sampling", "rollout", "predictor")}
     assert refusal(apply_overrides(whole, OVERRIDES)) == (
         "trace.sampling.temperature: verl takes it from its own config (actor_rollout_ref.rollout.temperature); "

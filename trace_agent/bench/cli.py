@@ -38,7 +38,7 @@ BENCH_EPILOG = ("Precedence, as trace-gym train's: the config tree's defaults (w
 
 
 def bench_defaults(base: Sequence[str] = ()) -> dict[str, Any]:
-    """Config key (``rollout.roots``) -> the value a bench without ``--config`` takes (``base``: overrides applied
+    """Config key (``rollout.budget.roots``) -> the value a bench without ``--config`` takes (``base``: overrides applied
     first)."""
     from trace_agent.config_io import config_to_dict
 

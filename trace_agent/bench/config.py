@@ -12,7 +12,7 @@ its env's demo config::
     # bench.yaml: a training config (docs/configs/demo.yaml works as is) plus
     bench: {strategies: [grpo, trace], seeds: 3, warmup_prompts: 48}
 
-    trace-gym bench --config bench.yaml --set rollout.roots=64 --set bench.seeds=5
+    trace-gym bench --config bench.yaml --set rollout.budget.roots=64 --set bench.seeds=5
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from trace_agent.config import PredictorSettings, RolloutSettings, SamplingSettings, TrainConfig
+from trace_agent.config import PredictorSettings, SamplingSettings, TrainConfig
 from trace_agent.config_flags import BENCH_PREDICTORS
 from trace_agent.errors import ConfigError
 from trace_agent.policy.base import SamplingConfig
@@ -39,15 +39,16 @@ DEFAULT_STRATEGIES: tuple[str, ...] = ("grpo", "pcl", "treepo", "trace", "trace-
 #: Where the bench departs from the training config's defaults (config key -> value), on purpose; every other
 #: knob it shares with ``trace-gym train`` takes the config tree's default (:mod:`trace_agent.config`):
 #:
-#: - ``rollout.roots`` 32 and ``rollout.continuations_per_root`` 2: a bench batch of (M, N) = (32, 2), the
-#:   paper's N at eight groups of four: the batch the README's and docs/guides/benchmark.md's commands measure.
+#: - ``rollout.budget.roots`` 32 and ``rollout.budget.continuations_per_root`` 2: a bench batch of
+#:   (M, N) = (32, 2), the paper's N at eight groups of four: the batch the README's and
+#:   docs/guides/benchmark.md's commands measure.
 #: - ``rollout.prompts_per_step`` 16: the candidate pool of a batch, twice the most prompts the batch can
 #:   train on (M / group size = 8), so that a strategy chooses which prompts to skip.
 #: - ``sampling.max_new_tokens`` 160: the turn length of the demo configs (``docs/configs/demo.yaml``) that
 #:   trained the bench's default policy, the shipped demo one.
 #:
 #: A ``--config`` file replaces them (its values, else the config tree's defaults).
-BENCH_OVERRIDES: dict[str, Any] = {"rollout.roots": 32, "rollout.continuations_per_root": 2,
+BENCH_OVERRIDES: dict[str, Any] = {"rollout.budget.roots": 32, "rollout.budget.continuations_per_root": 2,
                                    "rollout.prompts_per_step": 16, "sampling.max_new_tokens": 160}
 
 
@@ -105,8 +106,8 @@ class BenchConfig:
     seeds: int = BenchSettings.seeds
     prompts: int = BENCH_OVERRIDES["rollout.prompts_per_step"]
     budget: Budget = field(default_factory=lambda: Budget(
-        roots=BENCH_OVERRIDES["rollout.roots"], continuations_per_root=BENCH_OVERRIDES["rollout.continuations_per_root"],
-        group_size=RolloutSettings.group_size, continuation_cost=RolloutSettings.continuation_cost))
+        roots=BENCH_OVERRIDES["rollout.budget.roots"],
+        continuations_per_root=BENCH_OVERRIDES["rollout.budget.continuations_per_root"]))
     warmup_prompts: int = BenchSettings.warmup_prompts
     prefix_share: float | None = PredictorSettings.prefix_share
     rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(
@@ -130,9 +131,9 @@ class BenchConfig:
     def from_train_config(cls, train: TrainConfig, bench: BenchSettings | None = None, *,
                           command: str = "") -> BenchConfig:
         """The bench of a training config and a ``bench`` section: ``env_id``, ``env_kwargs``,
-        ``sampling.max_turns``, the sampling parameters, the rollout budget (``rollout.roots`` ...
-        ``prefix_cap``), ``rollout.prompts_per_step`` (the pool), the collector's settings (``seed``,
-        ``rollout.workers`` ... ``ray``: :func:`~trace_agent.collector.rollout_config`), ``predictor.kind``
+        ``sampling.max_turns``, the sampling parameters, the rollout budget (``rollout.budget``),
+        ``rollout.prompts_per_step`` (the pool), the collector's settings (``seed``,
+        ``rollout.engine``: :func:`~trace_agent.collector.rollout_config`), ``predictor.kind``
         and ``predictor.prefix_share``; the rest of the tree (policy, objective, optimiser, evaluation, log)
         is training's alone. Raises :class:`ConfigError` when the two make no bench."""
         from trace_agent.collector import rollout_config

@@ -8,7 +8,9 @@ Modules (each one job):
 - :mod:`trace_agent.engine.growth` - one prompt's tree as an asyncio task, and the bounded
   runner of many (env slots, atomic hand-off, retries);
 - :mod:`trace_agent.engine.envs` - the env-host protocol and the local (threaded) host;
-- :mod:`trace_agent.engine.ray_envs` - env workers as Ray actors (imports Ray only when used).
+- :mod:`trace_agent.engine.ray_envs` - env workers as Ray actors (imports Ray only when used);
+- :mod:`trace_agent.engine.settings` - :class:`EngineSettings`, the engine's settings a training config sets
+  (``rollout.engine``).
 
 :class:`trace_agent.rollout.TreeCollector` puts them together; docs/engine.md is the contract.
 """
@@ -29,6 +31,7 @@ from trace_agent.engine.base import (
 from trace_agent.engine.envs import EnvHost, EnvSession, LocalEnvHost
 from trace_agent.engine.ray_envs import RayConfig
 from trace_agent.engine.scheduler import EngineConfig, EngineStats, GenerationEngine, TurnRequest
+from trace_agent.engine.settings import EngineSettings
 
 __all__ = [
     "CollectionError",
@@ -45,6 +48,7 @@ __all__ = [
     "LocalEnvHost",
     "RayConfig",
     "EngineConfig",
+    "EngineSettings",
     "EngineStats",
     "GenerationEngine",
     "TurnRequest",

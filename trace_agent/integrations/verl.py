@@ -50,6 +50,7 @@ import logging
 import zlib
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -264,9 +265,7 @@ class TraceTreeWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[na
     def budget(self, prompts: int) -> Budget:
         """The chunk's (M, N) budget: M = ``rollout.n`` x ``prompts`` roots, group size ``rollout.n``."""
         n = int(self.config.actor_rollout_ref.rollout.n)
-        r = self.trace.rollout
-        return Budget(roots=n * prompts, continuations_per_root=r.continuations_per_root, group_size=n,
-                      continuation_cost=r.continuation_cost, root_cap=r.root_cap, prefix_cap=r.prefix_cap)
+        return replace(self.trace.rollout.budget, roots=n * prompts, group_size=n)
 
     def prompt_spec(self, prompt: Mapping[str, Any]) -> tuple[str, PromptSpec]:
         """(env id, PromptSpec) of a dataset row: prompt id ``"<task_id>#<index>"`` (stable across runs,

@@ -8,13 +8,15 @@ read by :func:`trace_agent.config_io.config_from_dict` with the same conversions
 
 verl reads the keys of :data:`VERL_READS`. The training config's other keys are verl's own settings or do
 not apply inside verl's loop; given in the section, each is refused with where verl sets it
-(:data:`VERL_OWN`) -- for example ``rollout.roots`` is ``actor_rollout_ref.rollout.n`` x the prompts of a
-worker's chunk and ``sampling.temperature`` is ``actor_rollout_ref.rollout.temperature``.
+(:data:`VERL_OWN`) -- for example ``rollout.budget.roots`` is ``actor_rollout_ref.rollout.n`` x the prompts
+of a worker's chunk and ``sampling.temperature`` is ``actor_rollout_ref.rollout.temperature``.
 
 The flat keys of the section's first form (``max_turns``, ``strategy``, ``continuations_per_root``,
 ``continuation_cost``, ``root_cap``, ``max_new_tokens``, ``predictor`` as a string, ``predictor_prefixes``,
 ``split``) are read as aliases of the nested ones (:data:`VERL_ALIASES`); a setting given both ways is an
-error. Defaults are the training config's, except the two of :data:`VERL_OVERRIDES`, each with its reason.
+error; so are the training config's own flat keys (``rollout.root_cap`` is ``rollout.budget.root_cap``,
+:data:`trace_agent.config_io.FLAT_ALIASES`). Defaults are the training config's, except the two of
+:data:`VERL_OVERRIDES`, each with its reason.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from trace_agent.budget import Budget
 from trace_agent.config import PredictorSettings, RolloutSettings, SamplingSettings, TrainConfig
-from trace_agent.config_io import config_from_dict, config_to_dict
+from trace_agent.config_io import canonical_key, config_from_dict, config_to_dict, resolve_aliases
 from trace_agent.errors import ConfigError
 from trace_agent.policy.base import SamplingConfig
 from trace_agent.strategies import STRATEGY_NAMES
@@ -35,19 +38,19 @@ __all__ = ["TraceVerlConfig", "VerlSampling", "VERL_OVERRIDES", "VERL_READS", "V
 
 #: Where verl's ``trace`` section departs from the training config's defaults (config key -> value), on purpose:
 #:
-#: - ``rollout.continuations_per_root``: 2, the paper's N (its (M, N) = (1024, 2) shape); a training run's 1 is
-#:   the demo configs' small-CPU shape.
+#: - ``rollout.budget.continuations_per_root``: 2, the paper's N (its (M, N) = (1024, 2) shape); a training
+#:   run's 1 is the demo configs' small-CPU shape.
 #: - ``sampling.max_new_tokens``: None, meaning verl's own ``rollout.response_length``, so that a turn never
 #:   outgrows the response verl reserves for it.
-VERL_OVERRIDES: dict[str, Any] = {"rollout.continuations_per_root": 2, "sampling.max_new_tokens": None}
+VERL_OVERRIDES: dict[str, Any] = {"rollout.budget.continuations_per_root": 2, "sampling.max_new_tokens": None}
 
 #: The keys of the ``trace`` section that verl's worker reads (the training config's names; ``env_threads`` is
 #: verl's own: trace-gym envs, and threads growing trees, per agent-loop worker).
 VERL_READS: tuple[str, ...] = (
     "env_id", "env_kwargs", "train_split", "seed", "env_threads",
     "sampling.max_turns", "sampling.max_new_tokens",
-    "rollout.strategy", "rollout.continuations_per_root", "rollout.continuation_cost", "rollout.root_cap",
-    "rollout.prefix_cap",
+    "rollout.strategy", "rollout.budget.continuations_per_root", "rollout.budget.continuation_cost",
+    "rollout.budget.root_cap", "rollout.budget.prefix_cap",
     "predictor.kind", "predictor.prefixes",
 )
 
@@ -56,15 +59,15 @@ VERL_OWN: dict[str, str] = {
     "sampling.temperature": "actor_rollout_ref.rollout.temperature",
     "sampling.top_p": "actor_rollout_ref.rollout.top_p",
     "rollout.prompts_per_step": "data.train_batch_size (each agent-loop worker allocates over its chunk)",
-    "rollout.roots": "actor_rollout_ref.rollout.n x the prompts of a worker's chunk",
-    "rollout.group_size": "actor_rollout_ref.rollout.n",
-    "rollout.workers": "trace.env_threads (per agent-loop worker)",
-    "rollout.concurrent_prompts": "actor_rollout_ref.rollout.agent.num_workers x trace.env_threads",
-    "rollout.max_batch_size": "verl's rollout servers (they batch every worker's requests)",
-    "rollout.batching": "verl's rollout servers (they batch every worker's requests)",
-    "rollout.max_wait_s": "verl's rollout servers (they batch every worker's requests)",
-    "rollout.backend": "verl's Ray cluster (the envs live in the agent-loop workers)",
-    "rollout.ray": "verl's Ray cluster (the envs live in the agent-loop workers)",
+    "rollout.budget.roots": "actor_rollout_ref.rollout.n x the prompts of a worker's chunk",
+    "rollout.budget.group_size": "actor_rollout_ref.rollout.n",
+    "rollout.engine.workers": "trace.env_threads (per agent-loop worker)",
+    "rollout.engine.concurrent_prompts": "actor_rollout_ref.rollout.agent.num_workers x trace.env_threads",
+    "rollout.engine.max_batch_size": "verl's rollout servers (they batch every worker's requests)",
+    "rollout.engine.batching": "verl's rollout servers (they batch every worker's requests)",
+    "rollout.engine.max_wait_s": "verl's rollout servers (they batch every worker's requests)",
+    "rollout.engine.backend": "verl's Ray cluster (the envs live in the agent-loop workers)",
+    "rollout.engine.ray": "verl's Ray cluster (the envs live in the agent-loop workers)",
     "predictor.path": "nothing: verl's shared predictor is embedding or hashed (no lm-critic checkpoint)",
     "predictor.prefix_share": "nothing: the shared predictor trains on the paper's prefix share (0.06)",
     "predictor.refresh": "nothing: the shared predictor refreshes when the strategy reads it (auto)",
@@ -88,9 +91,9 @@ VERL_ALIASES: dict[str, str] = {
     "max_turns": "sampling.max_turns",
     "max_new_tokens": "sampling.max_new_tokens",
     "strategy": "rollout.strategy",
-    "continuations_per_root": "rollout.continuations_per_root",
-    "continuation_cost": "rollout.continuation_cost",
-    "root_cap": "rollout.root_cap",
+    "continuations_per_root": "rollout.budget.continuations_per_root",
+    "continuation_cost": "rollout.budget.continuation_cost",
+    "root_cap": "rollout.budget.root_cap",
     "predictor_prefixes": "predictor.prefixes",
 }
 
@@ -99,6 +102,8 @@ VERL_ALIASES: dict[str, str] = {
 VERL_PREDICTOR_KINDS: tuple[str, ...] = ("embedding", "hashed")
 
 _SECTIONS = ("sampling", "rollout", "predictor")
+#: Sections inside a section whose keys verl reads or refuses one by one.
+_INNER = ("rollout.budget", "rollout.engine")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,7 +133,8 @@ class VerlSampling(SamplingSettings):
 
 
 def _verl_rollout() -> RolloutSettings:
-    return RolloutSettings(continuations_per_root=VERL_OVERRIDES["rollout.continuations_per_root"])
+    n = VERL_OVERRIDES["rollout.budget.continuations_per_root"]
+    return RolloutSettings(budget=Budget(continuations_per_root=n))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,8 +181,10 @@ class TraceVerlConfig:
         if self.predictor.kind not in VERL_PREDICTOR_KINDS:
             raise ConfigError(f"trace.predictor.kind must be {' or '.join(VERL_PREDICTOR_KINDS)} (verl's shared "
                               f"predictor), got {self.predictor.kind!r}")
-        for name in _SECTIONS:
-            section = getattr(self, name)
+        for name in (*_SECTIONS, *_INNER):
+            section: Any = self
+            for part in name.split("."):
+                section = getattr(section, part)
             default = type(section)()
             for f in dataclasses.fields(section):
                 key = f"{name}.{f.name}"
@@ -215,15 +223,18 @@ class TraceVerlConfig:
         return cls.from_dict(data)  # type: ignore[arg-type]
 
 
-def _own_message(key: str) -> str:
-    where = VERL_OWN[key]
+def _own_message(key: str, *, given: str | None = None) -> str:
+    """The refusal of ``key`` (a key of :data:`VERL_OWN`), written as ``given`` (its flat alias) when given so."""
+    where, shown = VERL_OWN[key], given or key
     if where.startswith("nothing"):
-        return f"trace.{key}: verl does not read it ({where.removeprefix('nothing: ')}); remove it"
-    return f"trace.{key}: verl takes it from its own config ({where}); set it there and remove it here"
+        return f"trace.{shown}: verl does not read it ({where.removeprefix('nothing: ')}); remove it"
+    return f"trace.{shown}: verl takes it from its own config ({where}); set it there and remove it here"
 
 
 def _resolve_aliases(data: Any) -> dict[str, Any]:
-    """A copy of ``data`` with each flat alias moved to its nested key (both given: an error)."""
+    """A copy of ``data`` with each flat alias moved to its nested key (both given: an error): the training
+    config's own (``rollout.root_cap``, :data:`~trace_agent.config_io.FLAT_ALIASES`), then the section's first
+    form (:data:`VERL_ALIASES`)."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"verl's trace section must be a mapping, got {type(data).__name__}")
     out: dict[str, Any] = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
@@ -232,16 +243,26 @@ def _resolve_aliases(data: Any) -> dict[str, Any]:
             out[name] = {}  # a null section: its defaults (verl's, not the bare section class's)
     if "predictor" in out and not isinstance(out["predictor"], Mapping):
         out["predictor"] = {"kind": out["predictor"]}  # the flat form: trace.predictor: hashed
+    if isinstance(out.get("rollout"), Mapping):
+        for name in out["rollout"]:  # a flat key verl sets elsewhere is refused as it was written
+            key = f"rollout.{name}"
+            if canonical_key(key) != key and canonical_key(key) in VERL_OWN:
+                raise ConfigError(_own_message(canonical_key(key), given=key))
+        out = resolve_aliases(out, prefix="trace.")
     for flat, nested in VERL_ALIASES.items():
         if flat not in out:
             continue
         value = out.pop(flat)
-        section, _, name = nested.rpartition(".")
+        *sections, name = nested.split(".")
         node = out
-        if section:
-            node = out.setdefault(section, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"trace.{section} must be a mapping of {section} settings, got {node!r}")
+        for i, section in enumerate(sections):
+            child = node.get(section)
+            if child is None:
+                child = {}
+            if not isinstance(child, Mapping):
+                where = ".".join(sections[:i + 1])
+                raise ConfigError(f"trace.{where} must be a mapping of {section} settings, got {child!r}")
+            node[section] = node = dict(child)
         if name in node:
             raise ConfigError(f"trace.{flat} and trace.{nested} are one setting (trace.{flat} is its flat alias); "
                               f"give only one (over the shipped recipe, override trace.{nested})")
@@ -258,14 +279,21 @@ def _check_keys(data: Mapping[str, Any]) -> None:
         if key not in fields:
             raise ConfigError(f"trace.{key}: unknown setting; verl reads trace.{{{', '.join(VERL_READS)}}}")
         if key in _SECTIONS and isinstance(value, Mapping):
-            known = {f.name for f in dataclasses.fields(fields[key].default_factory())}  # type: ignore[misc]
-            for name in value:
-                if f"{key}.{name}" in VERL_OWN:
-                    raise ConfigError(_own_message(f"{key}.{name}"))
-                if name not in known:
-                    reads = [k.partition(".")[2] for k in VERL_READS if k.startswith(f"{key}.")]
-                    raise ConfigError(f"trace.{key}.{name}: unknown setting; verl reads trace.{key}."
-                                      f"{{{', '.join(reads)}}}")
+            _check_section(key, fields[key].default_factory(), value)  # type: ignore[misc]
+
+
+def _check_section(key: str, section: Any, value: Mapping[str, Any]) -> None:
+    """:func:`_check_keys` inside the section ``key`` (an instance of its class), and the sections of :data:`_INNER`."""
+    known = {f.name for f in dataclasses.fields(section)}
+    for name, inner in value.items():
+        if f"{key}.{name}" in VERL_OWN:
+            raise ConfigError(_own_message(f"{key}.{name}"))
+        if name not in known:
+            reads = [k.removeprefix(f"{key}.") for k in VERL_READS if k.startswith(f"{key}.")]
+            raise ConfigError(f"trace.{key}.{name}: unknown setting; verl reads trace.{key}."
+                              f"{{{', '.join(reads)}}}")
+        if f"{key}.{name}" in _INNER and isinstance(inner, Mapping):
+            _check_section(f"{key}.{name}", getattr(section, name), inner)
 
 
 def _merge(base: dict[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:

@@ -115,12 +115,15 @@ class ComparisonResult:
         return f"{text} ± {se:.3f} (s.e.)" if math.isfinite(se) else text
 
     def to_markdown(self) -> str:
-        r, c, e = self.config["rollout"], self.config, self.config["eval"]
-        units = r["roots"] * (1 + r["continuations_per_root"] * r["continuation_cost"])
+        from trace_agent.config_io import resolve_aliases
+
+        c = resolve_aliases(self.config)  # a config written with the flat keys reads as the nested one
+        r, b, e = c["rollout"], c["rollout"]["budget"], c["eval"]
+        units = b["roots"] * (1 + b["continuations_per_root"] * b["continuation_cost"])
         lines = [f"Command: `{self.command}`" if self.command else "", "",
                  f"`{c['env_id']}`: {len(self.seeds)} seeds ({', '.join(map(str, self.seeds))}) x {c['steps']} steps "
-                 f"per run; budget per step {units:g} paper units (M = {r['roots']}, N = {r['continuations_per_root']}, "
-                 f"group {r['group_size']}, {r['prompts_per_step']} candidate prompts); objective "
+                 f"per run; budget per step {units:g} paper units (M = {b['roots']}, N = {b['continuations_per_root']}, "
+                 f"group {b['group_size']}, {r['prompts_per_step']} candidate prompts); objective "
                  f"{c['objective']['name']}; held-out: {self.base['tasks']} `{e['split']}` tasks x {self.base['samples']} "
                  f"samples; starting policy {self._base_text()}.", "",
                  "| strategy | held-out success after (mean ± sd over seeds) [min, max] | per seed | vs "

@@ -162,6 +162,7 @@ def check_hf_generate(device: str, quick: bool) -> Row:
 
 def check_trace_step(device: str, quick: bool) -> Row:
     """The ``trace-step`` row."""
+    from trace_agent.budget import Budget
     from trace_agent.config import (
         ObjectiveConfig,
         OptimConfig,
@@ -180,8 +181,8 @@ def check_trace_step(device: str, quick: bool) -> Row:
             env_id=DEFAULT_ENV_ID, steps=1, seed=0, out_dir=tmp,
             policy=PolicyConfig(kind="tiny", device=device),
             sampling=SamplingSettings(max_new_tokens=16 if quick else 64, temperature=1.0, max_turns=2),
-            rollout=RolloutSettings(strategy="trace", prompts_per_step=roots, roots=roots, continuations_per_root=1,
-                                    group_size=2),
+            rollout=RolloutSettings(strategy="trace", prompts_per_step=roots,
+                                    budget=Budget(roots=roots, continuations_per_root=1, group_size=2)),
             objective=ObjectiveConfig(name="treerpo"),
             optim=OptimConfig(lr=1e-3, minibatches=1, micro_batch=8),
             predictor=PredictorSettings(kind="policy-states"),

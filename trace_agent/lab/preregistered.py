@@ -70,8 +70,8 @@ class Arm(NamedTuple):
 
     Attributes:
         strategy: the rollout strategy (``rollout.strategy``).
-        multiple: K of ``@Kx``: ``rollout.roots`` times K (1 without it).
-        shape: (M, N) of ``/MxN``: ``rollout.roots`` and ``rollout.continuations_per_root`` (None: the config's).
+        multiple: K of ``@Kx``: ``rollout.budget.roots`` times K (1 without it).
+        shape: (M, N) of ``/MxN``: ``rollout.budget.roots`` and ``rollout.budget.continuations_per_root`` (None: the config's).
         warm: (W, G) of ``+warmWxG``: ``predictor.warm_start_tasks`` and ``warm_start_roots`` (None: the config's).
     """
 
@@ -87,8 +87,8 @@ _WARM = re.compile(r"warm([0-9]+)x([0-9]+)")
 def parse_arm(arm: str) -> Arm:
     """An arm name: ``STRATEGY[@Kx][/MxN][+warmWxG]``.
 
-    ``"grpo@2x"`` -> ``("grpo", 2, None, None)`` (``rollout.roots`` times 2); ``"trace/24x6"`` -> ``("trace", 1,
-    (24, 6), None)`` (``rollout.roots = 24``, ``rollout.continuations_per_root = 6``: a budget shape);
+    ``"grpo@2x"`` -> ``("grpo", 2, None, None)`` (``rollout.budget.roots`` times 2); ``"trace/24x6"`` -> ``("trace", 1,
+    (24, 6), None)`` (``rollout.budget.roots = 24``, ``rollout.budget.continuations_per_root = 6``: a budget shape);
     ``"trace+warm45x4"`` -> ``("trace", 1, None, (45, 4))`` (the predictor warmed up on 45 train tasks x 4 roots:
     ``predictor.warm_start_tasks = 45``, ``predictor.warm_start_roots = 4``); ``"trace"`` -> ``("trace", 1, None,
     None)`` (the config's own rollout and predictor).

@@ -32,7 +32,7 @@ def test_overrides_reach_the_rollout_config() -> None:
                                  {"ray": {"object_store_mb": 8}}])
 def test_bad_engine_settings_are_refused(bad) -> None:
     with pytest.raises(ConfigError):
-        config_from_dict(RolloutSettings, bad)
+        config_from_dict(RolloutSettings, {"engine": bad})
 
 
 def test_flat_ray_keys_are_aliases_of_the_nested_ray_section(tmp_path) -> None:
@@ -43,8 +43,8 @@ def test_flat_ray_keys_are_aliases_of_the_nested_ray_section(tmp_path) -> None:
     nested = load_config(None, ["rollout.backend=ray", "rollout.ray={workers: 3, num_cpus_per_worker: 0.5, "
                                 "memory_per_worker_mb: 512, address: auto, object_store_mb: 128, temp_dir: /tmp/r}"])
     assert load_config(flat) == nested
-    assert load_config(None, ["rollout.ray_workers=4"]).rollout.ray.workers == 4
-    with pytest.raises(ConfigError, match="rollout.ray"):
+    assert load_config(None, ["rollout.ray_workers=4"]).rollout.engine.ray.workers == 4
+    with pytest.raises(ConfigError, match="rollout.engine.ray"):
         load_config(None, ["rollout.ray_object_store_mb=8"])
 
 
@@ -56,7 +56,8 @@ def test_cli_flags_set_the_backend() -> None:
     args = parser.parse_args(["train", "--backend", "ray", "--ray-workers", "3", "--ray-address", "auto",
                               "--batching", "dynamic"])
     cfg = config_from_args(args)
-    assert (cfg.rollout.backend, cfg.rollout.ray.workers, cfg.rollout.ray.address, cfg.rollout.batching) == (
+    e = cfg.rollout.engine
+    assert (e.backend, e.ray.workers, e.ray.address, e.batching) == (
         "ray", 3, "auto", "dynamic")
 
 

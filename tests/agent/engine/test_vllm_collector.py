@@ -49,7 +49,7 @@ def generator(request, model_dir):
 
         recipe = load_config(RECIPE, [f"policy.path={model_dir}", "policy.device=cpu", "policy.dtype=float32",
                                       f"policy.engine_kwargs={engine_kwargs}"])
-        assert recipe.policy.kind == "vllm-async" and recipe.rollout.workers > 1
+        assert recipe.policy.kind == "vllm-async" and recipe.rollout.engine.workers > 1
         config = recipe.policy
     else:
         config = PolicyConfig(kind=request.param, path=str(model_dir), engine_kwargs=engine_kwargs)

@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--runs", default=None, metavar="DIR",
                    help="pre-registered mode: write one compact JSON per finished (arm, seed) run into DIR (runs "
                         "already there are skipped), held-out evaluations every eval.every steps; an arm is a "
-                        "strategy, optionally with a budget multiple ('grpo@2x': rollout.roots times 2) and a budget shape "
+                        "strategy, optionally with a budget multiple ('grpo@2x': rollout.budget.roots times 2) and a budget shape "
                         "('trace/24x6': 24 roots, 6 continuations per root); seed-major")
     tab = sub.add_parser("table", help="rebuild the pre-registered comparison's table from its per-run files alone")
     tab.add_argument("--runs", required=True, metavar="DIR", help="the per-run JSON files of `train --runs`")

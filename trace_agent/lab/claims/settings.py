@@ -98,8 +98,8 @@ def train_config(args: argparse.Namespace) -> Any:
     path = args.config or str(CONFIG_DIR / "demo.yaml")
     flags = [f"out_dir={json.dumps(args.out)}", "log.progress=false"]
     if args.small:
-        flags += ["steps=1", "rollout.prompts_per_step=4", "rollout.roots=8", "rollout.continuations_per_root=1",
-                  "rollout.group_size=4", "eval.tasks=2", "eval.samples=1", "eval.every=0", "optim.minibatches=1"]
+        flags += ["steps=1", "rollout.prompts_per_step=4", "rollout.budget.roots=8", "rollout.budget.continuations_per_root=1",
+                  "rollout.budget.group_size=4", "eval.tasks=2", "eval.samples=1", "eval.every=0", "optim.minibatches=1"]
     if args.env:
         flags.append(f"env_id={json.dumps(args.env)}")
     if args.steps is not None:

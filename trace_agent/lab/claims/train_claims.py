@@ -127,12 +127,13 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
                 log(f"{path.name}: already there, skipped")
                 continue
             strategy, mult, shape, warm = parse_arm(arm)
-            roots, continuations = shape or (config.rollout.roots, config.rollout.continuations_per_root)
+            roots, continuations = shape or (config.rollout.budget.roots, config.rollout.budget.continuations_per_root)
             tasks, group = warm or (config.predictor.warm_start_tasks, config.predictor.warm_start_roots)
             run_dir = Path(config.out_dir) / path.stem
             cfg = replace(config, seed=seed, out_dir=str(run_dir),
-                          rollout=replace(config.rollout, strategy=strategy, roots=roots * mult,
-                                          continuations_per_root=continuations),
+                          rollout=replace(config.rollout, strategy=strategy,
+                                          budget=replace(config.rollout.budget, roots=roots * mult,
+                                                         continuations_per_root=continuations)),
                           predictor=replace(config.predictor, warm_start_tasks=tasks, warm_start_roots=group))
             t = time.perf_counter()
             rep = run_training(cfg, evaluate="after", log=lambda _m: None)
@@ -145,7 +146,7 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
                      for r in records if "rollout/effective_ratio" in r]
             warm_record = next((r for r in records if "warm_start/tasks" in r), None)
             data = {"arm": arm, "strategy": strategy, "budget_multiple": mult,
-                    "shape": [cfg.rollout.roots, cfg.rollout.continuations_per_root], "seed": seed, **code,
+                    "shape": [cfg.rollout.budget.roots, cfg.rollout.budget.continuations_per_root], "seed": seed, **code,
                     "command": args.command_line, "config": config_to_dict(cfg), "seconds": seconds,
                     "paper_units": rep.paper_units, "generated_tokens": rep.generated_tokens, "evals": evals,
                     "steps": steps, "warm_start": _warm_start_data(warm_record)}
