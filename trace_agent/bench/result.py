@@ -16,7 +16,7 @@ from trace_agent.bench.config import BenchConfig
 from trace_agent.bench.plots import plot_result
 from trace_agent.rollout import Collection
 
-__all__ = ["BenchResult", "summarize"]
+__all__ = ["BenchResult", "bench_row", "summarize"]
 
 _SUMMARY_KEYS = ("effective_ratio", "success_rate", "mixed_trees", "active_prompts", "contrast_pairs", "skipped", "root_rollouts",
                  "continuations", "paper_units", "generated_tokens", "env_steps", "wall_seconds",
@@ -118,7 +118,8 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
-def _row(collection: Collection, seed: int) -> dict[str, Any]:
+def bench_row(collection: Collection, seed: int) -> dict[str, Any]:
+    """One row of ``bench.json``: a strategy's batch on one seed (effective ratio, success, budget spent, skips)."""
     s = collection.stats()
     return {
         "strategy": collection.strategy, "seed": seed, "effective_ratio": s.effective_ratio,

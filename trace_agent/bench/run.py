@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from trace_agent.bench.config import BenchConfig
-from trace_agent.bench.result import BenchResult, _row, summarize
+from trace_agent.bench.result import BenchResult, bench_row, summarize
 from trace_agent.config import TrainConfig
 from trace_agent.env_factory import make_env_factory, task_ids
 from trace_agent.rollout import PromptSpec, TreeCollector
@@ -102,7 +102,7 @@ def run_bench(
             for strategy in chosen:
                 bar.set_postfix(seed=seed, strategy=strategy.name)
                 batch = collector.collect(pool, strategy, config.budget, seed=seed)
-                row = _row(batch, seed)
+                row = bench_row(batch, seed)
                 rows.append(row)
                 for tree in batch.trees:
                     tree.metadata.update(strategy=strategy.name, seed=seed)
