@@ -180,20 +180,21 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
             rec.requests = []
             eng = _collect_once(engine_c, name, **kw)
             flat = _flat(policy, rec.requests, max_new_tokens=args.max_new_tokens, batch=48)
-            per = flat if args.no_per_prompt else _collect_once(per_c, name, **kw)
+            per = None if args.no_per_prompt else _collect_once(per_c, name, **kw)
             by_reset = None if reset_c is None else _collect_once(reset_c, name, **kw)
             row = {"strategy": name, "repeat": rep, "engine": eng, "per_prompt": per, "flat": flat,
                    "engine_vs_flat": eng["tokens_per_s"] / flat["tokens_per_s"],
-                   "per_prompt_vs_flat": per["tokens_per_s"] / flat["tokens_per_s"],
+                   "per_prompt_vs_flat": math.nan if per is None else per["tokens_per_s"] / flat["tokens_per_s"],
                    "engine_vs_flat_cpu": eng["tokens_per_cpu_s"] / flat["tokens_per_cpu_s"],
-                   "per_prompt_vs_flat_cpu": per["tokens_per_cpu_s"] / flat["tokens_per_cpu_s"], "load": _load()}
+                   "per_prompt_vs_flat_cpu": (math.nan if per is None
+                                              else per["tokens_per_cpu_s"] / flat["tokens_per_cpu_s"]),
+                   "load": _load()}
             if by_reset is not None:
                 row["by_reset"] = by_reset
                 row["by_reset_vs_flat"] = by_reset["tokens_per_s"] / flat["tokens_per_s"]
             rows.append(row)
             print(f"[{name} r{rep}] engine {eng['mean_batch']:.1f} seq/call {eng['tokens_per_s']:.0f} tok/s "
-                  f"{eng['tokens_per_cpu_s']:.0f} tok/cpu-s | per-prompt {per['mean_batch']:.1f} seq/call "
-                  f"{per['tokens_per_s']:.0f} tok/s {per['tokens_per_cpu_s']:.0f} tok/cpu-s | flat "
+                  f"{eng['tokens_per_cpu_s']:.0f} tok/cpu-s | {_per_prompt_line(per)} | flat "
                   f"{flat['mean_batch']:.1f} seq/call {flat['tokens_per_s']:.0f} tok/s {flat['tokens_per_cpu_s']:.0f} "
                   f"tok/cpu-s | engine/flat {row['engine_vs_flat']:.2f} (cpu {row['engine_vs_flat_cpu']:.2f}) "
                   f"per-prompt/flat {row['per_prompt_vs_flat']:.2f} (cpu {row['per_prompt_vs_flat_cpu']:.2f}) "
@@ -218,15 +219,18 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
             for r in rs:
                 v: Any = r
                 for k in path:
-                    v = v[k]
+                    v = math.nan if v is None else v[k]  # a skipped run (--no-per-prompt) has no figures
                 vals.append(float(v))
             return statistics.median(vals)
 
         def spread(key: str, rs=rs) -> str:
             vals = [float(r[key]) for r in rs]
+            if any(math.isnan(v) for v in vals):
+                return "–"
             return f"{statistics.median(vals):.2f} ({min(vals):.2f}-{max(vals):.2f})"
 
-        print(f"| {name} | {med(('engine', 'mean_batch')):.1f} | {med(('per_prompt', 'mean_batch')):.1f} | "
+        per_batch = med(("per_prompt", "mean_batch"))
+        print(f"| {name} | {med(('engine', 'mean_batch')):.1f} | {'–' if math.isnan(per_batch) else f'{per_batch:.1f}'} | "
               f"{med(('flat', 'mean_batch')):.1f} | {med(('engine', 'tokens_per_s')):.0f} | "
               f"{med(('flat', 'tokens_per_s')):.0f} | {spread('engine_vs_flat')} | {spread('engine_vs_flat_cpu')} | "
               f"{spread('per_prompt_vs_flat')} | {spread('per_prompt_vs_flat_cpu')} |")
@@ -242,6 +246,14 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
             print(f"| {name} | " + " | ".join(f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})"
                                              for v in (a, b, c)) + " |")
     return {"rows": rows}
+
+
+def _per_prompt_line(per: dict[str, Any] | None) -> str:
+    """The per-prompt collection's figures for the progress line ("skipped" under ``--no-per-prompt``)."""
+    if per is None:
+        return "per-prompt skipped"
+    return (f"per-prompt {per['mean_batch']:.1f} seq/call {per['tokens_per_s']:.0f} tok/s "
+            f"{per['tokens_per_cpu_s']:.0f} tok/cpu-s")
 
 
 def _phase_line(eng: Mapping[str, Any]) -> str:
