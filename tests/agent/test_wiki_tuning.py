@@ -110,8 +110,8 @@ def test_stage1_commands_give_each_cells_config() -> None:
         assert cfg.optim.lr == float(lr) and cfg.train_split == tt.POOLS[pool] and cfg.steps == 96
         assert (cfg.eval.split, cfg.eval.tasks, cfg.eval.samples, cfg.eval.every) == (
             f"{tt.TUNING}/valid.jsonl", 63, 8, 24)
-        assert (cfg.rollout.roots, cfg.rollout.continuations_per_root, cfg.rollout.group_size,
-                cfg.rollout.prompts_per_step) == (32, 1, 4, 24)
+        b = cfg.rollout.budget
+        assert (b.roots, b.continuations_per_root, b.group_size, cfg.rollout.prompts_per_step) == (32, 1, 4, 24)
         assert (cfg.sampling.temperature, cfg.sampling.max_new_tokens, cfg.sampling.max_turns) == (1.0, 64, 5)
     assert shlex.split(shlex.join(cmds[0][2])) == cmds[0][2]
 
