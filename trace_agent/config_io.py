@@ -70,14 +70,7 @@ OTHER_SECTIONS: dict[str, str] = {"bench": "trace-gym bench"}
 
 def config_to_dict(config: Any) -> dict[str, Any]:
     """A plain nested dict (tuples as lists) of a config dataclass."""
-    def plain(x: Any) -> Any:
-        if isinstance(x, tuple | list):
-            return [plain(v) for v in x]
-        if isinstance(x, dict):
-            return {k: plain(v) for k, v in x.items()}
-        return x
-
-    return plain(dataclasses.asdict(config))
+    return _plain(dataclasses.asdict(config))
 
 
 def config_from_dict(cls: type[Any], data: Mapping[str, Any], *, _prefix: str = "") -> Any:
