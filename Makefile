@@ -106,11 +106,12 @@ $(DEMO_STAMP): pyproject.toml Makefile
 demo: $(if $(wildcard $(STAMP)),$(STAMP),$(DEMO_STAMP))
 	$(PY) scripts/demo_train.py --out runs/demo
 
-# `make test`: ruff, the strict docs build and every test of .venv but those marked `slow` (pyproject.toml's
-# markers say which and why); a test marked `hostile` always runs, as root and, through
-# test_hostile_suite_holds_as_an_unprivileged_user, as an ordinary user. 9 to 10 minutes on a quiet 2-core machine
-# once set up (docs/benchmarks.md "Test suite time"). `make test-all` adds the slow tests and the four venv suites:
-# every test there is, each once; CI (.ci/run) runs `make test`, then the rest.
+# `make test`: ruff and every test of .venv but those marked `slow` (pyproject.toml's markers say which and why;
+# the strict docs build is one of the tests); a test marked `hostile` always runs, as root and, through
+# test_hostile_suite_holds_as_an_unprivileged_user, as an ordinary user (that rerun runs beside the rest).
+# About 10.5 minutes on a quiet 2-core machine once set up (docs/benchmarks.md "Test suite time").
+# `make test-all` adds the slow tests and the four venv suites: every test there is, each once; CI (.ci/run)
+# runs `make test`, then the rest.
 MAIN_VENV := not gpu and not vllm and not verl and not trl and not skyrl
 test: test-fast
 
@@ -120,7 +121,6 @@ test-venvs: test-vllm test-verl test-trl test-skyrl
 
 test-fast: setup
 	$(PY) -m ruff check .
-	$(DOCS_BUILD)
 	$(PY) -m pytest -q -m "(not slow or hostile) and $(MAIN_VENV)"
 
 test-slow: setup

@@ -29,6 +29,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from trace_agent.run_report import finite_float  # noqa: E402
+
 DEMO_DIR = ROOT / "docs" / "demo"
 SEEDS_DIR = DEMO_DIR / "seeds"
 SUMMARY = DEMO_DIR / "summary.json"
@@ -95,7 +97,7 @@ def seed_record(report: Mapping[str, Any], config: Mapping[str, Any], *, commit:
         "curve": [[int(s), round(float(v), 4), round(float(e), 4)] for s, v, e in report["curve"]],
         "generated_tokens": int(report["generated_tokens"]), "paper_units": float(report["paper_units"]),
         "predictor_share": float(p["predictor_share"]),
-        "predictor_busy_share": _finite(p.get("predictor_busy_share")),
+        "predictor_busy_share": finite_float(p.get("predictor_busy_share")),
         "run_s": round(float(p["total_s"]), 1), "setup_s": round(float(p["setup_s"]), 1),
         "evaluations_s": [[int(s), round(float(t), 1)] for s, t in p["evaluations"]],
         "steps_s": round(float(p["steps_s"]), 1), "other_s": round(float(p["other_s"]), 1),
@@ -152,15 +154,6 @@ def load_seeds(seeds_dir: Path = SEEDS_DIR) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------ rendering
-
-
-def _finite(value: Any) -> float | None:
-    """``value`` as a float, None when it is missing or not finite (a report without that figure)."""
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        return None
-    return f if f == f and abs(f) != float("inf") else None
 
 
 def _fmt(value: Any, spec: str) -> str:

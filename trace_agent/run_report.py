@@ -43,6 +43,7 @@ __all__ = [
     "load_run_report",
     "print_run_report",
     "REPORT_FILE",
+    "finite_float",
 ]
 
 #: The report's file in a run directory (written by :func:`trace_agent.run.run_training`).
@@ -196,7 +197,8 @@ class Phases:
         return sum(s for _, s in self.evaluations)
 
 
-def _num(value: Any) -> float | None:
+def finite_float(value: Any) -> float | None:
+    """``value`` as a float; None where it is missing, not a number or not finite (a record without that figure)."""
     try:
         f = float(value)
     except (TypeError, ValueError):
@@ -210,13 +212,13 @@ def run_phases(records: Sequence[Mapping[str, Any]], *, total_s: float, setup_s:
     Evaluations are the records' ``eval/seconds``; steps their ``time/step_s`` (and the
     ``time/<part>_s`` parts); ``other_s`` is what is left of ``total_s`` (never below 0).
     """
-    evaluations = tuple((int(r["step"]), s) for r in records if (s := _num(r.get("eval/seconds"))) is not None)
-    steps = [r for r in records if _num(r.get("time/step_s")) is not None]
+    evaluations = tuple((int(r["step"]), s) for r in records if (s := finite_float(r.get("eval/seconds"))) is not None)
+    steps = [r for r in records if finite_float(r.get("time/step_s")) is not None]
     steps_s = sum(float(r["time/step_s"]) for r in steps)
-    parts = {k: sum(_num(r.get(f"time/{k}_s")) or 0.0 for r in steps)
+    parts = {k: sum(finite_float(r.get(f"time/{k}_s")) or 0.0 for r in steps)
              for k in ("generation", "env", "predictor", "update")}
     other = total_s - setup_s - steps_s - sum(s for _, s in evaluations)
-    busy = [(_num(r.get("time/predictor_scoring_busy_s")), _num(r.get("time/predictor_refresh_s"))) for r in steps]
+    busy = [(finite_float(r.get("time/predictor_scoring_busy_s")), finite_float(r.get("time/predictor_refresh_s"))) for r in steps]
     busy_s = sum(a + (b or 0.0) for a, b in busy) if busy and all(a is not None for a, _ in busy) else math.nan
     return Phases(total_s=total_s, setup_s=setup_s, evaluations=evaluations, steps_s=steps_s,
                   first_step_s=float(steps[0]["time/step_s"]) if steps else 0.0, step_parts=parts,
@@ -292,8 +294,8 @@ def build_run_report(train: Any, records: Sequence[Mapping[str, Any]], *, title:
     evaluation or step, ``samples`` the episodes per held-out task.
     """
     change = heldout_change(train.before, train.after) if train.before and train.after else None
-    curve = tuple((int(r["step"]), float(r["eval/success"]), _num(r.get("eval/success_se")) or 0.0)
-                  for r in records if _num(r.get("eval/success")) is not None)
+    curve = tuple((int(r["step"]), float(r["eval/success"]), finite_float(r.get("eval/success_se")) or 0.0)
+                  for r in records if finite_float(r.get("eval/success")) is not None)
     return RunReport(title=title, out_dir=str(train.out_dir), steps=int(train.steps), change=change, samples=samples,
                      curve=curve, effective_ratio=tuple(train.effective_ratio),
                      train_success=tuple(train.train_success), paper_units=float(train.paper_units),

@@ -16,24 +16,20 @@ from __future__ import annotations
 
 import errno
 import os
-import shlex
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.envs import unprivileged
 from trace_envs.python_tool.sandbox import REQUIRED_LAYERS, Sandbox, SandboxConfig, SandboxCrashed
 
 pytestmark = pytest.mark.hostile
 
 ROOT = os.geteuid() == 0
-PROJECT = Path(__file__).resolve().parents[2]
-TEST_USER = "trace-gym-tester"
 
 # Reaches the server's Runtime through a signal handler's frame (no audit event on f_back/f_locals).
 BYPASS = textwrap.dedent("""
@@ -195,87 +191,14 @@ def test_process_cap_holds_for_every_user(bypassed):
     assert line.split()[2] == str(bypassed.config.max_processes)
 
 
-def _closed_dirs_on_the_way(path: str) -> list[str]:
-    """``path`` and its ancestors that other users cannot traverse (/root holding ~/.pyenv, a checkout in a
-    ``mktemp -d`` dir)."""
-    parts, current, closed = Path(path).resolve().parts[1:], "/", []
-    for part in parts:
-        current = os.path.join(current, part)
-        if not os.stat(current).st_mode & 0o001:
-            closed.append(current)
-    return closed
-
-
-def _expose_commands(targets: list[str], stage_root: str) -> list[str]:
-    """Shell commands (run as root in a private mount namespace) that let any user reach ``targets``.
-
-    Each closed dir on the way is covered by a 0755 tmpfs into which the entries on the way are bind-mounted
-    back from a staged view of it (every entry, where the closed dir is a target itself); what is not on the
-    way stays out of sight, and what is exposed keeps its own modes.
-    """
-    resolved = [Path(t).resolve() for t in targets]
-    commands: list[str] = []
-    for number, top in enumerate(sorted({d for t in resolved for d in _closed_dirs_on_the_way(str(t))})):
-        needed = set()
-        for target in resolved:
-            if target == Path(top):
-                needed.update(os.listdir(top))
-            elif target.is_relative_to(top):
-                needed.add(target.relative_to(top).parts[0])
-        stage, quoted = f"{stage_root}/.stage{number}", shlex.quote(top)
-        commands.append(f"mkdir -p {shlex.quote(stage)} && mount --bind {quoted} {shlex.quote(stage)} && "
-                        f"mount -t tmpfs -o mode=0755 tmpfs {quoted}")
-        for name in sorted(needed):
-            make = "mkdir -p" if os.path.isdir(os.path.join(top, name)) else "touch"
-            commands.append(f"{make} {shlex.quote(f'{top}/{name}')} && "
-                            f"mount --bind {shlex.quote(f'{stage}/{name}')} {shlex.quote(f'{top}/{name}')}")
-    return commands
-
-
-def _ensure_test_user() -> int:
-    import pwd
-
-    try:
-        return pwd.getpwnam(TEST_USER).pw_uid
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", TEST_USER],
-                       check=True, capture_output=True)
-        return pwd.getpwnam(TEST_USER).pw_uid
-
-
-@pytest.mark.skipif(not ROOT, reason="this run already is an ordinary user's")
-@pytest.mark.skipif(shutil.which("setpriv") is None or shutil.which("unshare") is None,
-                    reason="needs util-linux's setpriv and unshare")
-def test_hostile_suite_holds_as_an_unprivileged_user():
+@pytest.mark.skipif(unprivileged.skip_reason() is not None, reason=str(unprivileged.skip_reason()))
+def test_hostile_suite_holds_as_an_unprivileged_user(unprivileged_rerun):
     """The kernel-boundary, sandbox, snapshot, BFCL, run-dir, user-file and retrieval-server (fairness too) hostile
-    suites pass for a user with no privileges at all.
-
-    The interpreter's own files may sit under a dir other users cannot enter (/root/.pyenv), and so may the
-    checkout (a clone in a ``mktemp -d`` dir): a private mount namespace shows only those files to the test
-    user (as the sandbox's own ``expose_python`` does for its uid), nothing else of the host changes.
-    """
-    uid = _ensure_test_user()
-    base = tempfile.mkdtemp(prefix="trace-gym-nonroot-")
-    os.chown(base, uid, uid)
-    exposes = _expose_commands([sys.base_prefix, sys.prefix, str(PROJECT)], base)
-    suites = ["tests/envs/test_kernel_boundary.py", "tests/envs/test_python_sandbox.py", "tests/envs/test_hostile.py",
-              "tests/envs/test_snapshot_hostile.py",
-              "tests/envs/test_bfcl_hostile.py", "tests/agent/test_rundir_hostile.py",
-              "tests/agent/test_user_files_hostile.py",
-              "tests/retrievers/test_server_hostile.py", "tests/retrievers/test_server_fairness.py"]
-    pytest_cmd = (f"cd {PROJECT} && setpriv --reuid={uid} --regid={uid} --clear-groups env HOME={base} "
-                  f"TMPDIR={base} PYTHONDONTWRITEBYTECODE=1 {sys.executable} -m pytest -q -x -p no:cacheprovider "
-                  f"--basetemp={base}/pytest {' '.join(suites)}")
-    script = " && ".join([*exposes, pytest_cmd])
-    try:
-        proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                              capture_output=True, text=True, timeout=900)
-    finally:
-        # the JVM of the Lucene tests keeps its perf data in /tmp/hsperfdata_<user> whatever TMPDIR says
-        subprocess.run(["rm", "-rf", base, f"/tmp/hsperfdata_{TEST_USER}"], check=False)
-    tail = (proc.stdout + proc.stderr)[-3000:]
-    assert proc.returncode == 0, tail
-    assert " passed" in tail and "failed" not in tail, tail
+    suites pass for a user with no privileges at all (``tests/envs/unprivileged.py``: how, and why it runs beside
+    the rest of the suite)."""
+    outcome = unprivileged_rerun.wait()
+    assert outcome.returncode == 0, outcome.tail or f"stopped after {unprivileged.TIMEOUT_S} s"
+    assert " passed" in outcome.tail and "failed" not in outcome.tail, outcome.tail
 
 
 def test_time_budget_of_a_cell_survives_a_replaced_alarm(bypassed):

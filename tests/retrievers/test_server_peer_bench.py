@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVERS = ("ours", "uvicorn", "uvicorn+batcher")
 
 
+@pytest.mark.slow  # 40 s: three servers' scenarios; the servers' own behaviour is tested in test_server_*.py
 def test_the_peer_bench_prints_every_scenario_for_every_server() -> None:
     try:
         with socket.socket() as s:
