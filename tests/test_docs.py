@@ -88,8 +88,9 @@ def test_site_builds_in_strict_mode_without_warnings(tmp_path):
     assert not literal, f"literal Sphinx roles in {literal}"
 
 
-#: A pre-registered comparison's per-run file: ``docs/paper/<env>/[...]/<...runs...>/<arm>_s<seed>.json[.gz]``.
-RUN_FILE = re.compile(r"^docs/paper/[^/]+/(?:[^/]+/)*[^/]*runs[^/]*/[^/]+_s\d+\.json(\.gz)?$")
+#: A per-run file of ``docs/paper/<env>/[...]/<...runs...>/``: one run's record (``<arm>_s<seed>.json[.gz]``) or the
+#: folder's ``base.json`` (the starting policy's evaluation, every run's step 0).
+RUN_FILE = re.compile(r"^docs/paper/[^/]+/(?:[^/]+/)*[^/]*runs[^/]*/(?:[^/]+_s\d+\.json(\.gz)?|base\.json)$")
 
 
 def test_docs_stay_small_apart_from_the_per_run_files():
