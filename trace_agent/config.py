@@ -150,8 +150,9 @@ class SamplingSettings:
 
     Attributes:
         max_new_tokens: most tokens per assistant turn.
-        temperature: sampling temperature; training needs > 0 (the loss's importance ratios need a
-            distribution), the one rule this section adds.
+        temperature: sampling temperature; > 0, the one rule this section adds: training and bench sample
+            groups (greedy decoding gives every member the same episode) and the loss's importance ratios need
+            a distribution. Held-out evaluation has its own (``eval.temperature``, 0 allowed).
         top_p: nucleus mass (1.0 keeps behaviour log-probs exact).
         max_turns: the env's turn limit.
     """
@@ -169,7 +170,9 @@ class SamplingSettings:
         except ValueError as exc:
             raise ConfigError(f"sampling.{exc}") from None
         if not self.temperature > 0:
-            raise ConfigError("sampling.temperature must be > 0 for training")
+            raise ConfigError("sampling.temperature must be > 0: training and bench sample groups (greedy decoding "
+                              "gives every member the same episode) and the loss's importance ratios need a "
+                              "distribution; eval.temperature may be 0")
 
     @property
     def params(self) -> SamplingConfig:

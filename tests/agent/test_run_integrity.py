@@ -80,6 +80,20 @@ def test_a_locked_directory_refuses_train_and_resume_and_a_dead_holders_lock_is_
         pass
 
 
+def test_a_bench_out_dir_another_process_holds_is_refused_before_any_work(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "bench"
+    holder = _holder(out)
+    try:
+        capsys.readouterr()
+        assert main(["bench", "--seeds", "1", "--prompts", "2", "--budget", "4,1", "--no-progress",
+                     "--out", str(out)]) == 1
+        assert f"in use by another trace-gym run (pid {holder.pid} on host" in capsys.readouterr().err
+        assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]  # nothing was written
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_sighup_stops_like_ctrl_c_and_an_ignored_sighup_stays_ignored() -> None:
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     inherited = signal.signal(signal.SIGHUP, signal.SIG_DFL)  # this suite may itself run under nohup

@@ -121,12 +121,14 @@ def _cli(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from trace_agent.env_factory import check_env_id
+    from trace_agent.rundir import lock_run_dir
 
     check_env_id(config.env_id)  # before the policy loads
     _check_policy(args.policy, args.policy_cache, config.env_id)
-    policy = load_policy(args.policy, cache_dir=args.policy_cache, env_id=config.env_id)
-    result = run_bench(config, policy=policy, progress=not args.no_progress, log=tqdm.write)
-    paths = result.write(args.out)
+    with lock_run_dir(args.out):  # one bench per --out, refused before the work as a second train is
+        policy = load_policy(args.policy, cache_dir=args.policy_cache, env_id=config.env_id)
+        result = run_bench(config, policy=policy, progress=not args.no_progress, log=tqdm.write)
+        paths = result.write(args.out)
     print(result.to_markdown())
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
