@@ -40,6 +40,7 @@ from typing import Any
 
 from trace_agent.bench import load_policy
 from trace_agent.bench.cli import BENCH_FLAGS, add_bench_options, bench_defaults
+from trace_agent.config_flags import add_config_flags, add_config_options
 from trace_agent.env_factory import check_env_id
 from trace_agent.lab.claims.bench_claims import run_ablation, run_budget, run_ratio, run_shape
 from trace_agent.lab.claims.probe_claims import run_contrast, run_predictor
@@ -48,6 +49,7 @@ from trace_agent.lab.claims.settings import (
     FULL,
     PAPER,
     SMALL,
+    TRAIN_CLAIM_FLAGS,
     claim_config,
     size_overrides,
 )
@@ -97,12 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
                                          help="random half splits of each anchor's samples for the out-of-sample table")
     t = sub.add_parser("train", help=PAPER["train"][:70].replace("%", "%%"))
     t.add_argument("--small", action="store_true", help="one step, a handful of held-out episodes")
-    t.add_argument("--config", default=None, help="training YAML (default docs/configs/demo.yaml)")
-    t.add_argument("--env", default=None, help="env id (config: env_id)")
+    add_config_options(t, what="training config (default docs/configs/demo.yaml)")
+    add_config_flags(t, TRAIN_CLAIM_FLAGS)
     t.add_argument("--strategies", default="trace,grpo,treepo", help="the second one is the paired reference")
     t.add_argument("--seeds", default="0,1,2")
-    t.add_argument("--steps", type=int, default=None)
-    t.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     t.add_argument("--out", default="artifacts/paper/train")
     t.add_argument("--merge", default=None, metavar="FILE[,FILE...]",
                    help="train nothing: pool the runs of earlier train.json / compare.json files of the same "

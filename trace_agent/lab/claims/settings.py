@@ -91,6 +91,10 @@ def strategy_names(args: argparse.Namespace) -> list[str]:
     return [s.strip() for s in args.strategies.split(",") if s.strip()]
 
 
+#: The named config flags of ``train`` (rows of :data:`trace_agent.config_flags.FLAGS`, as ``trace-gym train``'s).
+TRAIN_CLAIM_FLAGS: tuple[str, ...] = ("--env", "--steps")
+
+
 def train_config(args: argparse.Namespace) -> Any:
     """The comparison's TrainConfig: ``--config`` (default docs/configs/demo.yaml), ``--small`` sizes, flags, ``--set``."""
     from trace_agent.config_io import CONFIG_DIR, load_config
@@ -100,8 +104,4 @@ def train_config(args: argparse.Namespace) -> Any:
     if args.small:
         flags += ["steps=1", "rollout.prompts_per_step=4", "rollout.budget.roots=8", "rollout.budget.continuations_per_root=1",
                   "rollout.budget.group_size=4", "eval.tasks=2", "eval.samples=1", "eval.every=0", "optim.minibatches=1"]
-    if args.env:
-        flags.append(f"env_id={json.dumps(args.env)}")
-    if args.steps is not None:
-        flags.append(f"steps={args.steps}")
-    return load_config(path, [*flags, *args.overrides])
+    return load_config(path, [*flags, *flag_overrides(args, TRAIN_CLAIM_FLAGS), *args.overrides])
