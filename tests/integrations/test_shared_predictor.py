@@ -53,6 +53,20 @@ def test_refresh_waits_for_all_trees_and_equals_refresh_predictor(tmp_path):
     np.testing.assert_array_equal(restored.predict(probe), service.predict(probe))
 
 
+def test_the_refresh_keeps_the_configured_prefix_share():
+    batch, probe_trees = trees(), trees()
+    probe = [t.context(n) for t in probe_trees for n in t.nodes if not n.is_leaf]
+    services = {share: PredictorService(kind="hashed", prefix_share=share) for share in (None, 0.0)}
+    for share, service in services.items():
+        service.add_trees([t.to_dict() for t in batch])
+        reference = EmbeddingPredictor(HashedNGramFeaturizer())
+        expected = refresh_predictor(reference, batch, prefixes="all", prefix_share=share)
+        assert service.refresh()["train_examples"] == expected["train_examples"]
+        np.testing.assert_allclose(service.predict(probe), reference.predict(probe), rtol=0, atol=1e-12)
+    every, prompts_only = (services[s].last_metrics for s in (None, 0.0))
+    assert prompts_only["train_examples"] == len(batch) < every["train_examples"]
+
+
 def test_trees_travel_as_data():
     service = PredictorService(kind="hashed")
     t = trees(1)[0]

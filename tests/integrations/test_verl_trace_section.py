@@ -78,7 +78,9 @@ def test_nested_keys_parse_to_the_training_configs_sections() -> None:
         "seed": 7, "env_threads": 3, "sampling.max_turns": 5, "sampling.max_new_tokens": 96,
         "rollout.strategy": "grpo", "rollout.budget.continuations_per_root": 3,
         "rollout.budget.continuation_cost": 0.25, "rollout.budget.root_cap": 12, "rollout.budget.prefix_cap": 2,
-        "predictor.kind": "hashed", "predictor.prefixes": "branched"}
+        "predictor.kind": "hashed", "predictor.prefixes": "branched", "predictor.prefix_share": 0.06}
+    assert TraceVerlConfig.from_dict({**NESTED, "predictor": {"kind": "hashed", "prefix_share": None}}
+                                     ).predictor.prefix_share is None
     assert c.rollout.budget.continuation_cost == 0.25  # the section's own budget checks ran
     # a partial section keeps verl's defaults for the rest (N = 2, not the bare section's 1)
     partial = TraceVerlConfig.from_dict({"rollout": {"strategy": "pcl"}, "sampling": None})

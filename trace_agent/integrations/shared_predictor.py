@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from trace_agent.policy.base import PolicyError
+from trace_agent.predictor.base import PAPER_PREFIX_SHARE
 from trace_agent.tree import RolloutTree
 
 __all__ = ["PREDICTOR_ACTOR", "PREDICTOR_NAMESPACE", "PredictorService", "PredictorProxy", "save_predictor",
@@ -42,11 +43,13 @@ class PredictorService:
     as one Ray actor (:meth:`actor`) or in-process.
     """
 
-    def __init__(self, *, kind: str = "embedding", prefixes: str = "all", checkpoint: str | None = None) -> None:
+    def __init__(self, *, kind: str = "embedding", prefixes: str = "all", prefix_share: float | None = PAPER_PREFIX_SHARE,
+                 checkpoint: str | None = None) -> None:
         from trace_agent.predictor import EmbeddingPredictor, HashedNGramFeaturizer
 
         self.predictor = EmbeddingPredictor() if kind == "embedding" else EmbeddingPredictor(HashedNGramFeaturizer())
         self.prefixes = prefixes
+        self.prefix_share = prefix_share
         self._pending: list[RolloutTree] = []
         self.refreshes = 0
         self.last_metrics: dict[str, float] = {}
@@ -54,13 +57,14 @@ class PredictorService:
             load_predictor(self.predictor, checkpoint)
 
     @classmethod
-    def actor(cls, *, kind: str = "embedding", prefixes: str = "all", checkpoint: str | None = None) -> Any:
+    def actor(cls, *, kind: str = "embedding", prefixes: str = "all", prefix_share: float | None = PAPER_PREFIX_SHARE,
+              checkpoint: str | None = None) -> Any:
         """The cluster's one predictor actor (created by the first caller, found by the others)."""
         import ray
 
         remote = ray.remote(num_cpus=0)(cls)
         return remote.options(name=PREDICTOR_ACTOR, namespace=PREDICTOR_NAMESPACE, get_if_exists=True).remote(
-            kind=kind, prefixes=prefixes, checkpoint=checkpoint)
+            kind=kind, prefixes=prefixes, prefix_share=prefix_share, checkpoint=checkpoint)
 
     def add_trees(self, trees: Sequence[Mapping[str, Any]]) -> int:
         self._pending += [RolloutTree.from_dict(dict(t)) for t in trees]
@@ -73,7 +77,8 @@ class PredictorService:
             return {}
         # workers finish in any order; training in prompt-id order makes a refresh reproducible
         trees, self._pending = sorted(self._pending, key=lambda t: t.prompt_id), []
-        self.last_metrics = refresh_predictor(self.predictor, trees, prefixes=self.prefixes)  # type: ignore[arg-type]
+        self.last_metrics = refresh_predictor(self.predictor, trees, prefixes=self.prefixes,  # type: ignore[arg-type]
+                                              prefix_share=self.prefix_share)
         self.refreshes += 1
         return self.last_metrics
 

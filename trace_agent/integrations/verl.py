@@ -237,7 +237,7 @@ class TraceTreeWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # type: ignore[na
                                        tool_detail=settings.get("tool_detail", "full"))
         checkpoint = _latest_predictor_checkpoint(self.config)
         kwargs = {"kind": self.trace.predictor.kind, "prefixes": self.trace.predictor.prefixes,
-                  "checkpoint": checkpoint}
+                  "prefix_share": self.trace.predictor.prefix_share, "checkpoint": checkpoint}
         service = PredictorService.actor(**kwargs) if ray.is_initialized() else PredictorService(**kwargs)
         self.predictor = PredictorProxy(service)
         self.strategy: Strategy = make_strategy(self.trace.rollout.strategy)

@@ -51,7 +51,7 @@ VERL_READS: tuple[str, ...] = (
     "sampling.max_turns", "sampling.max_new_tokens",
     "rollout.strategy", "rollout.budget.continuations_per_root", "rollout.budget.continuation_cost",
     "rollout.budget.root_cap", "rollout.budget.prefix_cap",
-    "predictor.kind", "predictor.prefixes",
+    "predictor.kind", "predictor.prefixes", "predictor.prefix_share",
 )
 
 #: The training config's other keys: where verl sets each (or why it does not apply); refused in the section.
@@ -69,7 +69,6 @@ VERL_OWN: dict[str, str] = {
     "rollout.engine.backend": "verl's Ray cluster (the envs live in the agent-loop workers)",
     "rollout.engine.ray": "verl's Ray cluster (the envs live in the agent-loop workers)",
     "predictor.path": "nothing: verl's shared predictor is embedding or hashed (no lm-critic checkpoint)",
-    "predictor.prefix_share": "nothing: the shared predictor trains on the paper's prefix share (0.06)",
     "predictor.refresh": "nothing: the shared predictor refreshes when the strategy reads it (auto)",
     "predictor.warm_start_tasks": "nothing: verl's run has no predictor warm-up",
     "predictor.warm_start_roots": "nothing: verl's run has no predictor warm-up",
@@ -153,7 +152,8 @@ class TraceVerlConfig:
             the (M, N) budget, M = ``rollout.n`` x prompts in a chunk), ``continuation_cost``, ``root_cap``
             (None: 4 x ``rollout.n``) and ``prefix_cap``.
         predictor: :class:`~trace_agent.config.PredictorSettings`; verl reads ``kind`` (one of
-            :data:`VERL_PREDICTOR_KINDS`) and ``prefixes`` (which prefixes the refresh trains on).
+            :data:`VERL_PREDICTOR_KINDS`), ``prefixes`` (which prefixes the refresh trains on) and
+            ``prefix_share`` (most share of prefix examples in each refresh; null: every prefix).
         env_threads: trace-gym envs (and threads growing trees) per agent-loop worker (verl's own knob).
 
     Build it with :meth:`from_verl` (verl's config) or :meth:`from_dict` (the section as a mapping), which
