@@ -93,7 +93,10 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
                 shown = _config_default(key.group(1))
             except KeyError:
                 return text
-            shown = "none" if shown in (None, "") else shown
+            from trace_agent.config_flags import FLAGS
+
+            row = FLAGS.get(action.option_strings[0])
+            shown = row.shown(shown) if row is not None else "none" if shown in (None, "") else shown
             return text[:key.end() - 1] + f", default: {shown}".replace("%", "%%") + text[key.end() - 1:]
         if action.default in (None, False, argparse.SUPPRESS) or action.default == []:
             return text

@@ -120,6 +120,8 @@ class Flag:
         values: the given value to one value per key (default: the value itself); raises :class:`ConfigError`.
         store_true: a switch that sets its key to ``values(True)`` when given.
         metavar: argparse's placeholder.
+        none_text: what a help shows for a default of None: the text that gives None on the command line
+            (``--prefix-share all``), "none" where the flag has none.
     """
 
     keys: tuple[str, ...]
@@ -129,6 +131,11 @@ class Flag:
     values: Callable[[Any], tuple[Any, ...]] | None = None
     store_true: bool = False
     metavar: str | None = None
+    none_text: str = "none"
+
+    def shown(self, value: Any) -> str:
+        """``value`` (a default) as a help shows it: None as :attr:`none_text`, sequences comma-joined."""
+        return self.none_text if value is None or value == "" else _shown(value)
 
     def overrides(self, value: Any) -> list[str]:
         """The ``key=value`` overrides of ``value`` given on the command line (none when it was not)."""
@@ -176,6 +183,7 @@ FLAGS: dict[str, Flag] = {
                                                         "prompts)", type=int),
     "--workers": _flag("rollout.engine.workers", type=int),
     "--prefix-share": _flag("predictor.prefix_share", type=_share, values=lambda v: (None if v == "all" else v,),
+                            none_text="all",
                             help="most share of prefix examples in each refresh of the predictor; 'all': every "
                                  "prefix"),
     "--predictor": _flag("predictor.kind", choices=BENCH_PREDICTORS,
@@ -222,7 +230,7 @@ def add_config_flags(parser: argparse.ArgumentParser, names: Iterable[str], *,
             sets = ", ".join(override(k, v) for k, v in zip(row.keys, row.values(True) if row.values else (True,)))
             text = f"{text} (config: {sets})"
         elif defaults is not None and all(k in defaults for k in row.keys):
-            shown = ",".join(_shown(defaults[k]) for k in row.keys)
+            shown = ",".join(row.shown(defaults[k]) for k in row.keys)
             text = f"{text} (config: {keys}, default: {shown})"
         else:
             text = f"{text} (config: {keys})"

@@ -39,6 +39,23 @@ def test_flags_show_their_defaults(capsys) -> None:
     assert "--policy-cache POLICY_CACHE with --policy demo" in bench and "(default: artifacts/bench)" in bench
 
 
+def test_a_none_default_shows_what_to_type_for_it() -> None:
+    """``--prefix-share all`` gives None, so a None default reads ``all``, in the table's help and the formatter's."""
+    import argparse
+
+    from trace_agent.cli import _HelpFormatter
+    from trace_agent.config_flags import FLAGS, add_config_flags
+
+    table = argparse.ArgumentParser()
+    add_config_flags(table, ["--prefix-share", "--seed"], defaults={"predictor.prefix_share": None, "seed": None})
+    text = " ".join(table.format_help().split())
+    assert "(config: predictor.prefix_share, default: all)" in text and "(config: seed, default: none)" in text
+    assert FLAGS["--prefix-share"].overrides("all") == ["predictor.prefix_share=null"]
+    formatter = _HelpFormatter("x")
+    action = argparse.ArgumentParser().add_argument("--prefix-share", help="most share (config: predictor.prefix_share)")
+    assert "default: 0.06)" in formatter._get_help_string(action)  # the tree's own default
+
+
 def test_plain_text_drops_the_markup() -> None:
     assert plain_text("see :func:`~trace_agent.evaluation.evaluate_heldout` and ``x = 1``") == \
         "see evaluate_heldout and x = 1"
