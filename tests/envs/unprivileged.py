@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -141,12 +142,17 @@ class Rerun:
             self._finish(None)
 
     def _finish(self, code: int | None) -> None:
-        if self._proc.poll() is None:
-            try:
-                os.killpg(self._proc.pid, 9)
-            except ProcessLookupError:
-                pass
-            self._proc.wait()
+        if self._proc.poll() is None:  # SIGINT first: pytest's KeyboardInterrupt closes the sandboxes its tests hold
+            for signum, grace in ((signal.SIGINT, 30.0), (signal.SIGKILL, None)):
+                try:
+                    os.killpg(self._proc.pid, signum)
+                except ProcessLookupError:
+                    break
+                try:
+                    self._proc.wait(timeout=grace)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
         self._log.seek(0)
         tail = self._log.read()[-3000:]
         self._log.close()
