@@ -96,7 +96,10 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
             from trace_agent.config_flags import FLAGS
 
             row = FLAGS.get(action.option_strings[0])
-            shown = row.shown(shown) if row is not None else "none" if shown in (None, "") else shown
+            if row is not None:
+                shown = row.shown(shown)
+            elif shown in (None, ""):
+                shown = "none"
             return text[:key.end() - 1] + f", default: {shown}".replace("%", "%%") + text[key.end() - 1:]
         if action.default in (None, False, argparse.SUPPRESS) or action.default == []:
             return text

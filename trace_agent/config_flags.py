@@ -135,7 +135,7 @@ class Flag:
 
     def shown(self, value: Any) -> str:
         """``value`` (a default) as a help shows it: None as :attr:`none_text`, sequences comma-joined."""
-        return self.none_text if value is None or value == "" else _shown(value)
+        return _shown(value, none=self.none_text)
 
     def overrides(self, value: Any) -> list[str]:
         """The ``key=value`` overrides of ``value`` given on the command line (none when it was not)."""
@@ -204,9 +204,9 @@ def add_config_options(parser: argparse.ArgumentParser, *, what: str = "config")
                         help="override any config field, e.g. --set optim.lr=1e-4 (repeatable; values are YAML)")
 
 
-def _shown(value: Any) -> str:
+def _shown(value: Any, none: str = "none") -> str:
     if value is None or value == "":
-        return "none"
+        return none
     if isinstance(value, tuple | list):
         return ",".join(str(v) for v in value)
     if isinstance(value, Mapping):
