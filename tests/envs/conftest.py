@@ -15,7 +15,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if config.option.collectonly or unprivileged.skip_reason() is not None:
         return
     if any(item.name == unprivileged.TEST_NAME for item in items):
-        config.stash[RERUN] = unprivileged.Rerun.start()
+        config.stash[RERUN] = unprivileged.Rerun()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -29,5 +29,5 @@ def unprivileged_rerun(request: pytest.FixtureRequest) -> unprivileged.Rerun:
     """The rerun started at collection (or now, when this test was not in the collected items)."""
     rerun = request.config.stash.get(RERUN, None)
     if rerun is None:
-        rerun = request.config.stash[RERUN] = unprivileged.Rerun.start()
+        rerun = request.config.stash[RERUN] = unprivileged.Rerun()
     return rerun

@@ -103,7 +103,7 @@ class Outcome:
 
 
 class Rerun:
-    """The rerun, running in the background from :meth:`start` until :meth:`wait` or :meth:`stop`."""
+    """The rerun, running in the background from its construction until :meth:`wait` or :meth:`stop`."""
 
     def __init__(self) -> None:
         uid = _ensure_test_user()
@@ -120,10 +120,6 @@ class Rerun:
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         self._deadline = time.monotonic() + TIMEOUT_S
         self._outcome: Outcome | None = None
-
-    @classmethod
-    def start(cls) -> Rerun:
-        return cls()
 
     def wait(self) -> Outcome:
         """Waits for the rerun (at most until :data:`TIMEOUT_S` after its start) and cleans up after it."""
