@@ -165,9 +165,10 @@ def build_table(cells: dict[tuple[str, str], dict[int, dict[str, Any]]], *, stag
         runs = cells.get((lr, pool), {})
         for step in EVAL_STEPS[1:]:
             c = criterion(runs, STAGE1_SEEDS, step)
-            rows.append({"lr": lr, "pool": pool, "steps": step, "seeds": [s for s in STAGE1_SEEDS if s in runs],
-                         **(c or {"rises": {str(s): runs[s]["success"][step] - runs[s]["success"][0]
-                                            for s in STAGE1_SEEDS if s in runs}, "mean_rise": None, "met": None})})
+            if c is None:  # a seed without its run: a seed in at or below the start already rules the row out
+                rises = {str(s): runs[s]["success"][step] - runs[s]["success"][0] for s in STAGE1_SEEDS if s in runs}
+                c = {"rises": rises, "mean_rise": None, "met": False if any(r <= 0 for r in rises.values()) else None}
+            rows.append({"lr": lr, "pool": pool, "steps": step, "seeds": [s for s in STAGE1_SEEDS if s in runs], **c})
     met = [r for r in rows if r["met"]]
     key = lambda r: (-round(r["mean_rise"], 9), r["steps"], float(r["lr"]))  # noqa: E731
     met.sort(key=key)
@@ -181,15 +182,32 @@ def build_table(cells: dict[tuple[str, str], dict[int, dict[str, Any]]], *, stag
     every = [r for runs in cells.values() for r in runs.values()]
     run_seconds = sum(r["seconds"] for r in every)
     complete = all(s in cells.get(c, {}) for c in CELLS for s in STAGE1_SEEDS)
-    verdict = ("found" if stage2 and stage2["met"] else "not confirmed" if stage2 and stage2["met"] is False
-               else "stage 2 to run" if best else "unresolved tie" if tie
-               else "no cell meets the criterion" if complete else "stage 1 incomplete")
+    verdict = _verdict(stage2, best, tie, complete=complete, decided=all(r["met"] is False for r in rows),
+                       cap_reached=(run_seconds + stage0_seconds) / 3600 >= CAP_CORE_HOURS)
     return {"criterion": f"mean rise over seeds >= {RISE} and every seed above the start", "rows": rows,
             "stage1_complete": complete, "best": best, "unresolved_tie": tie, "stage2": stage2, "verdict": verdict,
             "runs": len(every), "commits": sorted({r["commit"] for r in every}),
             "code_dirty_runs": sum(r["code_dirty"] for r in every),
             "core_hours": {"runs": run_seconds / 3600, "stage0": stage0_seconds / 3600,
                            "total": (run_seconds + stage0_seconds) / 3600, "cap": CAP_CORE_HOURS}}
+
+
+def _verdict(stage2: dict[str, Any] | None, best: dict[str, Any] | None, tie: list[dict[str, Any]], *,
+             complete: bool, decided: bool, cap_reached: bool) -> str:
+    """The plan's verdict. Stage 1 complete with no cell meeting the criterion is the null; the cap reached first
+    stops the search (the plan: what ran is reported); before either, a table whose every row already has a seed
+    at or below the start says so (no run still to come can meet the criterion)."""
+    if stage2 and stage2["met"] is not None:
+        return "found" if stage2["met"] else "not confirmed"
+    if complete and not best and not tie:
+        return "no cell meets the criterion"
+    if cap_reached:
+        return f"not found within the {CAP_CORE_HOURS:.0f}-hour cap"
+    if best:
+        return "stage 2 to run"
+    if tie:
+        return "unresolved tie"
+    return "no cell can meet the criterion (stage 1 incomplete)" if decided else "stage 1 incomplete"
 
 
 def _f(x: float | None) -> str:
@@ -206,6 +224,9 @@ def table_markdown(t: dict[str, Any]) -> str:
         met = "—" if r["met"] is None else "**yes**" if r["met"] else "no"
         lines.append(f"| {r['lr']} | {r['pool']} | {r['steps']} | {per} | {_f(r['mean_rise'])} | {met} |")
     h = t["core_hours"]
+    if not t["stage1_complete"]:
+        lines += ["", "A row reads no before its seeds are all in when a seed in is at or below the start: the "
+                  "criterion wants every seed above it."]
     lines += ["", f"Runs: {t['runs']}; commits: {', '.join(c[:10] for c in t['commits']) or '—'}; runs with changed "
               f"code: {t['code_dirty_runs']}. Core-hours: {h['runs']:.2f} (runs) + {h['stage0']:.2f} (stage 0) = "
               f"{h['total']:.2f} of the {h['cap']:.0f}-hour cap."]

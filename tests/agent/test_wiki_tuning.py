@@ -240,7 +240,27 @@ def test_table_null_and_incomplete(tmp_path: Path) -> None:
     (tmp_path / "lr3e-3_all_runs" / "grpo_s201.json").unlink()
     t = tt.build_table(tt.load_tuning_runs(tmp_path))
     assert t["verdict"] == "stage 1 incomplete" and t["runs"] == 11
-    assert all(r["met"] is None for r in t["rows"] if (r["lr"], r["pool"]) == ("3e-3", "all"))
+    # seed 200 alone rises 0.0, -0.01, +0.01, 0.0: a seed at or below the start rules a row out, +0.01 leaves it open
+    assert [r["met"] for r in t["rows"] if (r["lr"], r["pool"]) == ("3e-3", "all")] == [False, False, None, False]
+    assert "reads no before its seeds are all in" in tt.table_markdown(t)
+
+
+def test_verdict_before_stage1_ends(tmp_path: Path) -> None:
+    """The cap reached first stops the search; a table that no run still to come can turn says so."""
+    _all_flat(tmp_path)
+    for lr, pool in tt.CELLS:
+        (tmp_path / tt.cell_name(lr, pool) / "grpo_s201.json").unlink()
+        _write(tmp_path, lr, pool, 200, _run(lr, pool, 200, _curve((0.0, -0.01, -0.01, 0.0))))
+    t = tt.build_table(tt.load_tuning_runs(tmp_path))
+    assert all(r["met"] is False for r in t["rows"]) and not t["stage1_complete"]
+    assert t["verdict"] == "no cell can meet the criterion (stage 1 incomplete)"
+    assert tt.build_table(tt.load_tuning_runs(tmp_path), stage0_seconds=6 * 3600 - 6 * 900)["verdict"] == \
+        "not found within the 6-hour cap"
+    # a seed above the start at every step count of one cell: open, until the cap stops the search
+    _write(tmp_path, "3e-4", "all", 200, _run("3e-4", "all", 200, _curve((0.01, 0.02, 0.03, 0.04))))
+    assert tt.build_table(tt.load_tuning_runs(tmp_path))["verdict"] == "stage 1 incomplete"
+    assert tt.build_table(tt.load_tuning_runs(tmp_path), stage0_seconds=6 * 3600)["verdict"] == \
+        "not found within the 6-hour cap"
 
 
 def test_stage2_pick_tie_rules(tmp_path: Path) -> None:
