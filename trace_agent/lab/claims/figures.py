@@ -144,6 +144,7 @@ def _runs(docs: Path, rel: str) -> dict[str, dict[int, dict[str, float]]]:
             **run_figures(r), "predictor_s": sum(float(s["time/predictor_s"]) for s in steps),
             "step_s": sum(float(s["time/step_s"]) for s in steps), "steps": float(len(steps)),
             "units_per_step": float(r["paper_units"]) / len(steps), "multiple": float(r.get("budget_multiple", 1)),
+            "warm_tasks": float((r.get("warm_start") or {}).get("tasks", 0.0)),
             **{f"shape_{i}": float(v) for i, v in enumerate(r.get("shape") or ())}}
     return out
 
@@ -204,6 +205,9 @@ _WIKI_RATIO = "paper/wiki/ratio/ratio.json"
 _BFCL_RATIO = "paper/bfcl/ratio/ratio.json"
 _WIKI_PREFIXES = "paper/wiki/ratio/prefixes.json"
 _WIKI48 = "paper/wiki/train48_all/train.json"
+_WARM = "paper/math/warm/runs"
+_WARM_FILES = "paper/math/warm/runs/*_s*.json*"
+_WARM_ARMS = ("trace+warm45x4", "grpo/60x1")
 
 
 def _pred(rel: str) -> Callable[[Path], dict[str, Any]]:
@@ -235,6 +239,13 @@ FIGURES: dict[int, tuple[Figure, ...]] = {
         _f("0.38", _RUN_FILES, lambda d: _arm_mean(d, _RUNS, "trace", "effective_ratio")),
         _f("0.27", _RUN_FILES, lambda d: _arm_mean(d, _RUNS, "grpo", "effective_ratio")),
         _f("16", _RUN_FILES, lambda d: _arm_mean(d, _RUNS, "grpo", "steps")),
+        _f("45", _WARM_FILES, lambda d: _arm_mean(d, _WARM, _WARM_ARMS[0], "warm_tasks")),
+        _f("32", _WARM_FILES, lambda d: len(_paired(d, _WARM, *_WARM_ARMS, "effective_ratio_step1"))),
+        _f("0.70", _WARM_FILES, lambda d: _arm_mean(d, _WARM, _WARM_ARMS[0], "effective_ratio_step1")),
+        _f("0.50", _WARM_FILES, lambda d: _arm_mean(d, _WARM, _WARM_ARMS[1], "effective_ratio_step1")),
+        _f("0.52", _WARM_FILES, lambda d: _arm_mean(d, _WARM, _WARM_ARMS[0], "effective_ratio")),
+        _f("0.38", _WARM_FILES, lambda d: _arm_mean(d, _WARM, _WARM_ARMS[1], "effective_ratio")),
+        _f("10", _WARM_FILES, lambda d: _arm_mean(d, _WARM, _WARM_ARMS[1], "steps")),
         _f("10", _BFCL10, lambda d: _json(d, _BFCL10)["config"]["seeds"]),
         _f("0.917", _BFCL10, lambda d: _bench_mean(d, _BFCL10, "trace")),
         _f("0.750", _BFCL10, lambda d: _bench_mean(d, _BFCL10, "grpo")),
@@ -344,6 +355,14 @@ FIGURES: dict[int, tuple[Figure, ...]] = {
         _f("+0.011", _RUN_FILES, lambda d: _ci(d, _RUNS, "trace", "grpo", "final", "mean")),
         _f("-0.002", _RUN_FILES, lambda d: _ci(d, _RUNS, "trace", "grpo", "final", "low")),
         _f("+0.024", _RUN_FILES, lambda d: _ci(d, _RUNS, "trace", "grpo", "final", "high")),
+        _f("32", _WARM_FILES, lambda d: len(_paired(d, _WARM, *_WARM_ARMS, "auc"))),
+        _f("10", _WARM_FILES, lambda d: _arm_mean(d, _WARM, _WARM_ARMS[0], "steps")),
+        _f("+0.001", _WARM_FILES, lambda d: _ci(d, _WARM, *_WARM_ARMS, "auc", "mean")),
+        _f("-0.005", _WARM_FILES, lambda d: _ci(d, _WARM, *_WARM_ARMS, "auc", "low")),
+        _f("+0.006", _WARM_FILES, lambda d: _ci(d, _WARM, *_WARM_ARMS, "auc", "high")),
+        _f("0.000", _WARM_FILES, lambda d: _ci(d, _WARM, *_WARM_ARMS, "final", "mean")),
+        _f("-0.009", _WARM_FILES, lambda d: _ci(d, _WARM, *_WARM_ARMS, "final", "low")),
+        _f("+0.008", _WARM_FILES, lambda d: _ci(d, _WARM, *_WARM_ARMS, "final", "high")),
         _f("10", _WIKI48, lambda d: len(_train_paired(d, _WIKI48, "trace", "grpo"))),
         _f("48", _WIKI48, lambda d: _json(d, _WIKI48)["config"]["steps"]),
         _f("+0.007", _WIKI48, lambda d: _mean(_train_paired(d, _WIKI48, "trace", "grpo"))),

@@ -48,7 +48,7 @@ def write_claim(out: str | Path, claim: str, data: dict[str, Any], markdown: str
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{claim}.json", out / f"{claim}.md"]
     record = json.loads(json.dumps({"claim": claim, "paper": PAPER[claim], **data}, default=_jsonable, allow_nan=True))
-    paths[0].write_text(json.dumps(portable(record, REPO_ROOT), indent=1, allow_nan=True))
+    paths[0].write_text(json.dumps(portable(record, REPO_ROOT), separators=(",", ":"), allow_nan=True))
     markdown = portable_text(markdown, REPO_ROOT)
     paths[1].write_text(markdown)
     paths += [make(out) for make in figures]
