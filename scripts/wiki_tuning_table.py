@@ -148,14 +148,18 @@ def load_tuning_runs(runs: str | Path) -> dict[tuple[str, str], dict[int, dict[s
     return out
 
 
+def _rises(runs: dict[int, dict[str, Any]], seeds: tuple[int, ...], step: int) -> dict[str, float]:
+    """Validation success at ``step`` minus at step 0, per seed of ``seeds`` that has a run."""
+    return {str(s): runs[s]["success"][step] - runs[s]["success"][0] for s in seeds if s in runs}
+
+
 def criterion(runs: dict[int, dict[str, Any]], seeds: tuple[int, ...], step: int) -> dict[str, Any] | None:
     """The rise of ``seeds``' runs at ``step`` over step 0: per seed, mean, met; None when a seed has no run."""
     if not seeds or any(s not in runs for s in seeds):
         return None
-    rises = {s: runs[s]["success"][step] - runs[s]["success"][0] for s in seeds}
+    rises = _rises(runs, seeds, step)
     mean = sum(rises.values()) / len(rises)
-    return {"rises": {str(s): r for s, r in rises.items()}, "mean_rise": mean,
-            "met": mean >= RISE - _TOL and all(r > 0 for r in rises.values())}
+    return {"rises": rises, "mean_rise": mean, "met": mean >= RISE - _TOL and all(r > 0 for r in rises.values())}
 
 
 def build_table(cells: dict[tuple[str, str], dict[int, dict[str, Any]]], *, stage0_seconds: float = 0.0) -> dict[str, Any]:
@@ -166,7 +170,7 @@ def build_table(cells: dict[tuple[str, str], dict[int, dict[str, Any]]], *, stag
         for step in EVAL_STEPS[1:]:
             c = criterion(runs, STAGE1_SEEDS, step)
             if c is None:  # a seed without its run: a seed in at or below the start already rules the row out
-                rises = {str(s): runs[s]["success"][step] - runs[s]["success"][0] for s in STAGE1_SEEDS if s in runs}
+                rises = _rises(runs, STAGE1_SEEDS, step)
                 c = {"rises": rises, "mean_rise": None, "met": False if any(r <= 0 for r in rises.values()) else None}
             rows.append({"lr": lr, "pool": pool, "steps": step, "seeds": [s for s in STAGE1_SEEDS if s in runs], **c})
     met = [r for r in rows if r["met"]]
